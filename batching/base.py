@@ -1,0 +1,151 @@
+"""The batching policy interface: a pure decision core the batcher loop consults.
+
+A policy sees a snapshot of one model's queue and replica slots (:class:`BatcherView`) and answers
+with one :class:`Decision`: dispatch some queries to a free replica, wait until a time (or the next
+event), or reject queries with a reason. After each batch the batcher hands the measured outcome
+to :meth:`BatchingPolicy.observe`. Policies never read a clock, sleep or call Ray: ``view.now`` is
+the time, which makes every policy testable with a fake clock (STYLE §4-6).
+
+The batcher calls :meth:`BatchingPolicy.decide` again right after acting on a dispatch or a
+reject, and after every arrival, completion or expired wait, so a policy answers one step at a
+time.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = [
+    "BatchOutcome",
+    "BatcherView",
+    "BatchingPolicy",
+    "Decision",
+    "Dispatch",
+    "PolicyParams",
+    "QueuedQuery",
+    "Reject",
+    "ReplicaSlot",
+    "Wait",
+]
+
+
+class PolicyParams(BaseModel):
+    """Base of every policy's parameters: immutable, validated, unknown keys rejected."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedQuery:
+    """What a policy knows of one waiting query (metadata only, never the payload)."""
+
+    query_id: int
+    arrival: float
+    deadline: float = math.inf
+    priority: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSlot:
+    """One replica of the model: free when ``busy_since`` is None, else running one batch."""
+
+    index: int
+    busy_since: float | None = None
+    batch_size: int = 0
+
+    @property
+    def free(self) -> bool:
+        return self.busy_since is None
+
+
+@dataclass(frozen=True, slots=True)
+class BatcherView:
+    """A snapshot of one model's batcher: the queue in arrival order, the replicas and the time."""
+
+    now: float
+    queue: Sequence[QueuedQuery]
+    replicas: Sequence[ReplicaSlot]
+
+    def free_replica(self) -> int | None:
+        """Index of the first free replica, or None when all are busy."""
+        return next((r.index for r in self.replicas if r.free), None)
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """Run these queries (by id) as one batch on replica ``replica``, which must be free."""
+
+    query_ids: tuple[int, ...]
+    replica: int
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Do nothing until ``until`` (clock seconds) or the next arrival or completion."""
+
+    until: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """Refuse these queries now, before any work is spent on them, telling callers why."""
+
+    query_ids: tuple[int, ...]
+    reason: str
+
+
+Decision = Dispatch | Wait | Reject
+
+
+@dataclass(frozen=True, slots=True)
+class BatchOutcome:
+    """What happened to one dispatched batch; ``duration`` is the replica's measured run time."""
+
+    size: int
+    replica: int
+    dispatched: float
+    finished: float
+    duration: float
+    ok: bool = True
+
+
+class BatchingPolicy(ABC):
+    """Decides, for one model, when to cut which batch for which replica.
+
+    Subclasses declare ``name``, a ``Params`` model (validated from the config's ``params``) and
+    implement :meth:`decide`; :meth:`observe` is optional. ``slo_s`` is the model's default
+    latency objective in seconds, which adaptive policies aim at.
+    """
+
+    name: ClassVar[str] = ""
+    Params: ClassVar[type[PolicyParams]] = PolicyParams
+
+    def __init__(self, params: PolicyParams, slo_s: float) -> None:
+        self.params = params
+        self.slo_s = slo_s
+
+    @abstractmethod
+    def decide(self, view: BatcherView) -> Decision:
+        """Answer one step for ``view``: dispatch, wait or reject."""
+
+    def observe(self, outcome: BatchOutcome) -> None:  # noqa: B027 - optional hook
+        """Learn from a finished batch (default: nothing)."""
+
+    @property
+    def max_batch_size(self) -> int:
+        """The largest batch the policy would cut now (reported in metrics and plans)."""
+        return 1
+
+    def describe(self) -> dict[str, object]:
+        """The policy's current settings, for ``GET /v1/models``."""
+        return {
+            "policy": self.name,
+            "params": self.params.model_dump(),
+            "max_batch_size": self.max_batch_size,
+        }

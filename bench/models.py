@@ -1,0 +1,183 @@
+"""A synthetic convnet for batching benchmarks, and its CPU latency profile.
+
+The weights are random (seeded numpy, He-scaled so activations stay finite): only the cost
+matters. The network is sized so that onnxruntime on one CPU thread takes a few milliseconds per
+image and the time per batch grows with the batch size, which is what an adaptive batcher needs
+to have something to trade off.
+
+Run ``python -m bench.models`` to build ``bench/out/convnet.onnx`` and print the profile.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+__all__ = ["INPUT_SHAPE", "N_CLASSES", "build_convnet", "main", "profile"]
+
+INPUT_SHAPE: tuple[int, int, int] = (3, 32, 32)
+N_CLASSES = 10
+OPSET = 17
+IR_VERSION = 8  # goes with opset 17
+DEFAULT_PATH = Path(__file__).parent / "out" / "convnet.onnx"
+
+# One (out_channels, max_pool_after) pair per 3x3 conv + Relu stage. The two wide convs at full
+# 32x32 resolution carry most of the ~0.7 GFLOP per image: a much smaller net runs in well under a
+# millisecond on an AVX-512 core, leaving a batcher nothing to trade off.
+_STAGES: tuple[tuple[int, bool], ...] = (
+    (64, False),
+    (128, False),
+    (128, True),
+    (256, True),
+    (256, True),
+)
+
+
+def _he(rng: np.random.Generator, shape: tuple[int, ...], fan_in: int) -> np.ndarray:
+    """He-normal random weights as float32."""
+    return (rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)).astype(np.float32)
+
+
+def _stage(
+    rng: np.random.Generator, x: str, k: int, c_in: int, stage: tuple[int, bool]
+) -> tuple[list[onnx.NodeProto], list[TensorProto], str]:
+    """Conv 3x3 (pad 1) -> Relu [-> MaxPool 2x2]: nodes, initializers and the output name."""
+    c_out, pool = stage
+    w = numpy_helper.from_array(_he(rng, (c_out, c_in, 3, 3), c_in * 9), f"conv{k}_w")
+    b = numpy_helper.from_array(np.zeros(c_out, np.float32), f"conv{k}_b")
+    nodes = [
+        helper.make_node(
+            "Conv", [x, w.name, b.name], [f"conv{k}"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]
+        ),
+        helper.make_node("Relu", [f"conv{k}"], [f"relu{k}"]),
+    ]
+    if pool:
+        nodes.append(
+            helper.make_node(
+                "MaxPool", [f"relu{k}"], [f"pool{k}"], kernel_shape=[2, 2], strides=[2, 2]
+            )
+        )
+    return nodes, [w, b], nodes[-1].output[0]
+
+
+def _convnet(seed: int) -> onnx.ModelProto:
+    """The whole model: conv stages, Flatten, Gemm -> logits."""
+    rng = np.random.default_rng(seed)
+    nodes: list[onnx.NodeProto] = []
+    inits: list[TensorProto] = []
+    x, channels = "input", INPUT_SHAPE[0]
+    for k, stage in enumerate(_STAGES, start=1):
+        block, params, x = _stage(rng, x, k, channels, stage)
+        nodes += block
+        inits += params
+        channels = stage[0]
+    side = INPUT_SHAPE[1] >> sum(pool for _, pool in _STAGES)
+    features = channels * side * side
+    inits += [
+        numpy_helper.from_array(_he(rng, (features, N_CLASSES), features), "fc_w"),
+        numpy_helper.from_array(np.zeros(N_CLASSES, np.float32), "fc_b"),
+    ]
+    nodes += [
+        helper.make_node("Flatten", [x], ["flat"], axis=1),
+        helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["logits"]),
+    ]
+    return _model(nodes, inits)
+
+
+def _model(nodes: list[onnx.NodeProto], inits: list[TensorProto]) -> onnx.ModelProto:
+    """Wrap the nodes in a checked opset-17 model with a dynamic batch dimension."""
+    graph = helper.make_graph(
+        nodes,
+        "bench_convnet",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", *INPUT_SHAPE])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", N_CLASSES])],
+        initializer=inits,
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="raysrv-bench"
+    )
+    model.ir_version = IR_VERSION
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temp file next to ``path``, then rename it into place."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o644)  # mkstemp makes it 0600; other users' servers must read it
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def build_convnet(path: str | os.PathLike[str], seed: int = 0) -> Path:
+    """Write the benchmark convnet to ``path`` (atomically; skipped when the file exists).
+
+    Input ``input`` [N, 3, 32, 32] float32, output ``logits`` [N, 10] float32.
+    """
+    path = Path(path)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_write(path, _convnet(seed).SerializeToString())
+    return path
+
+
+def _session(path: Path) -> Any:
+    """An onnxruntime CPU session pinned to one intra-op and one inter-op thread."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def _median_seconds(session: Any, x: np.ndarray, repeats: int, warmup: int = 5) -> float:
+    """Median wall time of ``session.run`` on ``x`` after a few warm-up runs."""
+    for _ in range(warmup):
+        session.run(None, {"input": x})
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        session.run(None, {"input": x})
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def profile(
+    path: str | os.PathLike[str],
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32),
+    repeats: int = 50,
+) -> dict[int, float]:
+    """Median seconds per batch for each batch size, onnxruntime CPU, one intra-op thread."""
+    session = _session(Path(path))
+    rng = np.random.default_rng(0)
+    return {
+        n: _median_seconds(session, rng.random((n, *INPUT_SHAPE), dtype=np.float32), repeats)
+        for n in batch_sizes
+    }
+
+
+def main() -> int:
+    """Build ``bench/out/convnet.onnx`` and print its latency profile."""
+    path = build_convnet(DEFAULT_PATH)
+    print(f"{path}  (onnxruntime CPU, 1 intra-op thread, median of 50)")
+    print(f"{'batch':>5}  {'ms/batch':>9}  {'ms/item':>8}")
+    for n, seconds in profile(path).items():
+        print(f"{n:>5}  {seconds * 1e3:>9.3f}  {seconds * 1e3 / n:>8.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

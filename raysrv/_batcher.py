@@ -1,0 +1,239 @@
+"""The batcher: raysrv's own batching loop for one model (not ``@serve.batch``).
+
+It holds the model's queue and one slot per replica, asks the :class:`BatchingPolicy` what to do
+(``decide``), acts (dispatch a batch to a free replica, reject, or sleep until a time or the next
+event) and reports each finished batch back (``observe``), in the step-loop shape of STYLE §5.
+A batch is only ever cut for a free replica, so each replica runs exactly one batch at a time and
+queries accumulate while all are busy (RAY_NOTES: ``@serve.batch`` cuts batches regardless).
+The queue is bounded: past ``max_queue`` waiting queries, :meth:`Batcher.submit` refuses at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from raysrv.batching import (
+    BatcherView,
+    BatchingPolicy,
+    BatchOutcome,
+    Dispatch,
+    QueuedQuery,
+    Reject,
+    ReplicaSlot,
+    Wait,
+)
+from raysrv.errors import ModelFailed, Overloaded, Rejected
+from raysrv.metrics import Metrics
+
+__all__ = ["Batcher", "Execute"]
+
+logger = logging.getLogger(__name__)
+
+Execute = Callable[[np.ndarray], Awaitable[tuple[list[Any], float]]]
+"""Runs one stacked batch on some free replica; returns (one output per input, run seconds)."""
+
+
+@dataclass(slots=True)
+class _Entry:
+    query: QueuedQuery
+    x: np.ndarray
+    future: asyncio.Future[Any]
+
+
+class _QueueView(Sequence[QueuedQuery]):
+    """The queue as the policy sees it: metadata only, no copies."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self, entries: list[_Entry]) -> None:
+        self._entries = entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [e.query for e in self._entries[index]]
+        return self._entries[index].query
+
+
+class Batcher:
+    """One model's queue, replica slots and batching loop (call from one asyncio event loop)."""
+
+    def __init__(
+        self,
+        model: str,
+        policy: BatchingPolicy,
+        execute: Execute,
+        replicas: int,
+        max_queue: int,
+        clock: Callable[[], float] = time.monotonic,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.model = model
+        self.policy = policy
+        self._execute = execute
+        self._slots = [ReplicaSlot(i) for i in range(replicas)]
+        self._max_queue = max_queue
+        self._clock = clock
+        self._metrics = metrics or Metrics()
+        self._queue: list[_Entry] = []
+        self._ids = itertools.count()
+        self._wake = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._running: set[asyncio.Task[None]] = set()
+        self.batches = 0
+
+    @property
+    def queue_length(self) -> int:
+        return len(self._queue)
+
+    def set_policy(self, policy: BatchingPolicy) -> None:
+        """Swap the policy live; queued queries stay queued."""
+        self.policy = policy
+        self._wake.set()
+
+    def submit(
+        self, x: np.ndarray, deadline: float = math.inf, priority: int = 0
+    ) -> asyncio.Future[Any]:
+        """Queue one input; the future resolves to its output, or raises why it could not."""
+        if len(self._queue) >= self._max_queue:
+            self._metrics.rejection(self.model, "queue_full")
+            raise Overloaded(
+                f"model {self.model!r} has {len(self._queue)} queries waiting (max_queue)"
+            )
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        query = QueuedQuery(next(self._ids), self._clock(), deadline, priority)
+        self._queue.append(_Entry(query, x, future))
+        self._metrics.queue_length(self.model, len(self._queue))
+        if self._loop_task is None:
+            self._loop_task = asyncio.create_task(self._run(), name=f"batcher-{self.model}")
+        self._wake.set()
+        return future
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "queue_length": len(self._queue),
+            "replicas": len(self._slots),
+            "busy_replicas": sum(not s.free for s in self._slots),
+            "batches": self.batches,
+            "batching": self.policy.describe(),
+        }
+
+    async def close(self) -> None:
+        """Stop the loop and fail whatever is still queued."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        self._fail(self._queue, Overloaded(f"model {self.model!r} is shutting down"))
+        self._queue = []
+
+    async def _run(self) -> None:
+        while True:
+            view = BatcherView(self._clock(), _QueueView(self._queue), tuple(self._slots))
+            try:
+                decision = self.policy.decide(view)
+                if isinstance(decision, Dispatch):
+                    self._dispatch(decision)
+                    continue
+                if isinstance(decision, Reject):
+                    self._reject(decision)
+                    continue
+            except Exception as exc:  # a broken policy must not strand the queue
+                logger.exception("batching policy of %s failed", self.model)
+                self._fail(
+                    self._queue, ModelFailed(f"batching policy of {self.model!r} failed: {exc}")
+                )
+                self._queue = []
+                decision = Wait()
+            await self._sleep(decision.until)
+
+    async def _sleep(self, until: float | None) -> None:
+        timeout = None if until is None else until - self._clock()
+        if timeout is not None and timeout <= 0:
+            await asyncio.sleep(
+                0
+            )  # the policy asked for a time already past: yield, then decide again
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout)
+        self._wake.clear()
+
+    def _take(self, query_ids: tuple[int, ...]) -> list[_Entry]:
+        n = len(query_ids)
+        head = self._queue[:n]
+        if len(head) == n and all(
+            e.query.query_id == q for e, q in zip(head, query_ids, strict=True)
+        ):
+            del self._queue[:n]  # FIFO fast path
+            return head
+        wanted = set(query_ids)
+        taken = [e for e in self._queue if e.query.query_id in wanted]
+        if len(taken) != len(wanted):
+            raise RuntimeError(f"policy {self.policy.name!r} named queries that are not queued")
+        self._queue = [e for e in self._queue if e.query.query_id not in wanted]
+        return taken
+
+    def _dispatch(self, decision: Dispatch) -> None:
+        slot = self._slots[decision.replica]
+        if not slot.free or not decision.query_ids:
+            raise RuntimeError(
+                f"policy {self.policy.name!r} dispatched {decision} to a busy replica"
+            )
+        entries = [e for e in self._take(decision.query_ids) if not e.future.done()]
+        self._metrics.queue_length(self.model, len(self._queue))
+        if not entries:  # every caller gave up while waiting
+            return
+        now = self._clock()
+        self._slots[decision.replica] = replace(slot, busy_since=now, batch_size=len(entries))
+        task = asyncio.create_task(self._run_batch(entries, decision.replica, now))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    def _reject(self, decision: Reject) -> None:
+        entries = self._take(decision.query_ids)
+        self._metrics.rejection(self.model, "policy")
+        self._fail(entries, Rejected(f"model {self.model!r}: {decision.reason}"))
+        self._metrics.queue_length(self.model, len(self._queue))
+
+    async def _run_batch(self, entries: list[_Entry], replica: int, dispatched: float) -> None:
+        ok = False
+        duration = math.nan
+        try:
+            outputs, duration = await self._execute(np.stack([e.x for e in entries]))
+            if len(outputs) != len(entries):
+                raise ValueError(f"returned {len(outputs)} outputs for {len(entries)} inputs")
+            for entry, output in zip(entries, outputs, strict=True):
+                if not entry.future.done():
+                    entry.future.set_result(output)
+            ok = True
+        except Exception as exc:
+            logger.warning("batch of %d for %s failed: %s", len(entries), self.model, exc)
+            self._fail(entries, ModelFailed(f"model {self.model!r} failed on a batch: {exc}"))
+        finally:
+            finished = self._clock()
+            self._slots[replica] = ReplicaSlot(replica)
+            self.batches += 1
+            if not ok or not math.isfinite(duration):
+                duration = finished - dispatched
+            self.policy.observe(
+                BatchOutcome(len(entries), replica, dispatched, finished, duration, ok)
+            )
+            self._metrics.batch(self.model, len(entries), finished - dispatched)
+            self._wake.set()
+
+    @staticmethod
+    def _fail(entries: list[_Entry], error: Exception) -> None:
+        for entry in entries:
+            if not entry.future.done():
+                entry.future.set_exception(error)

@@ -1,0 +1,151 @@
+"""The HTTP face of the ingress: a FastAPI app over a :class:`~raysrv._server.Server`.
+
+Built by :func:`create_http_app` so that it runs the same under Serve's proxy and in tests with
+an in-process ASGI client. Bodies are read with a size limit (413 past it) and parsed here, so a
+malformed request gets a 4xx with a message and never reaches a model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from raysrv._server import Server
+from raysrv.errors import BadRequest, Overloaded, PayloadTooLarge, RaysrvError
+from raysrv.metrics import Metrics
+
+__all__ = ["FeedbackRequest", "PredictRequest", "PredictResponse", "create_http_app"]
+
+
+class PredictRequest(BaseModel):
+    """Body of ``POST /v1/{app}/predict`` (the context field is named by the app's config)."""
+
+    model_config = ConfigDict(extra="forbid")
+    input: Any = Field(description="One input of the app's shape and dtype, as nested lists.")
+    context: str | None = Field(None, description="Context key for per-user model selection.")
+    slo_ms: float | None = Field(None, gt=0, description="Latency objective of this query.")
+
+
+class PredictResponse(BaseModel):
+    output: Any = Field(description="The (combined) prediction.")
+    models: list[str] = Field(description="Models that answered.")
+    cache_hit: bool = Field(description="True when no model evaluation was started for it.")
+    query_id: str = Field(description="Quote it in feedback.")
+    latency_ms: float = Field(description="Time spent inside raysrv.")
+    confidence: float = Field(description="The selection policy's confidence in the output.")
+
+
+class FeedbackRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    query_id: str = Field(description="The query_id of an answered query.")
+    label: Any = Field(description="The right answer for that query.")
+
+
+def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": model.model_json_schema()}},
+        }
+    }
+
+
+async def _read_json(request: Request, limit: int) -> dict[str, Any]:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"body of {declared} bytes exceeds the limit of {limit} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise PayloadTooLarge(f"body exceeds the limit of {limit} bytes")
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadRequest(f"body must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _parse_predict(
+    data: dict[str, Any], context_field: str
+) -> tuple[Any, str | None, float | None]:
+    allowed = {"input", "slo_ms", context_field}
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise BadRequest(f"unknown fields {unknown}; expected {sorted(allowed)}")
+    if "input" not in data:
+        raise BadRequest("missing field 'input'")
+    context = data.get(context_field)
+    if context is not None and not isinstance(context, (str, int)):
+        raise BadRequest(f"{context_field} must be a string, got {type(context).__name__}")
+    slo_ms = data.get("slo_ms")
+    if slo_ms is not None and (
+        isinstance(slo_ms, bool)
+        or not isinstance(slo_ms, (int, float))
+        or not 0 < slo_ms < math.inf
+    ):
+        raise BadRequest(f"slo_ms must be a positive number, got {slo_ms!r}")
+    return data["input"], None if context is None else str(context), slo_ms
+
+
+def _error_response(exc: RaysrvError) -> JSONResponse:
+    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Overloaded) else None
+    return JSONResponse(exc.to_json(), status_code=exc.status, headers=headers)
+
+
+def create_http_app(server: Server, max_body_bytes: int, metrics: Metrics | None = None) -> FastAPI:
+    """The REST API of ``server``; see the OpenAPI schema at ``/openapi.json``."""
+    metrics = metrics or Metrics()
+    api = FastAPI(title="raysrv", version="1", description="Model serving with adaptive batching.")
+
+    @api.exception_handler(RaysrvError)
+    async def _raysrv_error(request: Request, exc: RaysrvError) -> JSONResponse:
+        app = request.path_params.get("app", "")
+        metrics.rejection("ingress", exc.reason) if exc.status < 500 or exc.status == 503 else None
+        metrics.request(app, exc.status, 0.0)
+        return _error_response(exc)
+
+    @api.post(
+        "/v1/{app}/predict",
+        response_model=PredictResponse,
+        openapi_extra=_body_schema(PredictRequest),
+    )
+    async def predict(app: str, request: Request) -> JSONResponse:
+        start = time.monotonic()
+        target = server._app(app)
+        data = await _read_json(request, max_body_bytes)
+        value, context, slo_ms = _parse_predict(data, target.spec.context_field)
+        result = await server.predict(app, value, context, slo_ms)
+        metrics.request(app, 200, time.monotonic() - start)
+        return JSONResponse(result)
+
+    @api.post("/v1/{app}/feedback", openapi_extra=_body_schema(FeedbackRequest))
+    async def feedback(app: str, request: Request) -> JSONResponse:
+        data = await _read_json(request, max_body_bytes)
+        try:
+            parsed = FeedbackRequest.model_validate(data)
+        except ValueError as exc:
+            raise BadRequest(f"invalid feedback: {exc}") from None
+        return JSONResponse(await server.feedback(app, parsed.query_id, parsed.label))
+
+    @api.get("/v1/apps")
+    async def apps() -> JSONResponse:
+        return JSONResponse({"apps": server.describe_apps()})
+
+    @api.get("/v1/models")
+    async def models() -> JSONResponse:
+        return JSONResponse({"models": server.describe_models()})
+
+    @api.get("/healthz")
+    async def healthz() -> JSONResponse:
+        return JSONResponse({"status": "ok", "apps": sorted(server.apps)})
+
+    return api

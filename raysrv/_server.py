@@ -1,0 +1,223 @@
+"""The query path inside the ingress: validate, select, cache, batch, combine, remember.
+
+:class:`Server` is Ray-free: it is given one ``execute`` coroutine per model (in production a
+handle call to the model's replica group, in tests a fake) and owns the roles that share the
+ingress process, each its own object: the selection policies, one prediction cache per app, one
+:class:`Batcher` per model and the state store. They share a process because every actor hop
+costs about a millisecond of CPU per call here (DESIGN principle 3): what crosses a process
+boundary is a batch, never a single query.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from raysrv import batching, policies
+from raysrv._batcher import Batcher, Execute
+from raysrv.cache import PredictionCache, cache_key
+from raysrv.config import AppSpec, InputSpec, LiveConfig, ModelSpec, RaysrvSpec
+from raysrv.errors import BadRequest, NotFound
+from raysrv.metrics import Metrics
+from raysrv.state import MemoryStore, StateStore
+
+__all__ = ["Server", "coerce_input"]
+
+
+def coerce_input(value: Any, spec: InputSpec) -> np.ndarray:
+    """``value`` as an array of the model's shape and dtype, or :class:`BadRequest` saying why."""
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError) as exc:
+        raise BadRequest(f"input is not a rectangular array of numbers: {exc}") from None
+    if array.dtype.kind not in "biuf":
+        raise BadRequest(f"input must hold numbers, got elements of type {array.dtype}")
+    if array.shape != spec.shape:
+        raise BadRequest(f"input has shape {list(array.shape)}, expected {list(spec.shape)}")
+    target = np.dtype(spec.dtype)
+    if not np.can_cast(array.dtype, target, casting="same_kind"):
+        raise BadRequest(f"input of dtype {array.dtype} cannot be read as {target}")
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        raise BadRequest("input holds NaN or infinite values")
+    return np.ascontiguousarray(array, dtype=target)
+
+
+@dataclass(slots=True)
+class _App:
+    spec: AppSpec
+    input: InputSpec
+    selection: policies.SelectionPolicy
+    cache: PredictionCache
+    slo_ms: float | None
+
+
+class Server:
+    """Answers ``predict`` and ``feedback`` for every app of one spec."""
+
+    def __init__(
+        self,
+        spec: RaysrvSpec,
+        execute: Mapping[str, Execute],
+        store: StateStore | None = None,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        rng: np.random.Generator | None = None,
+    ) -> None:
+        self.spec = spec
+        self._store = store or MemoryStore()
+        self._metrics = metrics or Metrics()
+        self._clock = clock
+        self._rng = rng or np.random.default_rng(spec.ingress.seed)
+        self._models: dict[str, ModelSpec] = {m.name: m for m in spec.models}
+        self._slo_ms = {m.name: m.slo_ms for m in spec.models}
+        self.batchers = {
+            m.name: Batcher(
+                m.name,
+                batching.make_policy(m.batching.policy, m.batching.params, m.slo_ms / 1000.0),
+                execute[m.name],
+                m.replicas,
+                m.max_queue,
+                clock,
+                self._metrics,
+            )
+            for m in spec.models
+        }
+        self.apps = {a.name: self._make_app(a) for a in spec.apps}
+
+    def _make_app(self, app: AppSpec) -> _App:
+        selection = policies.make_policy(
+            app.selection.policy, app.models, app.selection.params, self._rng
+        )
+        model_input = self._models[app.models[0]].input
+        return _App(app, model_input, selection, PredictionCache(app.cache_size), app.slo_ms)
+
+    def configure(self, live: LiveConfig) -> None:
+        """Apply live knobs (``user_config``): batching, SLOs, selection, cache sizes."""
+        live.check_against(self.spec)
+        for name, knobs in live.models.items():
+            if knobs.slo_ms is not None:
+                self._slo_ms[name] = knobs.slo_ms
+            spec = knobs.batching or self._models[name].batching
+            if knobs.batching is not None or knobs.slo_ms is not None:
+                policy = batching.make_policy(spec.policy, spec.params, self._slo_ms[name] / 1000.0)
+                self.batchers[name].set_policy(policy)
+        for name, knobs in live.apps.items():
+            app = self.apps[name]
+            if knobs.selection is not None:
+                app.selection = policies.make_policy(
+                    knobs.selection.policy, app.spec.models, knobs.selection.params, self._rng
+                )
+            if knobs.cache_size is not None and knobs.cache_size != app.cache.capacity:
+                app.cache.resize(knobs.cache_size)
+            if knobs.slo_ms is not None:
+                app.slo_ms = knobs.slo_ms
+
+    def _app(self, name: str) -> _App:
+        app = self.apps.get(name)
+        if app is None:
+            raise NotFound(f"unknown app {name!r}; serving: {sorted(self.apps)}")
+        return app
+
+    async def predict(
+        self, app: str, input: Any, context: str | None = None, slo_ms: float | None = None
+    ) -> dict[str, Any]:
+        """Answer one query: output, models, cache_hit, query_id, latency_ms, confidence."""
+        start = self._clock()
+        target = self._app(app)
+        if slo_ms is not None and not (isinstance(slo_ms, (int, float)) and 0 < slo_ms < math.inf):
+            raise BadRequest(f"slo_ms must be a positive number, got {slo_ms!r}")
+        x = coerce_input(input, target.input)
+        context = "" if context is None else str(context)
+        state = await self._store.get_state(app, context) or target.selection.init()
+        chosen = target.selection.select(state, x)
+        if len(chosen) == 1:
+            answers = [await self._predict_one(target, chosen[0], x, start, slo_ms)]
+        else:
+            answers = await asyncio.gather(
+                *(self._predict_one(target, m, x, start, slo_ms) for m in chosen)
+            )
+        predictions = {m: y for m, (y, _) in zip(chosen, answers, strict=True)}
+        output, confidence = target.selection.combine(state, x, predictions)
+        query_id = uuid.uuid4().hex
+        record = {"app": app, "context": context, "input": x.tolist(), "predictions": predictions}
+        await self._store.put_prediction(query_id, record)
+        return {
+            "output": output,
+            "models": chosen,
+            "cache_hit": all(hit for _, hit in answers),
+            "query_id": query_id,
+            "latency_ms": (self._clock() - start) * 1000.0,
+            "confidence": confidence,
+        }
+
+    async def _predict_one(
+        self, app: _App, model: str, x: np.ndarray, start: float, slo_ms: float | None
+    ) -> tuple[Any, bool]:
+        self._metrics.selection(app.spec.name, model)
+        deadline = start + (slo_ms or app.slo_ms or self._slo_ms[model]) / 1000.0
+        batcher = self.batchers[model]
+
+        async def compute() -> Any:
+            return await batcher.submit(x, deadline)
+
+        key = cache_key(model, self._models[model].version, x)
+        value, hit = await app.cache.get_or_compute(key, compute)
+        self._metrics.cache(app.spec.name, model, hit)
+        return value, hit
+
+    async def feedback(self, app: str, query_id: str, label: Any) -> dict[str, Any]:
+        """Join ``label`` with the answered query and let the app's selection policy learn."""
+        target = self._app(app)
+        record = await self._store.get_prediction(query_id)
+        if record is None or record["app"] != app:
+            raise NotFound(f"no answered query {query_id!r} in app {app!r} (unknown or expired)")
+        x = np.asarray(record["input"], dtype=target.input.dtype)
+        context = record["context"]
+        state = await self._store.get_state(app, context) or target.selection.init()
+        state = target.selection.observe(state, x, label, record["predictions"])
+        await self._store.set_state(app, context, state)
+        await self._store.put_feedback(query_id, label)
+        self._metrics.feedback(app)
+        return {"query_id": query_id, "app": app, "accepted": True}
+
+    def describe_apps(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": a.spec.name,
+                "models": list(a.spec.models),
+                "selection": {
+                    "policy": a.selection.name,
+                    "params": a.selection.params.model_dump(),
+                },
+                "cache": {"size": a.cache.capacity, "entries": len(a.cache)},
+                "context_field": a.spec.context_field,
+                "slo_ms": a.slo_ms,
+                "input": a.input.model_dump(),
+            }
+            for a in self.apps.values()
+        ]
+
+    def describe_models(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": m.name,
+                "runtime": m.runtime,
+                "version": m.version,
+                "device": m.device,
+                "slo_ms": self._slo_ms[m.name],
+                "input": m.input.model_dump(),
+                **self.batchers[m.name].describe(),
+            }
+            for m in self._models.values()
+        ]
+
+    async def close(self) -> None:
+        await asyncio.gather(*(b.close() for b in self.batchers.values()))
+        await self._store.close()

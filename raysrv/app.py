@@ -1,0 +1,74 @@
+"""The application builder that a Serve config's ``import_path`` names.
+
+    applications:
+      - name: digits
+        import_path: raysrv.app:build_app
+        args: {models: [...], apps: [...]}
+
+Serve validates ``args`` into :class:`RaysrvSpec` (the builder's annotation) before calling it.
+Relative file sources are resolved against the directory ``serve run`` was started in, and a
+model's ``build`` hook runs here, once, when its source file does not exist yet.
+"""
+
+# No ``from __future__ import annotations`` here: Serve reads the builder's parameter annotation
+# as a class to validate ``args`` with it.
+
+from pathlib import Path
+
+from ray.serve import Application
+
+from raysrv._deployments import Ingress, ModelReplica
+from raysrv._plugins import import_object
+from raysrv.config import ModelSpec, RaysrvSpec
+
+__all__ = ["build_app", "prepare_spec"]
+
+
+def _prepare_model(model: ModelSpec, root: Path) -> ModelSpec:
+    if model.runtime == "python" or ":" in model.source:
+        return model
+    path = Path(model.source).expanduser()
+    if not path.is_absolute():
+        path = (root / path).resolve()
+    if not path.exists() and model.build is not None:
+        import_object(model.build)(str(path))
+    if not path.exists():
+        raise ValueError(f"model {model.name!r}: source file {str(path)!r} does not exist")
+    return model.model_copy(update={"source": str(path)})
+
+
+def prepare_spec(spec: RaysrvSpec, root: Path | None = None) -> RaysrvSpec:
+    """``spec`` with absolute model paths, after building the missing ones that have a hook."""
+    base = root or Path.cwd()
+    return spec.model_copy(update={"models": [_prepare_model(m, base) for m in spec.models]})
+
+
+def _actor_options(model: ModelSpec) -> dict:
+    options: dict = {"num_cpus": model.resources.num_cpus, "num_gpus": model.resources.num_gpus}
+    if model.resources.memory_mb is not None:
+        options["memory"] = model.resources.memory_mb * 1024 * 1024
+    return options
+
+
+def build_app(args: RaysrvSpec) -> Application:
+    """The Serve application for one raysrv spec: an ingress over one replica group per model.
+
+    Serve passes ``args`` already validated; Python callers may pass the plain dict.
+    """
+    spec = prepare_spec(args if isinstance(args, RaysrvSpec) else RaysrvSpec.model_validate(args))
+    replicas = {
+        m.name: ModelReplica.options(
+            name=f"model-{m.name}",
+            num_replicas=m.replicas,
+            ray_actor_options=_actor_options(m),
+        ).bind(m.model_dump(mode="json"))
+        for m in spec.models
+    }
+    return Ingress.options(
+        name="ingress",
+        num_replicas=spec.ingress.replicas,
+        ray_actor_options={"num_cpus": spec.ingress.num_cpus},
+        max_ongoing_requests=spec.ingress.max_ongoing_requests,
+        max_queued_requests=spec.ingress.max_queued_requests,
+        user_config=spec.live().model_dump(mode="json", exclude_none=True),
+    ).bind(spec.model_dump(mode="json"), replicas)

@@ -1,0 +1,116 @@
+"""Metrics of every role, as one small interface with a no-op default and a Ray Serve backend.
+
+Roles call the :class:`Metrics` methods; :class:`ServeMetrics` turns them into
+``ray.serve.metrics`` counters, gauges and histograms, exported by Ray as ``ray_raysrv_*`` on the
+node's metrics port (and so into the Ray dashboard and Prometheus). Serve adds the
+``application``, ``deployment`` and ``replica`` tags itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["LATENCY_BOUNDARIES_MS", "Metrics", "ServeMetrics"]
+
+LATENCY_BOUNDARIES_MS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000]
+BATCH_SIZE_BOUNDARIES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+
+
+class Metrics:
+    """The metrics every role reports; this base records nothing (for tests and tools)."""
+
+    def request(self, app: str, status: int, latency_s: float) -> None:
+        """Ingress: one request answered with ``status``."""
+
+    def rejection(self, where: str, reason: str) -> None:
+        """Any role: one query refused (overload, deadline, bad input)."""
+
+    def cache(self, app: str, model: str, hit: bool) -> None:
+        """Cache: one lookup."""
+
+    def selection(self, app: str, model: str) -> None:
+        """Selection: ``model`` was chosen for one query."""
+
+    def feedback(self, app: str) -> None:
+        """Selection: one feedback observed."""
+
+    def queue_length(self, model: str, length: int) -> None:
+        """Batcher: the model's queue now holds ``length`` queries."""
+
+    def batch(self, model: str, size: int, latency_s: float) -> None:
+        """Batcher: one batch of ``size`` answered, ``latency_s`` from dispatch to answer."""
+
+    def execution(self, model: str, size: int, duration_s: float) -> None:
+        """Replica: one batch executed in ``duration_s``."""
+
+
+class ServeMetrics(Metrics):
+    """:class:`Metrics` through ``ray.serve.metrics`` (call inside a Serve replica)."""
+
+    def __init__(self) -> None:
+        from ray.serve import metrics as m
+
+        self._requests = m.Counter(
+            "raysrv_requests", "Requests answered.", tag_keys=("app", "status")
+        )
+        self._latency = m.Histogram(
+            "raysrv_request_latency_ms",
+            "End-to-end latency inside raysrv.",
+            LATENCY_BOUNDARIES_MS,
+            ("app",),
+        )
+        self._rejections = m.Counter(
+            "raysrv_rejections", "Queries refused.", tag_keys=("where", "reason")
+        )
+        self._hits = m.Counter(
+            "raysrv_cache_hits", "Prediction cache hits.", tag_keys=("app", "model")
+        )
+        self._misses = m.Counter(
+            "raysrv_cache_misses", "Prediction cache misses.", tag_keys=("app", "model")
+        )
+        self._selected = m.Counter(
+            "raysrv_selections", "Model chosen by selection.", tag_keys=("app", "model")
+        )
+        self._feedback = m.Counter("raysrv_feedback", "Feedback observed.", tag_keys=("app",))
+        self._queue = m.Gauge(
+            "raysrv_queue_length", "Queries waiting in a batcher.", tag_keys=("model",)
+        )
+        self._batch_size = m.Histogram(
+            "raysrv_batch_size", "Queries per dispatched batch.", BATCH_SIZE_BOUNDARIES, ("model",)
+        )
+        self._batch_latency = m.Histogram(
+            "raysrv_batch_latency_ms",
+            "Dispatch to answer of a batch.",
+            LATENCY_BOUNDARIES_MS,
+            ("model",),
+        )
+        self._execution = m.Histogram(
+            "raysrv_execution_ms", "Replica run time of a batch.", LATENCY_BOUNDARIES_MS, ("model",)
+        )
+
+    def request(self, app: str, status: int, latency_s: float) -> None:
+        self._requests.inc(tags={"app": app, "status": str(status)})
+        self._latency.observe(latency_s * 1000.0, tags={"app": app})
+
+    def rejection(self, where: str, reason: str) -> None:
+        self._rejections.inc(tags={"where": where, "reason": reason})
+
+    def cache(self, app: str, model: str, hit: bool) -> None:
+        (self._hits if hit else self._misses).inc(tags={"app": app, "model": model})
+
+    def selection(self, app: str, model: str) -> None:
+        self._selected.inc(tags={"app": app, "model": model})
+
+    def feedback(self, app: str) -> None:
+        self._feedback.inc(tags={"app": app})
+
+    def queue_length(self, model: str, length: int) -> None:
+        self._queue.set(length, tags={"model": model})
+
+    def batch(self, model: str, size: int, latency_s: float) -> None:
+        tags: Any = {"model": model}
+        self._batch_size.observe(size, tags=tags)
+        self._batch_latency.observe(latency_s * 1000.0, tags=tags)
+
+    def execution(self, model: str, size: int, duration_s: float) -> None:
+        self._execution.observe(duration_s * 1000.0, tags={"model": model})

@@ -1,0 +1,149 @@
+"""``raysrv validate``: check a config file without starting Ray, reporting every problem.
+
+Accepts a Ray Serve config (``applications: [...]``) whose raysrv applications carry the spec in
+``args``, or a bare raysrv spec (``models:``, ``apps:``). Besides raysrv's own schema it checks
+what Serve lets through silently: unknown keys at the top level, in an application and in a
+deployment override, deployment names that match nothing, and the ingress ``user_config``.
+Each problem names its field path and the offending value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from raysrv.config import LiveConfig, RaysrvSpec
+
+__all__ = ["BUILDER", "Problem", "validate_document", "validate_file"]
+
+BUILDER = "raysrv.app:build_app"
+
+
+@dataclass(frozen=True)
+class Problem:
+    path: str
+    message: str
+    value: Any = None
+
+    def __str__(self) -> str:
+        shown = repr(self.value)
+        shown = shown if len(shown) <= 120 else shown[:117] + "..."
+        return f"{self.path or '<root>'}: {self.message} (value: {shown})"
+
+
+def _join(prefix: str, loc: Iterable[Any]) -> str:
+    path = prefix
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path
+
+
+def _from_validation(prefix: str, error: ValidationError) -> list[Problem]:
+    return [
+        Problem(_join(prefix, e["loc"]), e["msg"].removeprefix("Value error, "), e.get("input"))
+        for e in error.errors()
+    ]
+
+
+def _unknown_keys(prefix: str, data: Any, schema: type[BaseModel]) -> list[Problem]:
+    if not isinstance(data, dict):
+        return []
+    known = set(schema.model_fields) | {f.alias for f in schema.model_fields.values() if f.alias}
+    return [
+        Problem(
+            _join(prefix, [key]), f"unknown key; known keys: {', '.join(sorted(known))}", data[key]
+        )
+        for key in data
+        if key not in known
+    ]
+
+
+def _model_class(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model an annotation holds (``X`` or ``Optional[X]``), if any."""
+    candidates = (annotation, *getattr(annotation, "__args__", ()))
+    return next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+
+
+def _check_spec(prefix: str, args: Any, deployments: Sequence[Any]) -> list[Problem]:
+    try:
+        spec = RaysrvSpec.model_validate(args)
+    except ValidationError as exc:
+        return _from_validation(prefix + ".args" if prefix else "", exc)
+    names = {"ingress"} | {f"model-{m.name}" for m in spec.models}
+    problems: list[Problem] = []
+    for i, deployment in enumerate(deployments):
+        where = f"{prefix}.deployments[{i}]"
+        name = deployment.get("name") if isinstance(deployment, dict) else None
+        if name not in names:
+            problems.append(
+                Problem(
+                    where + ".name", f"no such deployment; raysrv deploys {sorted(names)}", name
+                )
+            )
+        elif name == "ingress" and "user_config" in deployment:
+            problems += _check_live(where + ".user_config", deployment["user_config"], spec)
+    return problems
+
+
+def _check_live(prefix: str, data: Any, spec: RaysrvSpec) -> list[Problem]:
+    try:
+        LiveConfig.model_validate(data).check_against(spec)
+    except ValidationError as exc:
+        return _from_validation(prefix, exc)
+    except ValueError as exc:
+        return [Problem(prefix, str(exc), data)]
+    return []
+
+
+def _check_serve(doc: dict[str, Any]) -> list[Problem]:
+    from ray.serve.schema import DeploymentSchema, ServeApplicationSchema, ServeDeploySchema
+
+    try:
+        ServeDeploySchema.model_validate(doc)
+    except ValidationError as exc:
+        return _from_validation("", exc)
+    problems = _unknown_keys("", doc, ServeDeploySchema)
+    for key, field in ServeDeploySchema.model_fields.items():
+        nested = _model_class(field.annotation)
+        if nested is not None and key != "applications":
+            problems += _unknown_keys(key, doc.get(key), nested)
+    for i, app in enumerate(doc["applications"]):
+        prefix = f"applications[{i}]"
+        problems += _unknown_keys(prefix, app, ServeApplicationSchema)
+        deployments = app.get("deployments") or []
+        for j, deployment in enumerate(deployments):
+            problems += _unknown_keys(f"{prefix}.deployments[{j}]", deployment, DeploymentSchema)
+        if app.get("import_path") == BUILDER:
+            problems += _check_spec(prefix, app.get("args") or {}, deployments)
+    return problems
+
+
+def validate_document(doc: Any) -> list[Problem]:
+    """Every problem of a parsed config document (empty when it is valid)."""
+    if isinstance(doc, dict) and "applications" in doc:
+        return _check_serve(doc)
+    if isinstance(doc, dict) and ("models" in doc or "apps" in doc):
+        return _check_spec("", doc, [])
+    return [
+        Problem(
+            "",
+            "expected a Serve config with 'applications' or a raysrv spec with 'models' and 'apps'",
+            doc,
+        )
+    ]
+
+
+def validate_file(path: str | Path) -> list[Problem]:
+    """Every problem of the YAML file at ``path``."""
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        return [Problem(str(path), f"cannot read file: {exc.strerror}", str(path))]
+    except yaml.YAMLError as exc:
+        return [Problem(str(path), f"not valid YAML: {exc}", None)]
+    return validate_document(doc)
