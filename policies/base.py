@@ -43,8 +43,9 @@ class SelectionPolicy(ABC):
         self.rng = rng
 
     @classmethod
-    def check(cls, models: Sequence[str], params: SelectionParams) -> None:  # noqa: B027
+    def check(cls, models: Sequence[str], params: SelectionParams) -> None:
         """Raise ``ValueError`` if ``params`` do not fit ``models`` (called at config time)."""
+        del models, params  # every fit by default
 
     def init(self) -> State:
         """The initial state of one context."""

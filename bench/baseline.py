@@ -1,0 +1,89 @@
+"""The baseline: what a Ray user would write instead of raysrv, a plain Serve deployment.
+
+One replica (``num_cpus=1``) holding an onnxruntime session with one intra-op thread over the
+same ONNX file, and ``@serve.batch`` on an ``async`` method that runs the session inline (the
+pattern of Serve's batching guide). ``POST /baseline`` takes the body raysrv takes,
+``{"input": <nested list>}``, and answers ``{"output": [...]}``; Python callers use
+``await handle.predict.remote(input)``.
+
+``max_ongoing_requests`` must be well above ``max_batch_size``, or Serve never lets enough
+requests into the replica for ``@serve.batch`` to form full batches.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from ray import serve
+from ray.serve import Application
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+__all__ = ["Baseline", "build_baseline"]
+
+
+@serve.deployment
+class Baseline:
+    """ONNX model behind ``@serve.batch``; HTTP via ``__call__``, handles via ``predict``."""
+
+    def __init__(
+        self,
+        path: str,
+        input_shape: tuple[int, ...],
+        max_batch_size: int = 16,
+        batch_wait_timeout_s: float = 0.001,
+    ) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        self._session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        self._input_name = self._session.get_inputs()[0].name
+        self._shape = tuple(input_shape)
+        self._batch.set_max_batch_size(max_batch_size)
+        self._batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
+        self._batches = 0
+        self._items = 0
+
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.001)
+    async def _batch(self, inputs: list[np.ndarray]) -> list[list[float]]:
+        (logits,) = self._session.run(None, {self._input_name: np.stack(inputs)})
+        self._batches += 1
+        self._items += len(inputs)
+        return logits.tolist()
+
+    async def predict(self, input: Any) -> dict[str, Any]:
+        """Logits of one input (nested list or array of the model's input shape)."""
+        x = np.asarray(input, dtype=np.float32)
+        if x.shape != self._shape:
+            raise ValueError(f"input has shape {list(x.shape)}, expected {list(self._shape)}")
+        return {"output": await self._batch(x)}
+
+    async def __call__(self, request: Request) -> JSONResponse:
+        try:
+            body = await request.json()
+            return JSONResponse(await self.predict(body["input"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+
+    async def stats(self) -> dict[str, int]:
+        """Batches run and items served since start (for the mean batch size)."""
+        return {"batches": self._batches, "items": self._items}
+
+
+def build_baseline(
+    path: str,
+    input_shape: tuple[int, ...],
+    max_batch_size: int = 16,
+    batch_wait_timeout_s: float = 0.001,
+    max_ongoing_requests: int = 128,
+) -> Application:
+    """The baseline application over the ONNX file at ``path``."""
+    return Baseline.options(
+        name="baseline",
+        num_replicas=1,
+        max_ongoing_requests=max_ongoing_requests,
+        ray_actor_options={"num_cpus": 1},
+    ).bind(path, tuple(input_shape), max_batch_size, batch_wait_timeout_s)

@@ -1,0 +1,165 @@
+"""`serve run examples/digits/config.yaml` in a subprocess, over real HTTP, with real Redis.
+
+The served predictions on the digits test split must equal the offline models' predictions,
+bad input must get a 4xx with a message, and the server must keep serving after each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import onnxruntime as ort
+import pytest
+import redis
+import yaml
+
+from examples.digits import build as digits
+from tests.conftest import free_port
+
+ROOT = Path(__file__).parents[2]
+CONFIG = ROOT / "examples" / "digits" / "config.yaml"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[str]:
+    """The shipped example config on a free port with state in Redis, run by `serve run`."""
+    config = yaml.safe_load(CONFIG.read_text())
+    port = free_port()
+    config["http_options"]["port"] = port
+    config["applications"][0]["args"]["state"] = redis_url
+    path = tmp_path_factory.mktemp("e2e") / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    log = (path.parent / "serve.log").open("wb")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    serve = Path(sys.executable).with_name("serve")
+    proc = subprocess.Popen(
+        [str(serve), "run", str(path)],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc, path.parent / "serve.log")
+        yield url
+    finally:
+        _stop(proc)
+        log.close()
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"serve run exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"no healthy server after {timeout_s} s:\n{log.read_text()[-4000:]}")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    subprocess.run([Path(sys.executable).with_name("ray"), "stop", "--force"], capture_output=True)
+
+
+def _offline(x: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
+    """Each model's labels and probabilities on ``x``, from its ONNX file, in one batch."""
+    out = {}
+    for name in digits.MODEL_NAMES:
+        session = ort.InferenceSession(str(ROOT / "examples" / "digits" / "models" / f"{name}.onnx"))
+        label, probabilities = session.run(["label", "probabilities"], {"input": x})
+        out[name] = {"label": label, "probabilities": probabilities}
+    return out
+
+
+async def _predict_all(url: str, x: np.ndarray, concurrency: int = 16) -> list[dict[str, Any]]:
+    limit = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+
+        async def one(row: np.ndarray) -> dict[str, Any]:
+            async with limit:
+                response = await client.post("/v1/digits/predict", json={"input": row.tolist()})
+                assert response.status_code == 200, response.text
+                return response.json()
+
+        return await asyncio.gather(*(one(row) for row in x))
+
+
+def test_served_predictions_equal_the_offline_models(server: str) -> None:
+    x, _ = digits.test_split()
+    answers = asyncio.run(_predict_all(server, x))
+    offline = _offline(x)
+    used = set()
+    for i, answer in enumerate(answers):
+        (model,) = answer["models"]
+        used.add(model)
+        assert answer["output"]["label"] == int(offline[model]["label"][i]), (i, model)
+        np.testing.assert_allclose(
+            answer["output"]["probabilities"], offline[model]["probabilities"][i], rtol=0, atol=1e-6
+        )
+    assert used == set(digits.MODEL_NAMES)  # the split policy spread the queries over all three
+    models = httpx.get(f"{server}/v1/models", timeout=10).json()["models"]
+    assert sum(m["batches"] for m in models) <= len(x)
+
+
+BAD_REQUESTS = [
+    ("/v1/digits/predict", b'{"input": [1, 2', 400, "not valid JSON"),
+    ("/v1/digits/predict", json.dumps({"input": [0.0] * 63}).encode(), 400, "shape [63], expected [64]"),
+    ("/v1/digits/predict", json.dumps({"input": ["x"] * 64}).encode(), 400, "must hold numbers"),
+    ("/v1/digits/predict", json.dumps({"input": [[0.0] * 8] * 8}).encode(), 400, "shape [8, 8]"),
+    ("/v1/mnist/predict", json.dumps({"input": [0.0] * 64}).encode(), 404, "unknown app 'mnist'"),
+    ("/v1/digits/predict", b'{"input": [' + b"0.0, " * 300_000 + b"0.0]}", 413, "exceeds the limit"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "status", "fragment"), BAD_REQUESTS)
+def test_bad_input_gets_a_4xx_with_a_message_and_serving_goes_on(
+    server: str, path: str, body: bytes, status: int, fragment: str
+) -> None:
+    x, y = digits.test_split()
+    bad = httpx.post(f"{server}{path}", content=body, timeout=30)
+    assert bad.status_code == status, bad.text
+    assert fragment in bad.json()["message"]
+    good = httpx.post(f"{server}/v1/digits/predict", json={"input": x[0].tolist()}, timeout=30)
+    assert good.status_code == 200
+    assert good.json()["output"]["label"] in range(10)
+
+
+def test_feedback_is_stored_in_redis_and_docs_are_served(server: str, redis_url: str) -> None:
+    x, y = digits.test_split()
+    answer = httpx.post(f"{server}/v1/digits/predict", json={"input": x[1].tolist()}, timeout=30).json()
+    ack = httpx.post(
+        f"{server}/v1/digits/feedback",
+        json={"query_id": answer["query_id"], "label": int(y[1])},
+        timeout=30,
+    )
+    assert ack.status_code == 200
+    stored = redis.Redis.from_url(redis_url).get(f"raysrv:feedback:{answer['query_id']}")
+    assert json.loads(stored) == int(y[1])
+    apps = httpx.get(f"{server}/v1/apps", timeout=10).json()["apps"]
+    assert apps[0]["models"] == list(digits.MODEL_NAMES)
+    schema = httpx.get(f"{server}/openapi.json", timeout=10).json()
+    assert "/v1/{app}/predict" in schema["paths"]

@@ -1,0 +1,52 @@
+"""One Ray + Serve session for the whole integration tier; applications deleted after each test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from tests.conftest import free_port
+
+
+@dataclass(frozen=True)
+class RayCluster:
+    http_port: int
+    metrics_port: int
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[RayCluster]:
+    import ray
+    from ray import serve
+
+    cluster = RayCluster(http_port=free_port(), metrics_port=free_port())
+    ray.init(
+        num_cpus=4,
+        include_dashboard=False,
+        namespace="serve",
+        _metrics_export_port=cluster.metrics_port,
+        logging_level="warning",
+        log_to_driver=False,
+    )
+    serve.start(http_options={"host": "127.0.0.1", "port": cluster.http_port})
+    try:
+        yield cluster
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+@pytest.fixture
+def serve_session(ray_cluster: RayCluster) -> Iterator[RayCluster]:
+    """The shared cluster, with every application deleted after the test."""
+    from ray import serve
+
+    yield ray_cluster
+    for name in list(serve.status().applications):
+        serve.delete(name)

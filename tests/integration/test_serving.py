@@ -1,0 +1,179 @@
+"""raysrv on a real Ray Serve: batching, cache, handles from another app, live knobs, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from ray import serve
+
+from raysrv.app import build_app
+from raysrv.testing import model_spec, spec
+from tests.integration.conftest import RayCluster
+from tests.unit.test_runtimes import _onnx_matmul
+
+
+def _two_model_spec(onnx_path: Path, **ingress: Any) -> dict[str, Any]:
+    slow = model_spec("slow", init_kwargs={"delay_s": 0.05})
+    fast = {
+        "name": "fast",
+        "runtime": "onnx",
+        "source": str(onnx_path),
+        "resources": {"num_cpus": 0.1},
+        "batching": {"policy": "aimd", "params": {"initial_batch_size": 4}},
+        "input": {"shape": [4], "dtype": "float32"},
+    }
+    apps = [
+        {"name": "echo", "models": ["slow"], "cache_size": 64},
+        {"name": "linear", "models": ["fast"], "cache_size": 0},
+    ]
+    return spec([slow, fast], apps, ingress={"num_cpus": 0.1, **ingress})
+
+
+@pytest.fixture
+def raysrv_app(serve_session: RayCluster, tmp_path: Path) -> Any:
+    app = build_app(_two_model_spec(_onnx_matmul(tmp_path / "linear.onnx")))
+    return serve.run(app, name="raysrv", route_prefix="/raysrv")
+
+
+def _predict_many(handle: Any, app: str, inputs: list[list[float]]) -> list[dict[str, Any]]:
+    responses = [handle.predict.remote(app, x) for x in inputs]
+    return [r.result(timeout_s=60) for r in responses]
+
+
+def test_concurrent_queries_are_batched_and_each_gets_its_answer(raysrv_app: Any) -> None:
+    inputs = [[float(i), 0.0, 0.0, 1.0] for i in range(40)]
+    answers = _predict_many(raysrv_app, "echo", inputs)
+    assert [a["output"]["sum"] for a in answers] == [i + 1.0 for i in range(40)]
+    sizes = [a["output"]["batch_size"] for a in answers]
+    assert max(sizes) > 1
+    batches = {a["output"]["batch"] for a in answers}
+    assert len(batches) < 40
+    linear = _predict_many(raysrv_app, "linear", [[1, 0, 0, 0], [0, 0, 0, 1]])
+    assert [a["output"] for a in linear] == [[0.0, 1.0], [6.0, 7.0]]
+    assert all(a["models"] == ["fast"] for a in linear)
+
+
+def test_repeats_hit_the_cache_without_running_the_model(raysrv_app: Any) -> None:
+    first = raysrv_app.predict.remote("echo", [1, 2, 3, 4]).result(timeout_s=60)
+    again = raysrv_app.predict.remote("echo", [1, 2, 3, 4]).result(timeout_s=60)
+    assert (first["cache_hit"], again["cache_hit"]) == (False, True)
+    assert again["output"] == first["output"]  # same batch counter: the model did not run again
+    other = raysrv_app.predict.remote("echo", [1, 2, 3, 5]).result(timeout_s=60)
+    assert other["cache_hit"] is False
+    assert other["output"]["batch"] > first["output"]["batch"]
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0.1})
+class Client:
+    """A deployment of another Serve application that uses raysrv through a handle."""
+
+    def __init__(self) -> None:
+        self._raysrv = serve.get_app_handle("raysrv")
+
+    async def ask(self, x: list[float]) -> dict[str, Any]:
+        return await self._raysrv.predict.remote("linear", x)
+
+
+def test_a_second_serve_application_calls_raysrv_through_a_handle(raysrv_app: Any) -> None:
+    client = serve.run(Client.bind(), name="client", route_prefix="/client")
+    answer = client.ask.remote([0.0, 1.0, 0.0, 0.0]).result(timeout_s=60)
+    assert answer["output"] == [2.0, 3.0]
+    assert set(answer) >= {"output", "models", "cache_hit", "query_id", "latency_ms"}
+    fed = raysrv_app.feedback.remote("linear", answer["query_id"], 1).result(timeout_s=30)
+    assert fed["accepted"] is True
+
+
+def test_http_through_the_serve_proxy(raysrv_app: Any, serve_session: RayCluster) -> None:
+    async def scenario() -> list[httpx.Response]:
+        url = f"{serve_session.http}/raysrv/v1/echo/predict"
+        async with httpx.AsyncClient(timeout=60) as client:
+            posts = [client.post(url, json={"input": [i, 1, 1, 1]}) for i in range(16)]
+            posts.append(client.post(url, content=b"{oops"))
+            return await asyncio.gather(*posts)
+
+    responses = asyncio.run(scenario())
+    assert [r.status_code for r in responses] == [200] * 16 + [400]
+    assert [r.json()["output"]["sum"] for r in responses[:16]] == [i + 3.0 for i in range(16)]
+    assert "not valid JSON" in responses[-1].json()["message"]
+    models = httpx.get(f"{serve_session.http}/raysrv/v1/models", timeout=30).json()["models"]
+    assert {m["name"] for m in models} == {"slow", "fast"}
+
+
+def _replica_pid(handle: Any) -> int:
+    return handle.predict.remote("echo", list(np.random.default_rng().random(4))).result(timeout_s=60)[
+        "output"
+    ]["pid"]
+
+
+def test_user_config_changes_apply_live_without_restarting_replicas(
+    serve_session: RayCluster, tmp_path: Path
+) -> None:
+    """The `serve run config.yaml` path: a Serve config whose ingress user_config changes."""
+    from ray.serve.context import _get_global_client
+    from ray.serve.schema import ServeDeploySchema
+
+    args = _two_model_spec(_onnx_matmul(tmp_path / "linear.onnx"))
+
+    def deploy(user_config: dict[str, Any] | None) -> None:
+        deployments = [{"name": "ingress", "user_config": user_config}] if user_config else []
+        app = {
+            "name": "raysrv",
+            "route_prefix": "/raysrv",
+            "import_path": "raysrv.app:build_app",
+            "args": args,
+            "deployments": deployments,
+        }
+        config = ServeDeploySchema.model_validate({"applications": [app]})
+        _get_global_client().deploy_apps(config, _blocking=True)
+
+    deploy(None)
+    handle = serve.get_app_handle("raysrv")
+    pid_before = _replica_pid(handle)
+    policy = {"policy": "fixed", "params": {"max_batch_size": 3}}
+    deploy({"models": {"slow": {"batching": policy}}, "apps": {"echo": {"cache_size": 0}}})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        models = {m["name"]: m for m in handle.models.remote().result(timeout_s=30)}
+        if models["slow"]["batching"]["policy"] == "fixed":
+            break
+        time.sleep(0.5)
+    assert models["slow"]["batching"]["params"]["max_batch_size"] == 3
+    assert _replica_pid(handle) == pid_before  # the model replica was not restarted
+    answers = _predict_many(handle, "echo", [[float(i), 0, 0, 0] for i in range(12)])
+    assert max(a["output"]["batch_size"] for a in answers) <= 3
+    repeat = [handle.predict.remote("echo", [9, 9, 9, 9]).result(timeout_s=60) for _ in range(2)]
+    assert [r["cache_hit"] for r in repeat] == [False, False]  # cache_size 0 now
+
+
+def test_metrics_of_every_role_reach_the_ray_metrics_endpoint(
+    raysrv_app: Any, serve_session: RayCluster
+) -> None:
+    _predict_many(raysrv_app, "echo", [[float(i % 3), 0, 0, 0] for i in range(12)])
+    with pytest.raises(Exception, match="shape"):
+        raysrv_app.predict.remote("echo", [1, 2]).result(timeout_s=30)
+    wanted = {
+        "ray_raysrv_requests_total",
+        "ray_raysrv_request_latency_ms_bucket",
+        "ray_raysrv_cache_hits_total",
+        "ray_raysrv_cache_misses_total",
+        "ray_raysrv_selections_total",
+        "ray_raysrv_queue_length",
+        "ray_raysrv_batch_size_bucket",
+        "ray_raysrv_execution_ms_bucket",
+    }
+    url = f"http://127.0.0.1:{serve_session.metrics_port}/metrics"
+    found: set[str] = set()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and found != wanted:
+        body = urllib.request.urlopen(url, timeout=10).read().decode()
+        found = {w for w in wanted if f"\n{w}{{" in body}
+        time.sleep(1)
+    assert found == wanted, f"missing: {sorted(wanted - found)} (pid {os.getpid()})"

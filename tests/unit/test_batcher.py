@@ -1,0 +1,127 @@
+"""The batcher loop with a fake replica group: batches form, slots are respected, nothing lost."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+from raysrv import batching
+from raysrv._batcher import Batcher
+from raysrv.errors import ModelFailed, Overloaded
+from raysrv.testing import EchoModel, fake_execute
+
+
+def _batcher(log: list[int], delay_s: float = 0.02, replicas: int = 1, **kw: Any) -> Batcher:
+    policy = batching.make_policy("fixed", {"max_batch_size": kw.pop("max_batch_size", 8)}, 1.0)
+    execute = fake_execute(EchoModel(), delay_s=delay_s, log=log)
+    return Batcher("echo", policy, execute, replicas, kw.pop("max_queue", 1000))
+
+
+def test_batches_form_while_the_replica_is_busy_and_every_query_gets_its_answer() -> None:
+    async def scenario() -> None:
+        log: list[int] = []
+        batcher = _batcher(log)
+        futures = [batcher.submit(np.full(4, 0, dtype=np.float32))]
+        await asyncio.sleep(0.005)  # the loop dispatches the first query alone
+        futures += [batcher.submit(np.full(4, i, dtype=np.float32)) for i in range(1, 20)]
+        answers = await asyncio.gather(*futures)
+        assert [a["sum"] for a in answers] == [4.0 * i for i in range(20)]
+        assert log[0] == 1  # the first query found the replica free
+        assert log == [1, 8, 8, 3]
+        await batcher.close()
+
+    asyncio.run(scenario())
+
+
+def test_never_more_batches_in_flight_than_replicas() -> None:
+    async def scenario() -> None:
+        in_flight = peak = 0
+
+        async def execute(inputs: np.ndarray) -> tuple[list[Any], float]:
+            nonlocal in_flight, peak
+            in_flight += 1
+            peak = max(peak, in_flight)
+            await asyncio.sleep(0.005)
+            in_flight -= 1
+            return list(inputs.sum(axis=1)), 0.005
+
+        policy = batching.make_policy("fixed", {"max_batch_size": 2}, 1.0)
+        batcher = Batcher("m", policy, execute, 3, 1000)
+        await asyncio.gather(*(batcher.submit(np.ones(2)) for _ in range(40)))
+        assert peak == 3
+        assert batcher.describe()["busy_replicas"] == 0
+        await batcher.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_full_queue_refuses_at_once() -> None:
+    async def scenario() -> None:
+        batcher = _batcher([], delay_s=0.05, max_queue=3)
+        first = batcher.submit(np.zeros(4))
+        await asyncio.sleep(0.01)  # the first batch is running; three more may wait
+        waiting = [batcher.submit(np.zeros(4)) for _ in range(3)]
+        with pytest.raises(Overloaded, match="3 queries waiting"):
+            batcher.submit(np.zeros(4))
+        await asyncio.gather(first, *waiting)
+        await batcher.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_failing_batch_fails_its_queries_and_the_loop_goes_on() -> None:
+    async def scenario() -> None:
+        calls = 0
+
+        async def execute(inputs: np.ndarray) -> tuple[list[Any], float]:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                raise RuntimeError("replica died")
+            return [0] * len(inputs), 0.0
+
+        batcher = Batcher("m", batching.make_policy("fixed", {}, 1.0), execute, 1, 100)
+        with pytest.raises(ModelFailed, match="replica died"):
+            await batcher.submit(np.zeros(1))
+        assert await batcher.submit(np.zeros(1)) == 0
+        await batcher.close()
+
+    asyncio.run(scenario())
+
+
+def test_callers_that_gave_up_are_not_run() -> None:
+    async def scenario() -> None:
+        log: list[int] = []
+        batcher = _batcher(log, delay_s=0.03)
+        first = batcher.submit(np.zeros(4))
+        await asyncio.sleep(0.005)
+        abandoned = [batcher.submit(np.zeros(4)) for _ in range(3)]
+        kept = batcher.submit(np.ones(4))
+        for future in abandoned:
+            future.cancel()
+        await first
+        assert (await kept)["sum"] == 4.0
+        assert log == [1, 1]
+        await batcher.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_wrong_number_of_outputs_is_an_error_not_a_hang() -> None:
+    async def scenario() -> None:
+        async def execute(inputs: np.ndarray) -> tuple[list[Any], float]:
+            return [1], 0.0
+
+        batcher = Batcher(
+            "m", batching.make_policy("fixed", {"timeout_ms": 20}, 1.0), execute, 1, 10
+        )
+        futures = [batcher.submit(np.zeros(1)) for _ in range(2)]
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        assert all(isinstance(r, ModelFailed) for r in results)
+        assert "2 inputs" in str(results[0])
+        await batcher.close()
+
+    asyncio.run(scenario())

@@ -1,0 +1,180 @@
+"""Batching policies with a fake clock, and the contract every registered policy owes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from raysrv import batching
+from raysrv.batching import (
+    AIMDPolicy,
+    BatchOutcome,
+    BatcherView,
+    BatchingPolicy,
+    Dispatch,
+    FixedPolicy,
+    QueuedQuery,
+    Reject,
+    ReplicaSlot,
+    Wait,
+)
+from raysrv.testing import FakeClock
+
+
+def _queue(arrivals: list[float]) -> list[QueuedQuery]:
+    return [QueuedQuery(i, t) for i, t in enumerate(arrivals)]
+
+
+def _free(n: int = 1) -> tuple[ReplicaSlot, ...]:
+    return tuple(ReplicaSlot(i) for i in range(n))
+
+
+def _fixed(max_batch_size: int, timeout_ms: float = 0.0) -> FixedPolicy:
+    return batching.make_policy(  # type: ignore[return-value]
+        "fixed", {"max_batch_size": max_batch_size, "timeout_ms": timeout_ms}, slo_s=0.1
+    )
+
+
+def _aimd(**params: float) -> AIMDPolicy:
+    return batching.make_policy("aimd", params, slo_s=0.1)  # type: ignore[return-value]
+
+
+def test_fixed_waits_for_the_timeout_then_cuts_what_is_there() -> None:
+    clock = FakeClock()
+    policy = _fixed(4, timeout_ms=10)
+    queue = _queue([clock(), clock()])
+    decision = policy.decide(BatcherView(clock(), queue, _free()))
+    assert decision == Wait(pytest.approx(clock() + 0.010))
+    clock.advance(0.009)
+    assert isinstance(policy.decide(BatcherView(clock(), queue, _free())), Wait)
+    clock.advance(0.001)
+    assert policy.decide(BatcherView(clock(), queue, _free())) == Dispatch((0, 1), 0)
+
+
+def test_fixed_cuts_a_full_batch_at_once_and_no_more() -> None:
+    clock = FakeClock()
+    queue = _queue([clock()] * 7)
+    decision = _fixed(4, timeout_ms=1000).decide(BatcherView(clock(), queue, _free()))
+    assert decision == Dispatch((0, 1, 2, 3), 0)
+
+
+def test_fixed_never_cuts_for_a_busy_replica() -> None:
+    clock = FakeClock()
+    busy = (ReplicaSlot(0, busy_since=clock(), batch_size=3),)
+    queue = _queue([clock() - 5.0] * 9)
+    assert _fixed(4).decide(BatcherView(clock(), queue, busy)) == Wait()
+    two = (busy[0], ReplicaSlot(1))
+    assert _fixed(4).decide(BatcherView(clock(), queue, two)) == Dispatch((0, 1, 2, 3), 1)
+
+
+def _outcome(size: int, duration: float) -> BatchOutcome:
+    return BatchOutcome(size, 0, 0.0, duration, duration)
+
+
+def test_aimd_adds_after_full_batches_within_the_slo() -> None:
+    policy = _aimd(initial_batch_size=2, step=3, max_batch_size=10)
+    policy.observe(_outcome(2, 0.05))
+    assert policy.max_batch_size == 5
+    policy.observe(_outcome(3, 0.05))  # not full: says nothing about a larger batch
+    assert policy.max_batch_size == 5
+    policy.observe(_outcome(5, 0.05))
+    policy.observe(_outcome(8, 0.05))
+    assert policy.max_batch_size == 10  # capped
+
+
+def test_aimd_backs_off_ten_percent_when_a_batch_exceeds_the_slo() -> None:
+    policy = _aimd(initial_batch_size=50)
+    policy.observe(_outcome(50, 0.101))
+    assert policy.max_batch_size == 45
+    for _ in range(100):
+        policy.observe(_outcome(1, 1.0))
+    assert policy.max_batch_size == 1
+
+
+def test_aimd_uses_its_own_objective_when_given() -> None:
+    policy = _aimd(initial_batch_size=10, slo_ms=20)
+    policy.observe(_outcome(10, 0.030))
+    assert policy.max_batch_size == 9
+
+
+def test_aimd_converges_near_the_largest_batch_meeting_the_slo() -> None:
+    """With latency 10 ms + 2 ms per query and a 100 ms SLO, the best batch is 45."""
+    clock = FakeClock()
+    policy = _aimd(initial_batch_size=1, max_batch_size=200)
+    sizes = []
+    for _ in range(400):
+        queue = _queue([clock()] * 300)  # saturated
+        decision = policy.decide(BatcherView(clock(), queue, _free()))
+        assert isinstance(decision, Dispatch)
+        size = len(decision.query_ids)
+        duration = 0.010 + 0.002 * size
+        clock.advance(duration)
+        policy.observe(BatchOutcome(size, 0, clock() - duration, clock(), duration))
+        sizes.append(size)
+    assert 40 <= min(sizes[-50:]) and max(sizes[-50:]) <= 46
+
+
+def test_registry_names_the_known_policies_and_takes_import_paths() -> None:
+    with pytest.raises(ValueError, match="unknown batching policy 'nope'; known: aimd, fixed"):
+        batching.policy_class("nope")
+    assert batching.policy_class("raysrv.batching.fixed:FixedPolicy") is FixedPolicy
+    with pytest.raises(ValueError, match="not a subclass"):
+        batching.policy_class("raysrv.batching.fixed:FixedParams")
+    with pytest.raises(ValueError, match="cannot import"):
+        batching.policy_class("no_such_module:Policy")
+
+
+def _simulate(policy: BatchingPolicy, seed: int, replicas: int = 2, n: int = 300) -> list[int]:
+    """Drive a policy with Poisson arrivals and linear service times on a fake clock.
+
+    Returns the batch sizes; checks every decision against the contract on the way.
+    """
+    rng = np.random.default_rng(seed)
+    clock = FakeClock(0.0)
+    arrivals = list(np.cumsum(rng.exponential(0.004, n)))
+    queue: list[QueuedQuery] = []
+    slots = list(_free(replicas))
+    running: list[tuple[float, int, int]] = []  # (finish, replica, size)
+    served: list[int] = []
+    sizes: list[int] = []
+    while len(served) < n:
+        while arrivals and arrivals[0] <= clock():
+            queue.append(QueuedQuery(n - len(arrivals), arrivals.pop(0), deadline=math.inf))
+        decision = policy.decide(BatcherView(clock(), tuple(queue), tuple(slots)))
+        if isinstance(decision, Dispatch):
+            ids = set(decision.query_ids)
+            cap = getattr(policy.params, "max_batch_size", n)
+            assert 1 <= len(ids) <= cap, decision
+            assert len(ids) == len(decision.query_ids), "a query dispatched twice"
+            assert ids <= {q.query_id for q in queue}, "dispatched a query that is not queued"
+            assert slots[decision.replica].free, "dispatched to a busy replica"
+            queue = [q for q in queue if q.query_id not in ids]
+            slots[decision.replica] = ReplicaSlot(decision.replica, clock(), len(ids))
+            running.append((clock() + 0.003 + 0.001 * len(ids), decision.replica, len(ids)))
+            served += decision.query_ids
+            sizes.append(len(ids))
+            continue
+        assert not isinstance(decision, Reject), "nothing here has a deadline to miss"
+        events = [t for t, _, _ in running] + arrivals[:1]
+        if decision.until is not None:
+            events.append(decision.until)
+        assert events, f"policy waits forever with {len(queue)} queued and a free replica"
+        clock.advance(max(0.0, min(events) - clock()))
+        for done in [r for r in running if r[0] <= clock()]:
+            running.remove(done)
+            slots[done[1]] = ReplicaSlot(done[1])
+            policy.observe(
+                BatchOutcome(done[2], done[1], done[0] - 0.001, done[0], 0.003 + 0.001 * done[2])
+            )
+    assert sorted(served) == list(range(n)), "a query was lost or answered twice"
+    return sizes
+
+
+@pytest.mark.parametrize("name", sorted(batching.POLICIES))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_every_registered_policy_keeps_the_contract(name: str, seed: int) -> None:
+    policy = batching.make_policy(name, {}, slo_s=0.05)
+    sizes = _simulate(policy, seed)
+    assert sum(sizes) == 300

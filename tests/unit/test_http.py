@@ -1,0 +1,203 @@
+"""The ingress ASGI app over a Server whose replica groups are in-process fakes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from raysrv._http import create_http_app
+from raysrv._server import Server
+from raysrv.config import LiveConfig, RaysrvSpec
+from raysrv.testing import EchoModel, fake_execute, model_spec, spec
+
+SPEC = RaysrvSpec.model_validate(
+    spec(
+        [model_spec("a"), model_spec("b", max_queue=2)],
+        [
+            {"name": "one", "models": ["a"], "cache_size": 16},
+            {
+                "name": "ab",
+                "models": ["a", "b"],
+                "selection": {"policy": "split", "params": {"weights": {"b": 1}}},
+                "context_field": "user",
+            },
+        ],
+    )
+)
+
+
+def _server(delay_s: float = 0.0, logs: dict[str, list[int]] | None = None) -> Server:
+    logs = logs if logs is not None else {"a": [], "b": []}
+    return Server(SPEC, {m: fake_execute(EchoModel(), delay_s, logs[m]) for m in ("a", "b")})
+
+
+async def _client(server: Server, limit: int = 4096) -> httpx.AsyncClient:
+    transport = httpx.ASGITransport(app=create_http_app(server, limit))
+    return httpx.AsyncClient(transport=transport, base_url="http://raysrv")
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    async with await _client(_server()) as c:
+        yield c
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_predict_answers_and_repeats_hit_the_cache() -> None:
+    async def scenario() -> None:
+        logs: dict[str, list[int]] = {"a": [], "b": []}
+        async with await _client(_server(logs=logs)) as c:
+            first = (await c.post("/v1/one/predict", json={"input": [1, 2, 3, 4]})).json()
+            again = (await c.post("/v1/one/predict", json={"input": [1, 2, 3, 4]})).json()
+        assert first["output"]["sum"] == 10.0
+        assert first["models"] == ["a"]
+        assert (first["cache_hit"], again["cache_hit"]) == (False, True)
+        assert again["output"] == first["output"]
+        assert first["query_id"] != again["query_id"]
+        assert first["latency_ms"] >= 0
+        assert logs["a"] == [1]  # the second answer came from the cache
+
+    run(scenario())
+
+
+def test_selection_picks_the_weighted_model_and_reads_the_context_field() -> None:
+    async def scenario() -> None:
+        async with await _client(_server()) as c:
+            r = await c.post("/v1/ab/predict", json={"input": [0, 0, 0, 1], "user": "u1"})
+            bad = await c.post("/v1/ab/predict", json={"input": [0, 0, 0, 1], "context": "u1"})
+        assert r.status_code == 200
+        assert r.json()["models"] == ["b"]
+        assert bad.status_code == 400
+        assert "unknown fields ['context']" in bad.json()["message"]
+
+    run(scenario())
+
+
+def test_feedback_joins_an_answered_query() -> None:
+    async def scenario() -> None:
+        async with await _client(_server()) as c:
+            answer = (await c.post("/v1/one/predict", json={"input": [1, 1, 1, 1]})).json()
+            ok = await c.post("/v1/one/feedback", json={"query_id": answer["query_id"], "label": 4})
+            unknown = await c.post("/v1/one/feedback", json={"query_id": "nope", "label": 4})
+            wrong_app = await c.post(
+                "/v1/ab/feedback", json={"query_id": answer["query_id"], "label": 4}
+            )
+            malformed = await c.post("/v1/one/feedback", json={"label": 4})
+        assert ok.status_code == 200
+        assert ok.json()["accepted"] is True
+        assert unknown.status_code == 404
+        assert wrong_app.status_code == 404
+        assert malformed.status_code == 400
+        assert "query_id" in malformed.json()["message"]
+
+    run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "fragment"),
+    [
+        ("/v1/one/predict", b"{not json", 400, "not valid JSON"),
+        ("/v1/one/predict", b"[1, 2]", 400, "JSON object"),
+        ("/v1/one/predict", b'{"inputs": [1, 2, 3, 4]}', 400, "unknown fields ['inputs']"),
+        ("/v1/one/predict", b'{"context": "x"}', 400, "missing field 'input'"),
+        ("/v1/one/predict", b'{"input": [1, 2, 3]}', 400, "shape [3], expected [4]"),
+        ("/v1/one/predict", b'{"input": [[1, 2], [3]]}', 400, "rectangular"),
+        ("/v1/one/predict", b'{"input": ["a", "b", "c", "d"]}', 400, "must hold numbers"),
+        ("/v1/one/predict", b'{"input": [1, 2, 3, NaN]}', 400, "NaN"),
+        ("/v1/one/predict", b'{"input": [1, 2, 3, 4], "slo_ms": -1}', 400, "slo_ms"),
+        ("/v1/one/predict", b'{"input": [1, 2, 3, 4], "slo_ms": "fast"}', 400, "slo_ms"),
+        ("/v1/nope/predict", b'{"input": [1, 2, 3, 4]}', 404, "unknown app 'nope'"),
+        ("/v1/one/predict", b'{"input": [' + b"1, " * 3000 + b"1]}", 413, "exceeds the limit"),
+    ],
+)
+def test_bad_requests_get_a_4xx_with_a_message_and_serving_goes_on(
+    path: str, body: bytes, status: int, fragment: str
+) -> None:
+    async def scenario() -> None:
+        async with await _client(_server()) as c:
+            bad = await c.post(path, content=body, headers={"content-type": "application/json"})
+            good = await c.post("/v1/one/predict", json={"input": [1, 2, 3, 4]})
+        assert bad.status_code == status
+        assert fragment in bad.json()["message"]
+        assert good.status_code == 200
+
+    run(scenario())
+
+
+def test_overload_is_refused_quickly_with_503_and_retry_after() -> None:
+    async def scenario() -> None:
+        async with await _client(_server(delay_s=0.05)) as c:
+            posts = [
+                c.post("/v1/ab/predict", json={"input": [i, 0, 0, 0], "user": "u"})
+                for i in range(8)
+            ]
+            responses = await asyncio.gather(*posts)
+        statuses = sorted(r.status_code for r in responses)
+        refused = [r for r in responses if r.status_code == 503]
+        assert statuses.count(200) >= 2  # at least what the queue holds
+        assert refused
+        assert refused[0].headers["retry-after"] == "1"
+        assert refused[0].json()["error"] == "overloaded"
+        assert all(r.status_code in (200, 503) for r in responses)
+
+    run(scenario())
+
+
+def test_listing_health_and_openapi() -> None:
+    async def scenario() -> None:
+        async with await _client(_server()) as c:
+            apps = (await c.get("/v1/apps")).json()["apps"]
+            models = (await c.get("/v1/models")).json()["models"]
+            health = (await c.get("/healthz")).json()
+            schema = (await c.get("/openapi.json")).json()
+        assert [a["name"] for a in apps] == ["one", "ab"]
+        assert apps[1]["selection"]["policy"] == "split"
+        assert [m["name"] for m in models] == ["a", "b"]
+        assert models[0]["batching"]["policy"] == "fixed"
+        assert health["status"] == "ok"
+        predict = schema["paths"]["/v1/{app}/predict"]["post"]
+        body = predict["requestBody"]["content"]["application/json"]["schema"]
+        assert "input" in body["properties"]
+        assert "/v1/{app}/feedback" in schema["paths"]
+
+    run(scenario())
+
+
+def test_live_configuration_changes_batching_cache_and_selection() -> None:
+    async def scenario() -> None:
+        server = _server()
+        live = {
+            "models": {"a": {"batching": {"policy": "aimd", "params": {"max_batch_size": 4}}}},
+            "apps": {"one": {"cache_size": 0}, "ab": {"selection": {"policy": "single"}}},
+        }
+        server.configure(LiveConfig.model_validate(live))
+        async with await _client(server) as c:
+            models = (await c.get("/v1/models")).json()["models"]
+            r1 = (await c.post("/v1/one/predict", json={"input": [1, 2, 3, 4]})).json()
+            r2 = (await c.post("/v1/one/predict", json={"input": [1, 2, 3, 4]})).json()
+            ab = (await c.post("/v1/ab/predict", json={"input": [1, 2, 3, 4]})).json()
+        assert models[0]["batching"]["policy"] == "aimd"
+        assert (r1["cache_hit"], r2["cache_hit"]) == (False, False)
+        assert ab["models"] == ["a"]
+        with pytest.raises(ValueError, match="unknown entries"):
+            server.configure(LiveConfig.model_validate({"apps": {"zz": {}}}))
+
+    run(scenario())
+
+
+def test_json_body_sizes_just_under_the_limit_pass() -> None:
+    async def scenario() -> None:
+        body = json.dumps({"input": [1.0, 2.0, 3.0, 4.0]}).encode()
+        async with await _client(_server(), limit=len(body)) as c:
+            r = await c.post("/v1/one/predict", content=body)
+        assert r.status_code == 200
+
+    run(scenario())
