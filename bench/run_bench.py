@@ -118,8 +118,8 @@ def start(args: argparse.Namespace, model_path: Path) -> int:
     ray.init(
         address="local", num_cpus=args.num_cpus, include_dashboard=False, logging_level="WARNING"
     )
-    serve.start(http_options={"host": HOST, "port": port})
     quiet = LoggingConfig(enable_access_log=False, log_level="WARNING")
+    serve.start(http_options={"host": HOST, "port": port}, logging_config=quiet)
     spec = raysrv_spec(str(model_path), args.policy, args.max_batch_size, args.timeout_ms)
     serve.run(build_app(spec), name="raysrv", route_prefix="/raysrv", logging_config=quiet)
     baseline = build_baseline(
