@@ -276,6 +276,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         prog="python -m bench.run_bench", description=__doc__.split("\n")[0]
     )
     p.add_argument("--quick", action="store_true", help="seconds per point: a smoke test only")
+    p.add_argument("--saturation-s", type=float, help="override the plan's seconds per point")
+    p.add_argument("--open-s", type=float, help="override the plan's open-loop seconds per point")
     p.add_argument("--out", type=Path, default=Path("bench/out/results.json"), help="JSON file")
     p.add_argument("--policy", default="fixed", help="raysrv batching policy (fixed, aimd, ...)")
     p.add_argument("--max-batch-size", type=int, default=16, help="both systems")
@@ -299,6 +301,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     plan = QUICK if args.quick else FULL
+    if args.saturation_s is not None:
+        plan = replace(plan, saturation_s=args.saturation_s)
+    if args.open_s is not None:
+        plan = replace(plan, open_s=args.open_s)
     model_path = build_convnet(DEFAULT_PATH)
     started = time.time()
     try:

@@ -146,7 +146,7 @@ class Server:
         predictions = {m: y for m, (y, _) in zip(chosen, answers, strict=True)}
         output, confidence = target.selection.combine(state, x, predictions)
         query_id = uuid.uuid4().hex
-        record = {"app": app, "context": context, "input": x.tolist(), "predictions": predictions}
+        record = {"app": app, "context": context, "input": x, "predictions": predictions}
         await self._store.put_prediction(query_id, record)
         return {
             "output": output,

@@ -8,7 +8,8 @@ states are kept per (app, context key), as Clipper's contextualized selection do
 
 ``memory`` keeps the last ``window`` records per process (lost on restart, not shared between
 ingress replicas); a Redis URL shares them between replicas and keeps them for ``ttl_s``.
-Records and states are JSON.
+Records and states are JSON; a record's input may be a numpy array, kept as is in memory and
+written as nested lists to Redis.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ import json
 from collections import OrderedDict
 from typing import Any, Protocol
 
+import numpy as np
+
 __all__ = ["MemoryStore", "RedisStore", "StateStore", "make_store"]
 
-DEFAULT_WINDOW = 100_000
+DEFAULT_WINDOW = 10_000
 DEFAULT_TTL_S = 3600
 
 
@@ -83,7 +86,8 @@ class RedisStore:
         return ":".join((self._prefix, *parts))
 
     async def put_prediction(self, query_id: str, record: dict[str, Any]) -> None:
-        await self._redis.set(self._key("pred", query_id), json.dumps(record), ex=self._ttl_s)
+        raw = json.dumps(record, default=_jsonable)
+        await self._redis.set(self._key("pred", query_id), raw, ex=self._ttl_s)
 
     async def get_prediction(self, query_id: str) -> dict[str, Any] | None:
         raw = await self._redis.get(self._key("pred", query_id))
@@ -105,6 +109,12 @@ class RedisStore:
 
     async def close(self) -> None:
         await self._redis.aclose()
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.ndarray | np.generic):
+        return value.tolist()
+    raise TypeError(f"cannot store a {type(value).__name__} as JSON")
 
 
 def make_store(state: str) -> StateStore:
