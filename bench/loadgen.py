@@ -180,7 +180,11 @@ class RequestLog:
 
 @dataclass(frozen=True)
 class RunResult:
-    """Summary of one load run; latencies in ms over the requests answered 200."""
+    """Summary of one load run; latencies in ms over the requests answered 200.
+
+    ``throughput_rps`` is the number of 200 answers over the time from the start of the run to
+    the last 200 answer (for an open loop that includes draining its queue).
+    """
 
     client: str
     mode: str
@@ -207,8 +211,9 @@ class RunResult:
     ) -> RunResult:
         status = np.asarray(log.status, dtype=int)
         ok = status == 200
-        latency_ms = (np.asarray(log.done) - np.asarray(log.scheduled))[ok] * 1e3
-        elapsed = max(log.done, default=0.0)
+        done = np.asarray(log.done)
+        latency_ms = (done - np.asarray(log.scheduled))[ok] * 1e3
+        elapsed = float(done[ok].max()) if ok.any() else 0.0  # until the last 200 answered
         pct = np.percentile(latency_ms, [50, 90, 99]) if ok.any() else [np.nan] * 3
         rejected = int(np.isin(status, list(REJECTED)).sum())
         lag = np.asarray(log.sent) - np.asarray(log.scheduled)

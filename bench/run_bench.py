@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import os
 import platform
@@ -115,6 +116,7 @@ def start(args: argparse.Namespace, model_path: Path) -> int:
     from raysrv.app import build_app
 
     port = args.port or free_port()
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)  # no per-cancel INFO lines
     ray.init(
         address="local", num_cpus=args.num_cpus, include_dashboard=False, logging_level="WARNING"
     )
