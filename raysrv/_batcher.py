@@ -39,8 +39,8 @@ __all__ = ["Batcher", "Execute"]
 
 logger = logging.getLogger(__name__)
 
-Execute = Callable[[np.ndarray], Awaitable[tuple[list[Any], float]]]
-"""Runs one stacked batch on some free replica; returns (one output per input, run seconds)."""
+Execute = Callable[[np.ndarray, int], Awaitable[tuple[list[Any], float]]]
+"""Runs one stacked batch on the given replica; returns (one output per input, run seconds)."""
 
 
 @dataclass(slots=True)
@@ -210,7 +210,7 @@ class Batcher:
         ok = False
         duration = math.nan
         try:
-            outputs, duration = await self._execute(np.stack([e.x for e in entries]))
+            outputs, duration = await self._execute(np.stack([e.x for e in entries]), replica)
             if len(outputs) != len(entries):
                 raise ValueError(f"returned {len(outputs)} outputs for {len(entries)} inputs")
             for entry, output in zip(entries, outputs, strict=True):

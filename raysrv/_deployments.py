@@ -1,9 +1,7 @@
-"""The Serve deployments: the ingress (HTTP + handle methods) and one replica group per model.
+"""The ingress Serve deployment: HTTP and handle methods over one :class:`Server`.
 
-Thin shells (STYLE §4): the ingress wraps a :class:`~raysrv._server.Server` whose per-model
-``execute`` is a handle call to that model's replica group; each replica wraps a runtime. A
-replica accepts one batch at a time (``max_ongoing_requests=1``) and the batcher never sends a
-replica group more batches than it has replicas, so no batch queues inside Serve.
+A thin shell (STYLE §4): it builds the model replica groups (plain Ray actors, see
+``_replicas``), waits until every model is loaded, and hands the server one executor per model.
 """
 
 from __future__ import annotations
@@ -11,28 +9,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import numpy as np
 from ray import serve
-from ray.serve.handle import DeploymentHandle
 
-from raysrv._batcher import Execute
 from raysrv._http import create_http_app
+from raysrv._replicas import ReplicaGroup
 from raysrv._server import Server
-from raysrv.config import LiveConfig, ModelSpec, RaysrvSpec
+from raysrv.config import LiveConfig, RaysrvSpec
 from raysrv.metrics import ServeMetrics
-from raysrv.runtimes import load_runtime
 from raysrv.state import make_store
 
-__all__ = ["Ingress", "ModelReplica"]
-
-
-def _replica_executor(handle: DeploymentHandle) -> Execute:
-    run_batch = handle.options(method_name="run_batch")
-
-    async def execute(inputs: np.ndarray) -> tuple[list[Any], float]:
-        return await run_batch.remote(inputs)
-
-    return execute
+__all__ = ["Ingress"]
 
 
 @serve.deployment
@@ -44,12 +30,16 @@ class Ingress:
     ``DeploymentHandle``: ``await handle.predict.remote(app, input, context=..., slo_ms=...)``.
     """
 
-    def __init__(self, spec: dict[str, Any], replicas: dict[str, DeploymentHandle]) -> None:
+    async def __init__(self, spec: dict[str, Any]) -> None:
         self._spec = RaysrvSpec.model_validate(spec)
         self._metrics = ServeMetrics()
+        scope = serve.get_replica_context().app_name
+        self._groups = {m.name: ReplicaGroup(m, scope) for m in self._spec.models}
+        for group in self._groups.values():
+            await group.ready()
         self._server = Server(
             self._spec,
-            {name: _replica_executor(handle) for name, handle in replicas.items()},
+            {name: group.executor() for name, group in self._groups.items()},
             store=make_store(self._spec.state),
             metrics=self._metrics,
         )
@@ -79,21 +69,3 @@ class Ingress:
 
     async def models(self) -> list[dict[str, Any]]:
         return self._server.describe_models()
-
-
-@serve.deployment(max_ongoing_requests=1)
-class ModelReplica:
-    """One replica of one model: runs exactly the batches it is handed, one at a time."""
-
-    def __init__(self, model: dict[str, Any]) -> None:
-        self._spec = ModelSpec.model_validate(model)
-        self._runtime = load_runtime(self._spec)
-        self._metrics = ServeMetrics()
-
-    def run_batch(self, inputs: np.ndarray) -> tuple[list[Any], float]:
-        """Outputs for a stacked batch and the measured run time in seconds."""
-        start = time.perf_counter()
-        outputs = self._runtime.predict_batch(inputs)
-        duration = time.perf_counter() - start
-        self._metrics.execution(self._spec.name, len(inputs), duration)
-        return outputs, duration

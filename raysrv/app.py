@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ray.serve import Application
 
-from raysrv._deployments import Ingress, ModelReplica
+from raysrv._deployments import Ingress
 from raysrv._plugins import import_object
 from raysrv.config import ModelSpec, RaysrvSpec
 
@@ -43,27 +43,12 @@ def prepare_spec(spec: RaysrvSpec, root: Path | None = None) -> RaysrvSpec:
     return spec.model_copy(update={"models": [_prepare_model(m, base) for m in spec.models]})
 
 
-def _actor_options(model: ModelSpec) -> dict:
-    options: dict = {"num_cpus": model.resources.num_cpus, "num_gpus": model.resources.num_gpus}
-    if model.resources.memory_mb is not None:
-        options["memory"] = model.resources.memory_mb * 1024 * 1024
-    return options
-
-
 def build_app(args: RaysrvSpec) -> Application:
-    """The Serve application for one raysrv spec: an ingress over one replica group per model.
+    """The Serve application of one raysrv spec: the ingress, owning a replica group per model.
 
     Serve passes ``args`` already validated; Python callers may pass the plain dict.
     """
     spec = prepare_spec(args if isinstance(args, RaysrvSpec) else RaysrvSpec.model_validate(args))
-    replicas = {
-        m.name: ModelReplica.options(
-            name=f"model-{m.name}",
-            num_replicas=m.replicas,
-            ray_actor_options=_actor_options(m),
-        ).bind(m.model_dump(mode="json"))
-        for m in spec.models
-    }
     return Ingress.options(
         name="ingress",
         num_replicas=spec.ingress.replicas,
@@ -71,4 +56,4 @@ def build_app(args: RaysrvSpec) -> Application:
         max_ongoing_requests=spec.ingress.max_ongoing_requests,
         max_queued_requests=spec.ingress.max_queued_requests,
         user_config=spec.live().model_dump(mode="json", exclude_none=True),
-    ).bind(spec.model_dump(mode="json"), replicas)
+    ).bind(spec.model_dump(mode="json"))

@@ -3,7 +3,8 @@
 Roles call the :class:`Metrics` methods; :class:`ServeMetrics` turns them into
 ``ray.serve.metrics`` counters, gauges and histograms, exported by Ray as ``ray_raysrv_*`` on the
 node's metrics port (and so into the Ray dashboard and Prometheus). Serve adds the
-``application``, ``deployment`` and ``replica`` tags itself.
+``application``, ``deployment`` and ``replica`` tags itself. Model replicas, plain Ray actors,
+report their run times as ``ray_raysrv_execution_ms`` themselves (``raysrv._replicas``).
 """
 
 from __future__ import annotations
@@ -39,9 +40,6 @@ class Metrics:
 
     def batch(self, model: str, size: int, latency_s: float) -> None:
         """Batcher: one batch of ``size`` answered, ``latency_s`` from dispatch to answer."""
-
-    def execution(self, model: str, size: int, duration_s: float) -> None:
-        """Replica: one batch executed in ``duration_s``."""
 
 
 class ServeMetrics(Metrics):
@@ -84,9 +82,6 @@ class ServeMetrics(Metrics):
             LATENCY_BOUNDARIES_MS,
             ("model",),
         )
-        self._execution = m.Histogram(
-            "raysrv_execution_ms", "Replica run time of a batch.", LATENCY_BOUNDARIES_MS, ("model",)
-        )
 
     def request(self, app: str, status: int, latency_s: float) -> None:
         self._requests.inc(tags={"app": app, "status": str(status)})
@@ -111,6 +106,3 @@ class ServeMetrics(Metrics):
         tags: Any = {"model": model}
         self._batch_size.observe(size, tags=tags)
         self._batch_latency.observe(latency_s * 1000.0, tags=tags)
-
-    def execution(self, model: str, size: int, duration_s: float) -> None:
-        self._execution.observe(duration_s * 1000.0, tags={"model": model})

@@ -68,7 +68,7 @@ def fake_execute(
     """
     predict: Callable[[Any], list[Any]] = model.predict_batch
 
-    async def execute(inputs: np.ndarray) -> tuple[list[Any], float]:
+    async def execute(inputs: np.ndarray, replica: int) -> tuple[list[Any], float]:
         start = time.perf_counter()
         if log is not None:
             log.append(len(inputs))

@@ -74,7 +74,7 @@ def _check_spec(prefix: str, args: Any, deployments: Sequence[Any]) -> list[Prob
         spec = RaysrvSpec.model_validate(args)
     except ValidationError as exc:
         return _from_validation(prefix + ".args" if prefix else "", exc)
-    names = {"ingress"} | {f"model-{m.name}" for m in spec.models}
+    names = {"ingress"}
     problems: list[Problem] = []
     for i, deployment in enumerate(deployments):
         where = f"{prefix}.deployments[{i}]"

@@ -61,11 +61,15 @@ def server(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator
         log.close()
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 240) -> None:
+def _wait_healthy(
+    url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 240
+) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"serve run exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+            raise RuntimeError(
+                f"serve run exited with {proc.returncode}:\n{log.read_text()[-4000:]}"
+            )
         try:
             if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
                 return
@@ -79,10 +83,8 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     """Ctrl-C for `serve run` (it shuts down the Ray it started), then clear its process group."""
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGINT)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            pass
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
@@ -92,7 +94,9 @@ def _offline(x: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
     """Each model's labels and probabilities on ``x``, from its ONNX file, in one batch."""
     out = {}
     for name in digits.MODEL_NAMES:
-        session = ort.InferenceSession(str(ROOT / "examples" / "digits" / "models" / f"{name}.onnx"))
+        session = ort.InferenceSession(
+            str(ROOT / "examples" / "digits" / "models" / f"{name}.onnx")
+        )
         label, probabilities = session.run(["label", "probabilities"], {"input": x})
         out[name] = {"label": label, "probabilities": probabilities}
     return out
@@ -130,11 +134,21 @@ def test_served_predictions_equal_the_offline_models(server: str) -> None:
 
 BAD_REQUESTS = [
     ("/v1/digits/predict", b'{"input": [1, 2', 400, "not valid JSON"),
-    ("/v1/digits/predict", json.dumps({"input": [0.0] * 63}).encode(), 400, "shape [63], expected [64]"),
+    (
+        "/v1/digits/predict",
+        json.dumps({"input": [0.0] * 63}).encode(),
+        400,
+        "shape [63], expected [64]",
+    ),
     ("/v1/digits/predict", json.dumps({"input": ["x"] * 64}).encode(), 400, "must hold numbers"),
     ("/v1/digits/predict", json.dumps({"input": [[0.0] * 8] * 8}).encode(), 400, "shape [8, 8]"),
     ("/v1/mnist/predict", json.dumps({"input": [0.0] * 64}).encode(), 404, "unknown app 'mnist'"),
-    ("/v1/digits/predict", b'{"input": [' + b"0.0, " * 300_000 + b"0.0]}", 413, "exceeds the limit"),
+    (
+        "/v1/digits/predict",
+        b'{"input": [' + b"0.0, " * 300_000 + b"0.0]}",
+        413,
+        "exceeds the limit",
+    ),
 ]
 
 
@@ -153,7 +167,9 @@ def test_bad_input_gets_a_4xx_with_a_message_and_serving_goes_on(
 
 def test_feedback_is_stored_in_redis_and_docs_are_served(server: str, redis_url: str) -> None:
     x, y = digits.test_split()
-    answer = httpx.post(f"{server}/v1/digits/predict", json={"input": x[1].tolist()}, timeout=30).json()
+    answer = httpx.post(
+        f"{server}/v1/digits/predict", json={"input": x[1].tolist()}, timeout=30
+    ).json()
     ack = httpx.post(
         f"{server}/v1/digits/feedback",
         json={"query_id": answer["query_id"], "label": int(y[1])},

@@ -108,9 +108,9 @@ def test_http_through_the_serve_proxy(raysrv_app: Any, serve_session: RayCluster
 
 
 def _replica_pid(handle: Any) -> int:
-    return handle.predict.remote("echo", list(np.random.default_rng().random(4))).result(timeout_s=60)[
-        "output"
-    ]["pid"]
+    return handle.predict.remote("echo", list(np.random.default_rng().random(4))).result(
+        timeout_s=60
+    )["output"]["pid"]
 
 
 def test_user_config_changes_apply_live_without_restarting_replicas(

@@ -36,16 +36,18 @@ def test_batches_form_while_the_replica_is_busy_and_every_query_gets_its_answer(
     asyncio.run(scenario())
 
 
-def test_never_more_batches_in_flight_than_replicas() -> None:
+def test_never_more_batches_in_flight_than_replicas_and_one_per_replica() -> None:
     async def scenario() -> None:
-        in_flight = peak = 0
+        busy: set[int] = set()
+        peak = 0
 
-        async def execute(inputs: np.ndarray) -> tuple[list[Any], float]:
-            nonlocal in_flight, peak
-            in_flight += 1
-            peak = max(peak, in_flight)
+        async def execute(inputs: np.ndarray, replica: int) -> tuple[list[Any], float]:
+            nonlocal peak
+            assert replica not in busy, f"replica {replica} got a second batch"
+            busy.add(replica)
+            peak = max(peak, len(busy))
             await asyncio.sleep(0.005)
-            in_flight -= 1
+            busy.discard(replica)
             return list(inputs.sum(axis=1)), 0.005
 
         policy = batching.make_policy("fixed", {"max_batch_size": 2}, 1.0)
@@ -76,7 +78,7 @@ def test_a_failing_batch_fails_its_queries_and_the_loop_goes_on() -> None:
     async def scenario() -> None:
         calls = 0
 
-        async def execute(inputs: np.ndarray) -> tuple[list[Any], float]:
+        async def execute(inputs: np.ndarray, replica: int) -> tuple[list[Any], float]:
             nonlocal calls
             calls += 1
             if calls == 1:
@@ -112,7 +114,7 @@ def test_callers_that_gave_up_are_not_run() -> None:
 
 def test_a_wrong_number_of_outputs_is_an_error_not_a_hang() -> None:
     async def scenario() -> None:
-        async def execute(inputs: np.ndarray) -> tuple[list[Any], float]:
+        async def execute(inputs: np.ndarray, replica: int) -> tuple[list[Any], float]:
             return [1], 0.0
 
         batcher = Batcher(

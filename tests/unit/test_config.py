@@ -121,13 +121,13 @@ def test_gpu_device_needs_gpus() -> None:
 def test_serve_level_misspellings_that_serve_ignores_are_reported() -> None:
     doc = _example()
     doc["http_options"]["prot"] = 9000
-    doc["applications"][0]["deployments"].append({"name": "model-cnn", "num_replica": 2})
+    doc["applications"][0]["deployments"][0]["num_replica"] = 2
     doc["applications"][0]["deployments"].append({"name": "model-resnet"})
     problems = _problems(doc)
     assert any(p.startswith("http_options.prot: unknown key") for p in problems), problems
-    assert any("deployments[1].num_replica: unknown key" in p for p in problems), problems
+    assert any("deployments[0].num_replica: unknown key" in p for p in problems), problems
     assert any(
-        "deployments[2].name: no such deployment" in p and "model-resnet" in p for p in problems
+        "deployments[1].name: no such deployment" in p and "model-resnet" in p for p in problems
     )
 
 
