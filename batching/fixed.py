@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from raysrv.batching.base import BatcherView, BatchingPolicy, Decision, Dispatch, PolicyParams, Wait
+from raysrv.batching.base import (
+    BatcherView,
+    BatchingPolicy,
+    Decision,
+    Dispatch,
+    PolicyParams,
+    Reject,
+    Wait,
+)
 
 __all__ = ["FixedParams", "FixedPolicy", "fifo_step"]
 
@@ -29,6 +37,9 @@ def fifo_step(view: BatcherView, max_batch_size: int, timeout_s: float) -> Decis
     """One FIFO step: the oldest ``max_batch_size`` queries to a free replica, or wait.
 
     Shared by the FIFO policies (``fixed``, ``aimd``): they differ only in how the two limits move.
+    Before a batch is cut, its queries already past their deadline are rejected: no work is
+    started for an answer nobody waits for any more (clockwork §4: an action never starts after
+    its ``latest`` time).
     """
     replica = view.free_replica()
     if replica is None or not view.queue:
@@ -37,7 +48,11 @@ def fifo_step(view: BatcherView, max_batch_size: int, timeout_s: float) -> Decis
     release_at = view.queue[0].arrival + timeout_s
     if n < max_batch_size and view.now < release_at:
         return Wait(release_at)
-    return Dispatch(tuple(q.query_id for q in view.queue[:n]), replica)
+    batch = view.queue[:n]
+    late = tuple(q.query_id for q in batch if q.deadline < view.now)
+    if late:
+        return Reject(late, "deadline passed while queued")
+    return Dispatch(tuple(q.query_id for q in batch), replica)
 
 
 class FixedPolicy(BatchingPolicy):

@@ -202,7 +202,7 @@ class Batcher:
 
     def _reject(self, decision: Reject) -> None:
         entries = self._take(decision.query_ids)
-        self._metrics.rejection(self.model, "policy")
+        self._metrics.rejection(self.model, decision.reason)
         self._fail(entries, Rejected(f"model {self.model!r}: {decision.reason}"))
         self._metrics.queue_length(self.model, len(self._queue))
 

@@ -127,10 +127,18 @@ def test_registry_names_the_known_policies_and_takes_import_paths() -> None:
         batching.policy_class("no_such_module:Policy")
 
 
-def _simulate(policy: BatchingPolicy, seed: int, replicas: int = 2, n: int = 300) -> list[int]:
+def _simulate(
+    policy: BatchingPolicy,
+    seed: int,
+    replicas: int = 2,
+    n: int = 300,
+    slo_s: float = math.inf,
+    per_item_s: float = 0.001,
+) -> tuple[list[int], int]:
     """Drive a policy with Poisson arrivals and linear service times on a fake clock.
 
-    Returns the batch sizes; checks every decision against the contract on the way.
+    Returns the batch sizes and the number rejected; checks every decision against the
+    contract on the way.
     """
     rng = np.random.default_rng(seed)
     clock = FakeClock(0.0)
@@ -138,26 +146,35 @@ def _simulate(policy: BatchingPolicy, seed: int, replicas: int = 2, n: int = 300
     queue: list[QueuedQuery] = []
     slots = list(_free(replicas))
     running: list[tuple[float, int, int]] = []  # (finish, replica, size)
-    served: list[int] = []
+    answered: list[int] = []
     sizes: list[int] = []
-    while len(served) < n:
+    while len(answered) < n:
         while arrivals and arrivals[0] <= clock():
-            queue.append(QueuedQuery(n - len(arrivals), arrivals.pop(0), deadline=math.inf))
+            arrival = arrivals.pop(0)
+            queue.append(QueuedQuery(n - len(arrivals) - 1, arrival, deadline=arrival + slo_s))
         decision = policy.decide(BatcherView(clock(), tuple(queue), tuple(slots)))
-        if isinstance(decision, Dispatch):
+        if isinstance(decision, Dispatch | Reject):
             ids = set(decision.query_ids)
-            cap = getattr(policy.params, "max_batch_size", n)
-            assert 1 <= len(ids) <= cap, decision
-            assert len(ids) == len(decision.query_ids), "a query dispatched twice"
-            assert ids <= {q.query_id for q in queue}, "dispatched a query that is not queued"
-            assert slots[decision.replica].free, "dispatched to a busy replica"
+            assert len(ids) == len(decision.query_ids), "a query named twice"
+            assert ids <= {q.query_id for q in queue}, "named a query that is not queued"
+            if isinstance(decision, Reject):
+                assert all(q.deadline < clock() for q in queue if q.query_id in ids), (
+                    "rejected in time"
+                )
+            else:
+                cap = getattr(policy.params, "max_batch_size", n)
+                assert 1 <= len(ids) <= cap, decision
+                assert slots[decision.replica].free, "dispatched to a busy replica"
+                late = [q for q in queue if q.query_id in ids and q.deadline < clock()]
+                assert not late, "started work for queries already past their deadline"
+                slots[decision.replica] = ReplicaSlot(decision.replica, clock(), len(ids))
+                running.append(
+                    (clock() + 0.003 + per_item_s * len(ids), decision.replica, len(ids))
+                )
+                sizes.append(len(ids))
             queue = [q for q in queue if q.query_id not in ids]
-            slots[decision.replica] = ReplicaSlot(decision.replica, clock(), len(ids))
-            running.append((clock() + 0.003 + 0.001 * len(ids), decision.replica, len(ids)))
-            served += decision.query_ids
-            sizes.append(len(ids))
+            answered += decision.query_ids
             continue
-        assert not isinstance(decision, Reject), "nothing here has a deadline to miss"
         events = [t for t, _, _ in running] + arrivals[:1]
         if decision.until is not None:
             events.append(decision.until)
@@ -166,16 +183,36 @@ def _simulate(policy: BatchingPolicy, seed: int, replicas: int = 2, n: int = 300
         for done in [r for r in running if r[0] <= clock()]:
             running.remove(done)
             slots[done[1]] = ReplicaSlot(done[1])
-            policy.observe(
-                BatchOutcome(done[2], done[1], done[0] - 0.001, done[0], 0.003 + 0.001 * done[2])
-            )
-    assert sorted(served) == list(range(n)), "a query was lost or answered twice"
-    return sizes
+            duration = 0.003 + per_item_s * done[2]
+            policy.observe(BatchOutcome(done[2], done[1], done[0] - duration, done[0], duration))
+    assert sorted(answered) == list(range(n)), "a query was lost or answered twice"
+    return sizes, n - sum(sizes)
 
 
 @pytest.mark.parametrize("name", sorted(batching.POLICIES))
 @pytest.mark.parametrize("seed", [0, 1])
 def test_every_registered_policy_keeps_the_contract(name: str, seed: int) -> None:
     policy = batching.make_policy(name, {}, slo_s=0.05)
-    sizes = _simulate(policy, seed)
-    assert sum(sizes) == 300
+    sizes, rejected = _simulate(policy, seed)
+    assert (sum(sizes), rejected) == (300, 0)
+
+
+@pytest.mark.parametrize("name", sorted(batching.POLICIES))
+def test_every_registered_policy_keeps_the_contract_under_overload_with_deadlines(
+    name: str,
+) -> None:
+    """Arrivals every 4 ms on one replica taking 3 ms + 10 ms per query: some must be refused."""
+    policy = batching.make_policy(name, {}, slo_s=0.05)
+    sizes, rejected = _simulate(policy, seed=3, replicas=1, slo_s=0.05, per_item_s=0.010)
+    assert sum(sizes) + rejected == 300
+    assert rejected > 0
+
+
+def test_fifo_policies_refuse_queries_past_their_deadline_before_cutting() -> None:
+    clock = FakeClock()
+    queue = [QueuedQuery(0, clock(), deadline=clock() + 0.01), QueuedQuery(1, clock())]
+    clock.advance(0.02)
+    for policy in (_fixed(4), _aimd(initial_batch_size=4)):
+        decision = policy.decide(BatcherView(clock(), queue, _free()))
+        assert decision == Reject((0,), "deadline passed while queued")
+        assert policy.decide(BatcherView(clock(), queue[1:], _free())) == Dispatch((1,), 0)

@@ -201,3 +201,25 @@ def test_json_body_sizes_just_under_the_limit_pass() -> None:
         assert r.status_code == 200
 
     run(scenario())
+
+
+def test_queries_past_their_deadline_get_429_with_the_reason_before_any_work() -> None:
+    async def scenario() -> None:
+        logs: dict[str, list[int]] = {"a": [], "b": []}
+        async with await _client(_server(delay_s=0.05, logs=logs)) as c:
+            first = asyncio.create_task(c.post("/v1/one/predict", json={"input": [0, 0, 0, 0]}))
+            await asyncio.sleep(0.01)  # the first query now occupies the only replica for 50 ms
+            late = [
+                c.post("/v1/one/predict", json={"input": [i, 0, 0, 0], "slo_ms": 5})
+                for i in range(1, 4)
+            ]
+            patient = c.post("/v1/one/predict", json={"input": [9, 0, 0, 0], "slo_ms": 10_000})
+            responses = await asyncio.gather(first, *late, patient)
+        assert [r.status_code for r in responses] == [200, 429, 429, 429, 200]
+        assert responses[1].json() == {
+            "error": "rejected",
+            "message": "model 'a': deadline passed while queued",
+        }
+        assert logs["a"] == [1, 1]  # the refused queries never reached the model
+
+    run(scenario())
