@@ -115,7 +115,6 @@ class Batcher:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         query = QueuedQuery(next(self._ids), self._clock(), deadline, priority)
         self._queue.append(_Entry(query, x, future))
-        self._metrics.queue_length(self.model, len(self._queue))
         if self._loop_task is None:
             self._loop_task = asyncio.create_task(self._run(), name=f"batcher-{self.model}")
         self._wake.set()
@@ -190,8 +189,8 @@ class Batcher:
             raise RuntimeError(
                 f"policy {self.policy.name!r} dispatched {decision} to a busy replica"
             )
+        self._metrics.queue_length(self.model, len(self._queue))  # sampled before each batch
         entries = [e for e in self._take(decision.query_ids) if not e.future.done()]
-        self._metrics.queue_length(self.model, len(self._queue))
         if not entries:  # every caller gave up while waiting
             return
         now = self._clock()

@@ -164,6 +164,9 @@ class Server:
         deadline = start + (slo_ms or app.slo_ms or self._slo_ms[model]) / 1000.0
         batcher = self.batchers[model]
 
+        if not app.cache.capacity:  # no cache: no key to build, nothing to coalesce
+            return await batcher.submit(x, deadline), False
+
         async def compute() -> Any:
             return await batcher.submit(x, deadline)
 
