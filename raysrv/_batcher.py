@@ -6,6 +6,8 @@ event) and reports each finished batch back (``observe``), in the step-loop shap
 A batch is only ever cut for a free replica, so each replica runs exactly one batch at a time and
 queries accumulate while all are busy (RAY_NOTES: ``@serve.batch`` cuts batches regardless).
 The queue is bounded: past ``max_queue`` waiting queries, :meth:`Batcher.submit` refuses at once.
+With ``pipeline_depth`` 2 the next batch is sent while the current one runs, timed to arrive as
+the replica frees up (``_pipeline``).
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from raysrv._pipeline import ReplicaPipeline
 from raysrv.batching import (
     BatcherView,
     BatchingPolicy,
@@ -29,7 +32,6 @@ from raysrv.batching import (
     Dispatch,
     QueuedQuery,
     Reject,
-    ReplicaSlot,
     Wait,
 )
 from raysrv.errors import ModelFailed, Overloaded, Rejected
@@ -79,11 +81,12 @@ class Batcher:
         max_queue: int,
         clock: Callable[[], float] = time.monotonic,
         metrics: Metrics | None = None,
+        pipeline_depth: int = 1,
     ) -> None:
         self.model = model
         self.policy = policy
         self._execute = execute
-        self._slots = [ReplicaSlot(i) for i in range(replicas)]
+        self._replicas = ReplicaPipeline(replicas, pipeline_depth)
         self._max_queue = max_queue
         self._clock = clock
         self._metrics = metrics or Metrics()
@@ -123,8 +126,8 @@ class Batcher:
     def describe(self) -> dict[str, Any]:
         return {
             "queue_length": len(self._queue),
-            "replicas": len(self._slots),
-            "busy_replicas": sum(not s.free for s in self._slots),
+            "replicas": len(self._replicas),
+            "busy_replicas": self._replicas.busy(),
             "batches": self.batches,
             "batching": self.policy.describe(),
         }
@@ -139,7 +142,8 @@ class Batcher:
 
     async def _run(self) -> None:
         while True:
-            view = BatcherView(self._clock(), _QueueView(self._queue), tuple(self._slots))
+            now = self._clock()
+            view = BatcherView(now, _QueueView(self._queue), self._replicas.view(now))
             try:
                 decision = self.policy.decide(view)
                 if isinstance(decision, Dispatch):
@@ -155,7 +159,14 @@ class Batcher:
                 )
                 self._queue = []
                 decision = Wait()
-            await self._sleep(decision.until)
+            await self._sleep(self._wake_time(decision.until, now))
+
+    def _wake_time(self, until: float | None, now: float) -> float | None:
+        """The policy's wake-up time, or earlier if a busy replica can take a batch before it."""
+        opening = self._replicas.next_opening(now)
+        if opening is None:
+            return until
+        return opening if until is None else min(opening, until)
 
     async def _sleep(self, until: float | None) -> None:
         timeout = None if until is None else until - self._clock()
@@ -184,8 +195,8 @@ class Batcher:
         return taken
 
     def _dispatch(self, decision: Dispatch) -> None:
-        slot = self._slots[decision.replica]
-        if not slot.free or not decision.query_ids:
+        now = self._clock()
+        if not decision.query_ids or not self._replicas.can_take(decision.replica, now):
             raise RuntimeError(
                 f"policy {self.policy.name!r} dispatched {decision} to a busy replica"
             )
@@ -193,8 +204,7 @@ class Batcher:
         entries = [e for e in self._take(decision.query_ids) if not e.future.done()]
         if not entries:  # every caller gave up while waiting
             return
-        now = self._clock()
-        self._slots[decision.replica] = replace(slot, busy_since=now, batch_size=len(entries))
+        self._replicas.sent(decision.replica, len(entries), now)
         task = asyncio.create_task(self._run_batch(entries, decision.replica, now))
         self._running.add(task)
         task.add_done_callback(self._running.discard)
@@ -221,7 +231,7 @@ class Batcher:
             self._fail(entries, ModelFailed(f"model {self.model!r} failed on a batch: {exc}"))
         finally:
             finished = self._clock()
-            self._slots[replica] = ReplicaSlot(replica)
+            self._replicas.done(replica, len(entries), duration if ok else None)
             self.batches += 1
             if not ok or not math.isfinite(duration):
                 duration = finished - dispatched

@@ -86,6 +86,7 @@ class Server:
                 m.max_queue,
                 clock,
                 self._metrics,
+                m.pipeline_depth,
             )
             for m in spec.models
         }

@@ -121,6 +121,13 @@ class ModelSpec(_Strict):
     max_queue: int = Field(
         1024, ge=1, description="Queries waiting at most; beyond it requests are refused with 503."
     )
+    pipeline_depth: int = Field(
+        2,
+        ge=1,
+        le=8,
+        description="Batches a replica may hold at once (1 executing, the rest on their way); "
+        "2 sends the next batch so it arrives as the replica frees up, 1 waits until it is idle.",
+    )
     input: InputSpec = Field(description="Shape and dtype of one input.")
 
     @model_validator(mode="after")
