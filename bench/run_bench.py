@@ -51,6 +51,7 @@ from bench.report import criteria, markdown
 __all__ = ["FULL", "QUICK", "Plan", "System", "main", "raysrv_spec"]
 
 HOST = "127.0.0.1"
+DIGITS_DIR = Path("examples/digits/models")
 APP = "bench"
 
 
@@ -79,8 +80,19 @@ class System:
     batches: Callable[[], Awaitable[int]]
 
 
-def raysrv_spec(path: str, policy: str, max_batch_size: int, timeout_ms: float) -> dict[str, Any]:
-    """The raysrv spec: one convnet model, one app without a cache, a CPU-free ingress."""
+def model_file(name: str) -> tuple[Path, tuple[int, ...]]:
+    """The ONNX file and input shape of a benchmark model, built if missing."""
+    if name == "convnet":
+        return build_convnet(DEFAULT_PATH), INPUT_SHAPE
+    from examples.digits.build import build_all
+
+    return build_all(DIGITS_DIR)[name.removeprefix("digits-")], (64,)
+
+
+def raysrv_spec(
+    path: str, shape: tuple[int, ...], policy: str, max_batch_size: int, timeout_ms: float
+) -> dict[str, Any]:
+    """The raysrv spec: one model, one app without a cache, a CPU-free ingress."""
     model = {
         "name": "convnet",
         "runtime": "onnx",
@@ -91,7 +103,7 @@ def raysrv_spec(path: str, policy: str, max_batch_size: int, timeout_ms: float) 
             "params": {"max_batch_size": max_batch_size, "timeout_ms": timeout_ms},
         },
         "slo_ms": 200,
-        "input": {"shape": list(INPUT_SHAPE), "dtype": "float32"},
+        "input": {"shape": list(shape), "dtype": "float32"},
     }
     return {
         "models": [model],
@@ -106,7 +118,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start(args: argparse.Namespace, model_path: Path) -> int:
+def start(args: argparse.Namespace, model_path: Path, shape: tuple[int, ...]) -> int:
     """Start Ray and Serve, deploy both apps; return the HTTP port."""
     import ray
     from ray import serve
@@ -122,10 +134,10 @@ def start(args: argparse.Namespace, model_path: Path) -> int:
     )
     quiet = LoggingConfig(enable_access_log=False, log_level="WARNING")
     serve.start(http_options={"host": HOST, "port": port}, logging_config=quiet)
-    spec = raysrv_spec(str(model_path), args.policy, args.max_batch_size, args.timeout_ms)
+    spec = raysrv_spec(str(model_path), shape, args.policy, args.max_batch_size, args.timeout_ms)
     serve.run(build_app(spec), name="raysrv", route_prefix="/raysrv", logging_config=quiet)
     baseline = build_baseline(
-        str(model_path), INPUT_SHAPE, args.max_batch_size, args.baseline_wait_ms / 1000.0
+        str(model_path), shape, args.max_batch_size, args.baseline_wait_ms / 1000.0
     )
     serve.run(baseline, name="baseline", route_prefix="/baseline", logging_config=quiet)
     return port
@@ -171,7 +183,7 @@ class Bench:
         self.args = args
         self.plan = plan
         self.targets = targets
-        self.inputs = make_inputs(args.inputs, INPUT_SHAPE, seed=args.seed)
+        self.inputs = make_inputs(args.inputs, args.shape, seed=args.seed)
         self.bodies = encode_bodies(self.inputs)
         self.clients: dict[tuple[str, str], Client] = {}
 
@@ -282,6 +294,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--open-s", type=float, help="override the plan's open-loop seconds per point")
     p.add_argument("--out", type=Path, default=Path("bench/out/results.json"), help="JSON file")
     p.add_argument("--policy", default="fixed", help="raysrv batching policy (fixed, aimd, ...)")
+    p.add_argument(
+        "--model",
+        default="convnet",
+        choices=["convnet", "digits-logreg", "digits-mlp", "digits-cnn"],
+        help="the benchmark convnet or one of the digits example models",
+    )
     p.add_argument("--max-batch-size", type=int, default=16, help="both systems")
     p.add_argument("--timeout-ms", type=float, default=0.0, help="raysrv batching timeout")
     p.add_argument("--baseline-wait-ms", type=float, default=1.0, help="batch_wait_timeout_s")
@@ -307,10 +325,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan = replace(plan, saturation_s=args.saturation_s)
     if args.open_s is not None:
         plan = replace(plan, open_s=args.open_s)
-    model_path = build_convnet(DEFAULT_PATH)
+    model_path, args.shape = model_file(args.model)
     started = time.time()
     try:
-        port = start(args, model_path)
+        port = start(args, model_path, args.shape)
 
         async def measure() -> dict[str, Any]:
             return await Bench(args, plan, systems(port)).run()
