@@ -146,12 +146,14 @@ class HandleClient:
     async def send(self, i: int) -> int:
         response = self._call(self._inputs[i % len(self._inputs)])
         try:
-            await asyncio.wait_for(_awaited(response), self._timeout_s)
+            result = await asyncio.wait_for(_awaited(response), self._timeout_s)
         except asyncio.TimeoutError:
             response.cancel()
             return 0
         except Exception as exc:
             return _exception_status(exc)
+        if isinstance(result, dict) and "error" in result:  # raysrv answers errors as objects
+            return int(result.get("status", 500))
         return 200
 
 

@@ -171,9 +171,8 @@ class Batcher:
     async def _sleep(self, until: float | None) -> None:
         timeout = None if until is None else until - self._clock()
         if timeout is not None and timeout <= 0:
-            await asyncio.sleep(
-                0
-            )  # the policy asked for a time already past: yield, then decide again
+            # A time already past (the policy's or a replica's opening): yield, then decide again.
+            await asyncio.sleep(0)
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), timeout)

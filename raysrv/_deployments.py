@@ -15,6 +15,7 @@ from raysrv._http import create_http_app
 from raysrv._replicas import ReplicaGroup
 from raysrv._server import Server
 from raysrv.config import LiveConfig, RaysrvSpec
+from raysrv.errors import RaysrvError
 from raysrv.metrics import ServeMetrics
 from raysrv.state import make_store
 
@@ -54,15 +55,26 @@ class Ingress:
     async def predict(
         self, app: str, input: Any, context: str | None = None, slo_ms: float | None = None
     ) -> dict[str, Any]:
-        """The handle twin of ``POST /v1/{app}/predict``; returns the same result object."""
+        """The handle twin of ``POST /v1/{app}/predict``: the same result object, errors included.
+
+        An error comes back as ``{"error", "message", "status"}``, not raised (``raysrv.errors``
+        says why); ``raysrv.errors.raise_for_error(result)`` raises it.
+        """
         start = time.monotonic()
-        result = await self._server.predict(app, input, context, slo_ms)
+        try:
+            result = await self._server.predict(app, input, context, slo_ms)
+        except RaysrvError as exc:
+            self._metrics.error(app, exc)
+            return exc.to_json()
         self._metrics.request(app, 200, time.monotonic() - start)
         return result
 
     async def feedback(self, app: str, query_id: str, label: Any) -> dict[str, Any]:
-        """The handle twin of ``POST /v1/{app}/feedback``."""
-        return await self._server.feedback(app, query_id, label)
+        """The handle twin of ``POST /v1/{app}/feedback``; errors come back as objects too."""
+        try:
+            return await self._server.feedback(app, query_id, label)
+        except RaysrvError as exc:
+            return exc.to_json()
 
     async def apps(self) -> list[dict[str, Any]]:
         return self._server.describe_apps()

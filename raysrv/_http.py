@@ -108,9 +108,7 @@ def create_http_app(server: Server, max_body_bytes: int, metrics: Metrics | None
 
     @api.exception_handler(RaysrvError)
     async def _raysrv_error(request: Request, exc: RaysrvError) -> JSONResponse:
-        app = request.path_params.get("app", "")
-        metrics.rejection("ingress", exc.reason) if exc.status < 500 or exc.status == 503 else None
-        metrics.request(app, exc.status, 0.0)
+        metrics.error(request.path_params.get("app", ""), exc)
         return _error_response(exc)
 
     @api.post(

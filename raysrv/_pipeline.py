@@ -9,10 +9,10 @@ runs (an EWMA of measured run times per size, clockwork §5.3 keeps such profile
 A replica that has been sent ``k`` batches is offered to the batching policy again when
 ``k < depth`` and the last batch sent is predicted to have run out, measured from when it was
 sent: ``open_at = sent_at + predicted_duration(size)``. Until a run time has been measured
-nothing is predicted and a replica is offered only when idle. The next batch then reaches the replica
-about when it becomes free, and queries that arrive meanwhile still join it. A Ray actor runs
-the calls it receives one at a time, in order, so a replica still executes exactly one batch at
-a time. ``depth = 1`` turns this off (a replica is offered only when idle).
+nothing is predicted and a replica is offered only when idle. The next batch then reaches the
+replica about when it becomes free, and queries that arrive meanwhile still join it. A Ray actor
+runs the calls it receives one at a time, in order, so a replica still executes exactly one
+batch at a time. ``depth = 1`` turns this off (a replica is offered only when idle).
 
 Pure and clock-free: the batcher passes ``now``.
 """

@@ -1,9 +1,15 @@
 """Errors that cross the API: each carries its HTTP status and a reason a caller can act on.
 
-They pickle by their message alone, so they keep their type through Ray handle calls.
+Over HTTP an error is the body ``{"error", "message", "status"}`` with that status; handle
+callers get the same object as the result of ``predict`` rather than an exception, because an
+exception through a Serve handle costs about as much CPU as answering a query (bench/RESULTS.md),
+and refusals must stay cheap when a server is overloaded. :func:`raise_for_error` turns such a
+result back into the exception, for callers who prefer one.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 __all__ = [
     "BadRequest",
@@ -13,6 +19,7 @@ __all__ = [
     "PayloadTooLarge",
     "RaysrvError",
     "Rejected",
+    "raise_for_error",
 ]
 
 
@@ -26,8 +33,8 @@ class RaysrvError(Exception):
         super().__init__(message)
         self.message = message
 
-    def to_json(self) -> dict[str, str]:
-        return {"error": self.reason, "message": self.message}
+    def to_json(self) -> dict[str, Any]:
+        return {"error": self.reason, "message": self.message, "status": self.status}
 
 
 class BadRequest(RaysrvError):
@@ -65,3 +72,11 @@ class ModelFailed(RaysrvError):
 
     status = 500
     reason = "model_failed"
+
+
+def raise_for_error(result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` if it is an answer; the matching :class:`RaysrvError` if it is an error."""
+    if "error" not in result:
+        return result
+    classes = {cls.reason: cls for cls in RaysrvError.__subclasses__()}
+    raise classes.get(result["error"], RaysrvError)(result.get("message", ""))

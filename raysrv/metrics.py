@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from raysrv.errors import ModelFailed, RaysrvError
+
 __all__ = ["LATENCY_BOUNDARIES_MS", "Metrics", "ServeMetrics"]
 
 LATENCY_BOUNDARIES_MS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000]
@@ -20,8 +22,14 @@ BATCH_SIZE_BOUNDARIES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 class Metrics:
     """The metrics every role reports; this base records nothing (for tests and tools)."""
 
-    def request(self, app: str, status: int, latency_s: float) -> None:
-        """Ingress: one request answered with ``status``."""
+    def request(self, app: str, status: int, latency_s: float | None = None) -> None:
+        """Ingress: one request answered with ``status`` (latency recorded for answers)."""
+
+    def error(self, app: str, error: RaysrvError) -> None:
+        """Ingress: one request answered with ``error``; refusals also count as rejections."""
+        self.request(app, error.status)
+        if error.status != ModelFailed.status:
+            self.rejection("ingress", error.reason)
 
     def rejection(self, where: str, reason: str) -> None:
         """Any role: one query refused (overload, deadline, bad input)."""
@@ -83,9 +91,10 @@ class ServeMetrics(Metrics):
             ("model",),
         )
 
-    def request(self, app: str, status: int, latency_s: float) -> None:
+    def request(self, app: str, status: int, latency_s: float | None = None) -> None:
         self._requests.inc(tags={"app": app, "status": str(status)})
-        self._latency.observe(latency_s * 1000.0, tags={"app": app})
+        if latency_s is not None:
+            self._latency.observe(latency_s * 1000.0, tags={"app": app})
 
     def rejection(self, where: str, reason: str) -> None:
         self._rejections.inc(tags={"where": where, "reason": reason})

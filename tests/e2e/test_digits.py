@@ -30,6 +30,7 @@ from tests.conftest import free_port
 
 ROOT = Path(__file__).parents[2]
 CONFIG = ROOT / "examples" / "digits" / "config.yaml"
+SLO_MS = 30_000  # per request: these tests check answers, not a noisy machine's latency
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +109,8 @@ async def _predict_all(url: str, x: np.ndarray, concurrency: int = 16) -> list[d
 
         async def one(row: np.ndarray) -> dict[str, Any]:
             async with limit:
-                response = await client.post("/v1/digits/predict", json={"input": row.tolist()})
+                body = {"input": row.tolist(), "slo_ms": SLO_MS}
+                response = await client.post("/v1/digits/predict", json=body)
                 assert response.status_code == 200, response.text
                 return response.json()
 
@@ -160,16 +162,16 @@ def test_bad_input_gets_a_4xx_with_a_message_and_serving_goes_on(
     bad = httpx.post(f"{server}{path}", content=body, timeout=30)
     assert bad.status_code == status, bad.text
     assert fragment in bad.json()["message"]
-    good = httpx.post(f"{server}/v1/digits/predict", json={"input": x[0].tolist()}, timeout=30)
+    body = {"input": x[0].tolist(), "slo_ms": SLO_MS}
+    good = httpx.post(f"{server}/v1/digits/predict", json=body, timeout=30)
     assert good.status_code == 200
     assert good.json()["output"]["label"] in range(10)
 
 
 def test_feedback_is_stored_in_redis_and_docs_are_served(server: str, redis_url: str) -> None:
     x, y = digits.test_split()
-    answer = httpx.post(
-        f"{server}/v1/digits/predict", json={"input": x[1].tolist()}, timeout=30
-    ).json()
+    body = {"input": x[1].tolist(), "slo_ms": SLO_MS}
+    answer = httpx.post(f"{server}/v1/digits/predict", json=body, timeout=30).json()
     ack = httpx.post(
         f"{server}/v1/digits/feedback",
         json={"query_id": answer["query_id"], "label": int(y[1])},

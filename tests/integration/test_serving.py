@@ -15,6 +15,7 @@ import pytest
 from ray import serve
 
 from raysrv.app import build_app
+from raysrv.errors import BadRequest, raise_for_error
 from raysrv.testing import model_spec, spec
 from tests.integration.conftest import RayCluster
 from tests.unit.test_runtimes import _onnx_matmul
@@ -28,6 +29,7 @@ def _two_model_spec(onnx_path: Path, **ingress: Any) -> dict[str, Any]:
         "source": str(onnx_path),
         "resources": {"num_cpus": 0.1},
         "batching": {"policy": "aimd", "params": {"initial_batch_size": 4}},
+        "slo_ms": 10_000,
         "input": {"shape": [4], "dtype": "float32"},
     }
     apps = [
@@ -157,10 +159,13 @@ def test_metrics_of_every_role_reach_the_ray_metrics_endpoint(
     raysrv_app: Any, serve_session: RayCluster
 ) -> None:
     _predict_many(raysrv_app, "echo", [[float(i % 3), 0, 0, 0] for i in range(12)])
-    with pytest.raises(Exception, match="shape"):
-        raysrv_app.predict.remote("echo", [1, 2]).result(timeout_s=30)
+    refused = raysrv_app.predict.remote("echo", [1, 2]).result(timeout_s=30)
+    assert refused["status"] == 400
+    with pytest.raises(BadRequest, match=r"shape \[2\], expected \[4\]"):
+        raise_for_error(refused)
     wanted = {
         "ray_raysrv_requests_total",
+        "ray_raysrv_rejections_total",
         "ray_raysrv_request_latency_ms_bucket",
         "ray_raysrv_cache_hits_total",
         "ray_raysrv_cache_misses_total",

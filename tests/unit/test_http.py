@@ -219,6 +219,7 @@ def test_queries_past_their_deadline_get_429_with_the_reason_before_any_work() -
         assert responses[1].json() == {
             "error": "rejected",
             "message": "model 'a': deadline passed while queued",
+            "status": 429,
         }
         assert logs["a"] == [1, 1]  # the refused queries never reached the model
 
