@@ -38,8 +38,8 @@ def fifo_step(view: BatcherView, max_batch_size: int, timeout_s: float) -> Decis
 
     Shared by the FIFO policies (``fixed``, ``aimd``): they differ only in how the two limits move.
     Before a batch is cut, its queries already past their deadline are rejected: no work is
-    started for an answer nobody waits for any more (clockwork §4: an action never starts after
-    its ``latest`` time).
+    started for an answer nobody waits for any more (clockwork §5.2: "executors reject actions
+    whose latest timestamp has passed").
     """
     replica = view.free_replica()
     if replica is None or not view.queue:

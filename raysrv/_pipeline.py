@@ -1,10 +1,11 @@
 """When each replica of a model can take its next batch: one batch executing, one on its way.
 
 A batch sent to an idle replica spends a round trip travelling (about a millisecond per hop
-here, more under load) while the replica idles. Clockwork hands its workers actions ahead of
-time with an execution window (papers/clockwork.md §4-5) so they never wait for the controller;
+here, more under load) while the replica idles. Clockwork's controller keeps a performance
+profile per worker and, from the actions outstanding there, "can deduce the earliest time that a
+worker could begin executing a new action" (papers/clockwork.md §4.5), so it sends work ahead;
 this does the same with the one prediction the batcher has: how long a batch of a given size
-runs (an EWMA of measured run times per size, clockwork §5.3 keeps such profiles too).
+runs (an EWMA of measured run times per size).
 
 A replica that has been sent ``k`` batches is offered to the batching policy again when
 ``k < depth`` and the last batch sent is predicted to have run out, measured from when it was
