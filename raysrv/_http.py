@@ -118,9 +118,9 @@ def create_http_app(server: Server, max_body_bytes: int, metrics: Metrics | None
     )
     async def predict(app: str, request: Request) -> JSONResponse:
         start = time.monotonic()
-        target = server._app(app)
+        context_field = server.context_field(app)
         data = await _read_json(request, max_body_bytes)
-        value, context, slo_ms = _parse_predict(data, target.spec.context_field)
+        value, context, slo_ms = _parse_predict(data, context_field)
         result = await server.predict(app, value, context, slo_ms)
         metrics.request(app, 200, time.monotonic() - start)
         return JSONResponse(result)

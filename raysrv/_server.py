@@ -77,6 +77,7 @@ class Server:
         self._rng = rng or np.random.default_rng(spec.ingress.seed)
         self._models: dict[str, ModelSpec] = {m.name: m for m in spec.models}
         self._slo_ms = {m.name: m.slo_ms for m in spec.models}
+        self._batching = {m.name: (m.batching, m.slo_ms) for m in spec.models}
         self.batchers = {
             m.name: Batcher(
                 m.name,
@@ -103,12 +104,13 @@ class Server:
         """Apply live knobs (``user_config``): batching, SLOs, selection, cache sizes."""
         live.check_against(self.spec)
         for name, knobs in live.models.items():
-            if knobs.slo_ms is not None:
-                self._slo_ms[name] = knobs.slo_ms
-            spec = knobs.batching or self._models[name].batching
-            if knobs.batching is not None or knobs.slo_ms is not None:
-                policy = batching.make_policy(spec.policy, spec.params, self._slo_ms[name] / 1000.0)
+            wanted = (knobs.batching or self._batching[name][0], knobs.slo_ms or self._slo_ms[name])
+            if wanted != self._batching[name]:  # a new policy only when something changed:
+                spec, slo_ms = wanted  # it would forget what it learned (AIMD's batch size)
+                policy = batching.make_policy(spec.policy, spec.params, slo_ms / 1000.0)
                 self.batchers[name].set_policy(policy)
+                self._batching[name] = wanted
+                self._slo_ms[name] = slo_ms
         for name, knobs in live.apps.items():
             app = self.apps[name]
             if knobs.selection is not None:
@@ -119,6 +121,10 @@ class Server:
                 app.cache.resize(knobs.cache_size)
             if knobs.slo_ms is not None:
                 app.slo_ms = knobs.slo_ms
+
+    def context_field(self, app: str) -> str:
+        """The request field that holds ``app``'s context key."""
+        return self._app(app).spec.context_field
 
     def _app(self, name: str) -> _App:
         app = self.apps.get(name)

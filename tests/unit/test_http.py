@@ -224,3 +224,16 @@ def test_queries_past_their_deadline_get_429_with_the_reason_before_any_work() -
         assert logs["a"] == [1, 1]  # the refused queries never reached the model
 
     run(scenario())
+
+
+def test_reapplying_the_same_live_config_keeps_what_the_policy_learned() -> None:
+    server = _server()
+    aimd = {"policy": "aimd", "params": {"max_batch_size": 4}}
+    server.configure(LiveConfig.model_validate({"models": {"a": {"batching": aimd}}}))
+    learned = server.batchers["a"].policy
+    server.configure(LiveConfig.model_validate({"models": {"a": {"batching": aimd}}}))
+    assert server.batchers["a"].policy is learned
+    server.configure(LiveConfig.model_validate({"models": {"a": {"slo_ms": 5}}}))
+    assert server.batchers["a"].policy is not learned
+    assert server.batchers["a"].policy.name == "aimd"
+    assert server.batchers["a"].policy.slo_s == 0.005
