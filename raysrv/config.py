@@ -181,10 +181,10 @@ class IngressSpec(_Strict):
     num_cpus: float = Field(0.25, ge=0.0, description="Logical CPUs reserved per ingress replica.")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="Larger request bodies get 413.")
     max_ongoing_requests: int = Field(
-        512, ge=1, description="Requests in flight per ingress replica before Serve queues them."
+        256, ge=1, description="Requests in flight per ingress replica before Serve queues them."
     )
     max_queued_requests: int = Field(
-        1024,
+        128,
         ge=-1,
         description="Requests Serve queues for the ingress before answering 503 (-1: no bound).",
     )

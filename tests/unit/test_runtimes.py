@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -54,7 +55,6 @@ def test_onnx_runtime_with_several_outputs_names_them(tmp_path: Path) -> None:
 
 def test_onnx_gpu_without_cuda_fails_clearly(tmp_path: Path) -> None:
     """This machine has no GPU and no onnxruntime-gpu: the error must say what is missing."""
-    import onnxruntime
 
     if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
         pytest.skip("a CUDA-capable onnxruntime is installed here")
@@ -98,3 +98,64 @@ def test_python_runtime_and_its_contract() -> None:
 def test_onnx_source_must_be_a_file() -> None:
     with pytest.raises(ValueError, match="onnx source must be a .onnx file"):
         _spec("onnx", "pkg.mod:model")
+
+
+_REAL_SESSION = onnxruntime.InferenceSession
+
+
+class _FakeCudaSession:
+    """Stands in for onnxruntime-gpu's session: no GPU can run here. Records what it was asked."""
+
+    started_with: list[str] = []
+
+    def __init__(self, path: str, sess_options: object, providers: list[str]) -> None:
+        _FakeCudaSession.started_with = providers
+        self._real = _REAL_SESSION(path, providers=["CPUExecutionProvider"])
+        self.usable = providers if _FakeCudaSession.cuda_works else providers[1:]
+
+    cuda_works = True
+
+    def get_providers(self) -> list[str]:
+        return self.usable
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
+
+
+@pytest.mark.parametrize("cuda_works", [True, False])
+def test_onnx_gpu_asks_for_cuda_and_refuses_a_silent_cpu_fallback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cuda_works: bool
+) -> None:
+    """A fake onnxruntime-gpu (no GPU here): CUDA is requested first, and a session that fell
+    back to the CPU, as onnxruntime does when the CUDA libraries are missing, is an error."""
+
+    path = str(_onnx_matmul(tmp_path / "m.onnx"))
+    monkeypatch.setattr(
+        onnxruntime,
+        "get_available_providers",
+        lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"],
+    )
+    monkeypatch.setattr(onnxruntime, "InferenceSession", _FakeCudaSession)
+    monkeypatch.setattr(_FakeCudaSession, "cuda_works", cuda_works)
+    if cuda_works:
+        runtime = OnnxRuntime(path, device="gpu")
+        assert _FakeCudaSession.started_with == ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        assert runtime.predict_batch([[0, 0, 0, 1]]) == [[6.0, 7.0]]
+    else:
+        with pytest.raises(RuntimeError, match="could not start the CUDA provider"):
+            OnnxRuntime(path, device="gpu")
+
+
+def test_torch_gpu_without_cuda_fails_clearly() -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible here")
+    with pytest.raises(RuntimeError, match="CUDA build of torch"):
+        load_runtime(
+            _spec(
+                "torch",
+                "raysrv.testing:torch_linear",
+                device="gpu",
+                resources={"num_gpus": 1},
+            )
+        )
