@@ -11,7 +11,6 @@ Run ``python -m bench.models`` to build ``bench/out/convnet.onnx`` and print the
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,8 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from raysrv.artifacts import atomic_write
 
 __all__ = ["INPUT_SHAPE", "N_CLASSES", "build_convnet", "main", "profile"]
 
@@ -108,19 +109,6 @@ def _model(nodes: list[onnx.NodeProto], inits: list[TensorProto]) -> onnx.ModelP
     return model
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temp file next to ``path``, then rename it into place."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp makes it 0600; other users' servers must read it
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def build_convnet(path: str | os.PathLike[str], seed: int = 0) -> Path:
     """Write the benchmark convnet to ``path`` (atomically; skipped when the file exists).
 
@@ -129,7 +117,7 @@ def build_convnet(path: str | os.PathLike[str], seed: int = 0) -> Path:
     path = Path(path)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write(path, _convnet(seed).SerializeToString())
+        atomic_write(path, _convnet(seed).SerializeToString())
     return path
 
 

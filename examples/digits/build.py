@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,6 +41,8 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from raysrv.artifacts import atomic_write
 
 __all__ = [
     "MODEL_NAMES",
@@ -314,19 +315,6 @@ def train_models() -> dict[str, TrainedModel]:
     return {name: _TRAINERS[name](x_train, y_train) for name in MODEL_NAMES}
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temp file next to ``path``, then rename it into place."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp makes it 0600; other users' servers must read it
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _onnx_accuracy(path: Path, x_test: Array, y_test: Array) -> float:
     """Test accuracy of the exported file, measured in onnxruntime."""
     import onnxruntime as ort
@@ -340,7 +328,7 @@ def _write_accuracy(paths: dict[str, Path], out_dir: Path) -> None:
     """Measure every exported model and write ``accuracy.json``."""
     x_test, y_test = test_split()
     scores = {name: _onnx_accuracy(path, x_test, y_test) for name, path in paths.items()}
-    _atomic_write(out_dir / ACCURACY_FILE, (json.dumps(scores, indent=2) + "\n").encode())
+    atomic_write(out_dir / ACCURACY_FILE, (json.dumps(scores, indent=2) + "\n").encode())
 
 
 def build_all(out_dir: str | os.PathLike[str]) -> dict[str, Path]:
@@ -354,7 +342,7 @@ def build_all(out_dir: str | os.PathLike[str]) -> dict[str, Path]:
     if not all(p.exists() for p in paths.values()):
         out.mkdir(parents=True, exist_ok=True)
         for name, trained in train_models().items():
-            _atomic_write(paths[name], trained.onnx_model.SerializeToString())
+            atomic_write(paths[name], trained.onnx_model.SerializeToString())
     if not (out / ACCURACY_FILE).exists():
         _write_accuracy(paths, out)
     return paths
