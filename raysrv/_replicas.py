@@ -2,8 +2,9 @@
 
 A model's replicas are Ray actors (not Serve deployments) that the ingress calls directly: a
 direct actor call costs about 0.9 ms here against 3 to 6 ms for a Serve handle call (both
-measured sequentially from inside a Serve replica: ``python -m bench.hops``, bench/RESULTS.md), and the batcher must pick
-the replica itself, which a Serve handle's router does not allow. Each actor is a serial Ray
+measured sequentially from inside a Serve replica by ``python -m bench.hops``; figures in
+bench/RESULTS.md), and the batcher must pick the replica itself, which a Serve handle's router
+does not allow. Each actor is a serial Ray
 actor, so batches execute one at a time in the order they were sent, and every call returns the
 measured run time with the outputs.
 

@@ -111,16 +111,17 @@ class Server:
                 self.batchers[name].set_policy(policy)
                 self._batching[name] = wanted
                 self._slo_ms[name] = slo_ms
-        for name, knobs in live.apps.items():
+        for name, app_knobs in live.apps.items():
             app = self.apps[name]
-            if knobs.selection is not None:
+            if app_knobs.selection is not None:
+                selection = app_knobs.selection
                 app.selection = policies.make_policy(
-                    knobs.selection.policy, app.spec.models, knobs.selection.params, self._rng
+                    selection.policy, app.spec.models, selection.params, self._rng
                 )
-            if knobs.cache_size is not None and knobs.cache_size != app.cache.capacity:
-                app.cache.resize(knobs.cache_size)
-            if knobs.slo_ms is not None:
-                app.slo_ms = knobs.slo_ms
+            if app_knobs.cache_size is not None and app_knobs.cache_size != app.cache.capacity:
+                app.cache.resize(app_knobs.cache_size)
+            if app_knobs.slo_ms is not None:
+                app.slo_ms = app_knobs.slo_ms
 
     def context_field(self, app: str) -> str:
         """The request field that holds ``app``'s context key."""
