@@ -3,11 +3,11 @@
 It holds the model's queue and one slot per replica, asks the :class:`BatchingPolicy` what to do
 (``decide``), acts (dispatch a batch to a free replica, reject, or sleep until a time or the next
 event) and reports each finished batch back (``observe``), in the step-loop shape of STYLE §5.
-A batch is only ever cut for a free replica, so each replica runs exactly one batch at a time and
+A batch is only ever cut for a replica that can take it: an idle one, or, with
+``pipeline_depth`` 2, one whose running batch should be about to end, so that the next batch
+arrives as it frees up (``_pipeline``). Each replica executes exactly one batch at a time, and
 queries accumulate while all are busy (RAY_NOTES: ``@serve.batch`` cuts batches regardless).
 The queue is bounded: past ``max_queue`` waiting queries, :meth:`Batcher.submit` refuses at once.
-With ``pipeline_depth`` 2 the next batch is sent while the current one runs, timed to arrive as
-the replica frees up (``_pipeline``).
 """
 
 from __future__ import annotations

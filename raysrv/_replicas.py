@@ -4,9 +4,8 @@ A model's replicas are Ray actors (not Serve deployments) that the ingress calls
 direct actor call costs about 0.9 ms here against 3 to 6 ms for a Serve handle call (both
 measured sequentially from inside a Serve replica by ``python -m bench.hops``; figures in
 bench/RESULTS.md), and the batcher must pick the replica itself, which a Serve handle's router
-does not allow. Each actor is a serial Ray
-actor, so batches execute one at a time in the order they were sent, and every call returns the
-measured run time with the outputs.
+does not allow. Each actor is a serial Ray actor, so batches execute one at a time in the order
+they were sent, and every call returns the measured run time with the outputs.
 
 Actors are named after the Serve application, the model and a hash of its spec, and created
 with ``get_if_exists``: ingress replicas of one application share one group, and a changed model
@@ -78,15 +77,14 @@ class ReplicaGroup:
     """The ``replicas`` actors of one model, addressed by index."""
 
     def __init__(self, model: ModelSpec, scope: str) -> None:
-        digest = hashlib.sha256(json.dumps(model.model_dump(mode="json"), sort_keys=True).encode())
+        spec = model.model_dump(mode="json")
+        digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
         self.model = model
         remote = ray.remote(ModelWorker)
         self.actors = [
             remote.options(
-                **_actor_options(
-                    model, f"raysrv:{scope}:{model.name}:{digest.hexdigest()[:12]}:{i}"
-                )
-            ).remote(model.model_dump(mode="json"))
+                **_actor_options(model, f"raysrv:{scope}:{model.name}:{digest}:{i}")
+            ).remote(spec)
             for i in range(model.replicas)
         ]
 
