@@ -1,8 +1,49 @@
-"""Latency models (batch §III-IV, serf §IV, gillis §IV-A, clockwork §5.3): numpy/scipy only.
+"""Latency models that predict what the live system will do: numpy/scipy only, seconds throughout.
 
-Arrival processes, the batch-buffer CTMC, the optimizer, service profiles and the simulator that
-the batching planner and the partitioner stand on. Nothing is implemented yet: a later issue
-brings it.
+* Arrival processes and trace fitting (batch.md §IV, §III-A): :mod:`.arrivals`.
+* The batch buffer's latency distribution, exact and as the paper has it, with finite-server
+  bounds (batch §IV eq. 4-15) and eq. 1's cost: :mod:`.buffer`.
+* The cost/latency optimizer (batch eq. 2-3): :mod:`.optimize`.
+* Service-time profiles: polynomial regression (batch §III-A) and rolling p99 per batch size
+  (clockwork §5.3): :mod:`.profiles`.
+* SERF's M/D_interf/c model and configuration table (serf §IV-C): :mod:`.serf`, with its
+  referee simulator in :mod:`.interference`.
+* Fork-join transfer delays as an exponentially modified Gaussian (gillis §IV-A): :mod:`.forkjoin`.
+* The discrete-event simulator that runs any :mod:`raysrv.batching` policy: :mod:`.simulate`.
+
+``bench/validate_analytics.py`` measures every model against the simulators and the live system.
 """
 
-__all__: list[str] = []
+from raysrv.analytics.arrivals import MAP, MAP2, MMPP2, MapFit, Poisson, fit_map2
+from raysrv.analytics.buffer import BatchBufferModel, LatencyBounds, Pricing
+from raysrv.analytics.forkjoin import EMG, fit_emg
+from raysrv.analytics.interference import simulate_interference
+from raysrv.analytics.optimize import BatchingPlan, optimize_batching
+from raysrv.analytics.profiles import RollingQuantile, ServiceProfile, TableProfile
+from raysrv.analytics.serf import serf_config_table, serf_latency, serf_predict
+from raysrv.analytics.simulate import SimResult, simulate
+
+__all__ = [
+    "EMG",
+    "MAP",
+    "MAP2",
+    "MMPP2",
+    "BatchBufferModel",
+    "BatchingPlan",
+    "LatencyBounds",
+    "MapFit",
+    "Poisson",
+    "Pricing",
+    "RollingQuantile",
+    "ServiceProfile",
+    "SimResult",
+    "TableProfile",
+    "fit_emg",
+    "fit_map2",
+    "optimize_batching",
+    "serf_config_table",
+    "serf_latency",
+    "serf_predict",
+    "simulate",
+    "simulate_interference",
+]
