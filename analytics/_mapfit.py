@@ -24,8 +24,9 @@ Steps of :func:`match_map2`:
       max(|rho_1|, 0.05), and 0.1 log(E[X^3] / target) so mean, SCV and rho_1 come first.
   (4) The candidate with the least weighted residual wins; what it misses is explained in a note.
 
-Cost: O(1) for (1)-(2); (3) is up to ~20 3-parameter solves on 2x2 matrices: a few ms when a
-MAP2 reaches the target, some 0.1-0.5 s when none does and every start runs.
+Cost: O(1) for (1)-(2). (3) is at most 16 bounded 3-parameter least-squares solves on 2x2
+matrices (up to 2 renewal starts and 6 fixed ones per family); it stops at the first exact match,
+so it is slowest when no MAP2 reaches the target and every start runs.
 """
 
 from __future__ import annotations
@@ -373,7 +374,7 @@ class PieceSampler:
     keep the phase (D1_ii) are Poisson(D1_ii t), placed uniformly. cap_i bounds them to
     PIECE_ARRIVALS on average, which bounds memory. The phase sequence of the pieces is a Markov
     chain driven by shared uniforms, so it is the composition of per-step maps {phase -> phase},
-    computed for a whole chunk by a doubling prefix scan: O(C n log C) numpy work, no Python loop.
+    computed for a whole chunk by a doubling prefix scan: O(C n log C) numpy work per chunk.
     The cost grows with the phase changes per arrival: hidden switching much faster than the
     arrivals makes it slow.
     """

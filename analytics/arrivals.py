@@ -25,7 +25,7 @@ Assumptions and caveats:
     It is exact: Poisson draws exponentials, a MAP2 its arrival-phase chain (O(N) whatever the
     rates), more phases simulate their phase path, whose cost grows with the phase changes.
 Complexity: construction O(n^3); moment(k) O(k n^3); sample(N) O(N) for n <= 2, else
-O(E log C) for E simulated phase pieces (about N / 32 plus the phase changes) in chunks of C;
+O(E n log C) for E simulated phase pieces (about N / 32 plus the phase changes) in chunks of C;
 fit_map2 O(N) plus O(1) matching.
 """
 
@@ -290,10 +290,10 @@ def fit_map2(interarrivals: npt.ArrayLike, *, poisson_z: float = POISSON_Z) -> M
 def map2_from_moments(mean: float, scv: float, third: float, lag1: float) -> MAP2:
     """The MAP2 closest to these moments (s, -, s^3, -), with ``.fit`` as in :func:`fit_map2`."""
     m1, c2 = _positive(mean, "mean"), _positive(scv, "scv")
-    m3 = _positive(third, "third")
-    if not -1.0 < lag1 < 1.0:
+    m3, rho = _positive(third, "third"), _number(lag1, "lag1")
+    if not -1.0 < rho < 1.0:
         raise ValueError(f"lag1 must lie in (-1, 1), got {lag1!r}")
-    target = MapMoments(mean=m1, scv=c2, third=m3, lag1=float(lag1))
+    target = MapMoments(mean=m1, scv=c2, third=m3, lag1=rho)
     D0, D1, note = match_map2(target)
     return _with_fit(MAP2(D0, D1), target, poisson=False, note=note, n=None)
 

@@ -17,9 +17,10 @@ work with mean 1 turns the queue into serf's M/M_interf/c chain (eq. 2), which c
 fixed when it starts, at ``1/mu_k`` with ``k`` the number running including itself, and does not
 change afterwards.
 
-Cost: ``2R`` events for ``R`` requests, ``O(log c)`` each (a heap of the running requests); about
-0.2 s per 2*10^5 requests in CPython. Caveats: no warm-up is discarded here (callers drop a
-prefix), and arrivals must be sorted. All times are seconds.
+Cost: ``2R`` events for ``R`` requests, ``O(log c)`` each (a heap of the running requests), in a
+pure-Python loop: long runs belong in ``bench/validate_analytics.py``. Caveats: no warm-up is
+discarded here (callers drop a prefix), and arrivals must be sorted. Poisson arrival times come
+from :meth:`raysrv.analytics.arrivals.Poisson.arrival_times`. All times are seconds.
 """
 
 from __future__ import annotations
@@ -34,13 +35,13 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from raysrv.analytics.serf import Method, serf_latency
+from raysrv.analytics.arrivals import Poisson
+from raysrv.analytics.serf import Method, _check_service_rates, serf_latency
 
 __all__ = [
     "SimulationResult",
     "ValidationCase",
     "interference_profile",
-    "poisson_arrivals",
     "serf_validation_grid",
     "simulate_interference",
 ]
@@ -86,15 +87,6 @@ class SimulationResult:
         return float(np.std(means, ddof=1) / math.sqrt(batches))
 
 
-def poisson_arrivals(rate: float, n: int, rng: np.random.Generator) -> NDArray[np.float64]:
-    """``n`` arrival times (seconds) of a Poisson process of ``rate`` per second, from time 0."""
-    if not (math.isfinite(rate) and rate > 0):
-        raise ValueError(f"rate must be positive and finite, got {rate!r}")
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
-    return np.cumsum(rng.exponential(1.0 / rate, size=n))
-
-
 def simulate_interference(
     arrival_times: ArrayLike,
     service_rates: Sequence[float],
@@ -110,7 +102,7 @@ def simulate_interference(
     serf eq. 2, whose state probabilities the shared mode then reproduces exactly.
     """
     arrivals = np.asarray(arrival_times, dtype=np.float64)
-    rates = _check_rates(service_rates)
+    rates = _check_service_rates(service_rates).tolist()
     if arrivals.ndim != 1 or not np.all(np.isfinite(arrivals)):
         raise ValueError("arrival_times must be a 1-d array of finite seconds")
     if arrivals.size > 1 and np.any(np.diff(arrivals) < 0):
@@ -123,18 +115,6 @@ def simulate_interference(
     else:
         raise ValueError(f"mode must be 'shared' or 'fixed', got {mode!r}")
     return SimulationResult(arrivals, np.asarray(start), np.asarray(finish))
-
-
-def _check_rates(service_rates: Sequence[float]) -> list[float]:
-    rates = [float(r) for r in service_rates]
-    if not rates:
-        raise ValueError("service_rates must name at least mu_1")
-    for i, r in enumerate(rates, start=1):
-        if not (math.isfinite(r) and r > 0):
-            raise ValueError(
-                f"service_rates[{i - 1}] (mu_{i}) must be positive and finite, got {r}"
-            )
-    return rates
 
 
 def _check_work(work: ArrayLike | None, total: int) -> list[float]:
@@ -216,8 +196,10 @@ def interference_profile(
     ``"linear"`` falls evenly from ``mu_1``; ``"knee"`` stays at 1 up to two running requests and
     then falls evenly, like the cache effect of serf Fig. 6 (needs ``c >= 3`` to differ).
     """
-    if servers < 1 or not 0.0 <= slowdown < 1.0:
-        raise ValueError(f"need servers >= 1 and 0 <= slowdown < 1, got {servers}, {slowdown}")
+    if servers < 1:
+        raise ValueError(f"servers must be >= 1, got {servers!r}")
+    if not 0.0 <= slowdown < 1.0:
+        raise ValueError(f"slowdown must lie in [0, 1), got {slowdown!r}")
     if shape not in ("linear", "knee"):
         raise ValueError(f"shape must be 'linear' or 'knee', got {shape!r}")
     flat = 2 if shape == "knee" and servers >= 3 else 1  # levels before the fall starts
@@ -263,8 +245,8 @@ def serf_validation_grid(
     Each case holds the model's and the simulation's mean latency (``predicted``, ``simulated``);
     another method on the same runs is ``serf_latency(case.arrival_rate, case.service_rates,
     method=...)``. Duplicate profiles (no slowdown, or ``"knee"`` with ``c <= 2``) are run once;
-    the first 10 % of each run is dropped as warm-up. The default grid is 165 cases and takes
-    about 1.5-2 minutes (0.5-0.7 s per case per 10^6 requests).
+    the first 10 % of each run is dropped as warm-up. The default grid is 165 cases of 10^6
+    requests each: minutes of CPU, a benchmark rather than a unit test.
     """
     rng = np.random.default_rng(seed)
     cases: list[ValidationCase] = []
@@ -276,7 +258,8 @@ def serf_validation_grid(
         seen.add(mu)
         for rho in utilisations:
             lam = rho * c * mu[-1]
-            run = simulate_interference(poisson_arrivals(lam, n_requests, rng), mu, mode=mode)
+            arrivals = Poisson(lam).arrival_times(n_requests, rng)
+            run = simulate_interference(arrivals, mu, mode=mode)
             predicted = serf_latency(lam, mu, method=method)
             simulated = (run.mean_latency(), run.stderr_latency())
             cases.append(ValidationCase(c, shape, s, rho, mu, lam, predicted, *simulated))

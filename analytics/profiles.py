@@ -203,12 +203,7 @@ class ServiceProfile:
         floor_s: float = DEFAULT_FLOOR_S,
     ) -> ServiceProfile:
         """Fit by (relative) least squares; ``degree="auto"`` picks 1..max_degree by LOO MAPE."""
-        b = _positive_vector("batch_sizes", batch_sizes)
-        y = _positive_vector("seconds", seconds)
-        r = None if resources is None else _positive_vector("resources", resources)
-        for name, arr in (("seconds", y), ("resources", r)):
-            if arr is not None and arr.size != b.size:
-                raise ValueError(f"{name} has {arr.size} values but batch_sizes has {b.size}")
+        b, r, y = _fit_inputs(batch_sizes, resources, seconds)
         _check_floor(floor_s)
         degrees = _degrees(degree, max_degree)
         two_d = r is not None and bool(np.ptp(r) > 0)
@@ -270,6 +265,19 @@ class ServiceProfile:
                 f"resource={resource!r} differs from the single resource "
                 f"{self.resource_range[0]} this profile was measured at"
             )
+
+
+def _fit_inputs(
+    batch_sizes: ArrayLike, resources: ArrayLike | None, seconds: ArrayLike
+) -> tuple[Array, Array | None, Array]:
+    """Checked (batch sizes, resources or None, seconds), all of one length."""
+    b = _positive_vector("batch_sizes", batch_sizes)
+    y = _positive_vector("seconds", seconds)
+    r = None if resources is None else _positive_vector("resources", resources)
+    for name, arr in (("seconds", y), ("resources", r)):
+        if arr is not None and arr.size != b.size:
+            raise ValueError(f"{name} has {arr.size} values but batch_sizes has {b.size}")
+    return b, r, y
 
 
 def _degrees(degree: int | str, max_degree: int) -> list[int]:

@@ -15,26 +15,22 @@ Erratum. The paper prints eq. 12's last term without ``p0``; the term is ``P(N >
 ``p0 prod(rho_i) / (mu_c c! (1 - rho))`` and is implemented with ``p0``. With it, ``c = 1`` gives
 exactly the Pollaczek-Khinchine mean of M/D/1 (Cosmetatos' ``f`` vanishes at ``c = 1``).
 
-Accuracy, measured against ``analytics/interference.py`` (``serf_validation_grid()``: 165 cases,
-c in {1, 2, 3, 4, 6, 8}, rho in {0.1, 0.3, 0.5, 0.7, 0.9}, mu_c/mu_1 from 1 down to 0.5 in linear
-and knee-shaped profiles, 10^6 requests each, shared-progress semantics): mean absolute error of
-the mean latency 0.34-0.40 % and largest 2.8-3.1 % over two seeds (the simulation's own standard
-error averages 0.22 %, up to 1.5 % at rho = 0.9); pooling both seeds, 0.34 % and 2.7 %. The
-paper's formula is therefore kept as the default; no refinement was needed. ``"exponential"``
-(no Cosmetatos correction) is off by 14 % on average and up to 80 %. Where the formula loses
-accuracy:
+Accuracy. ``analytics/interference.py`` simulates the queue this model approximates, and
+``serf_validation_grid()`` reruns the model against it over c, load and interference profiles;
+``python -m bench.validate_analytics`` reports the figures. The paper's formula is kept as the
+default: on that grid it is within a few percent of the simulated mean latency (the unit tests
+hold four cases to 5 %), while ``"exponential"`` (no Cosmetatos correction) is off by tens of
+percent at high load, where the wait dominates. Where the formula loses accuracy:
 
-* Strong interference at mid-to-high load (mu_c <= 0.75 mu_1, rho 0.5-0.9): it overestimates by
-  1.5-2.5 % (a bias, mean signed error +0.28 %). Exponential work spreads the number of running
-  requests too widely, so the chain puts too much time at the cap ``c``, where interference is
-  worst, than deterministic work does (simulation: P(N >= c) 0.24 vs the chain's 0.25 at c = 2,
-  mu = (1, 0.5), rho = 0.5). Below the cap the chain is nearly exact: with no queue the slots
-  behave as processor sharing, whose state distribution does not depend on the work
-  distribution.
-* Light load, ``c >= 2``: Cosmetatos' waiting time is off by 20-160 % *relatively* (rho = 0.1,
-  against the exact M/D/c), but the wait is then < 1 % of the latency, which stays within 0.2 %.
+* Strong interference at mid-to-high load (mu_c well below mu_1, rho 0.5-0.9): it tends to
+  overestimate. Exponential work spreads the number of running requests too widely, so the chain
+  puts more time at the cap ``c``, where interference is worst, than deterministic work does.
+  Below the cap the chain is nearly exact: with no queue the slots behave as processor sharing,
+  whose state distribution does not depend on the work distribution.
+* Light load, ``c >= 2``: Cosmetatos' waiting time is off by a large *relative* amount against
+  the exact M/D/c, but the wait is then a tiny share of the latency, which stays accurate.
 * If service time were fixed when a request starts (the PASTA reading, ``mode="fixed"`` in the
-  simulator), the model overestimates the wait: mean error 0.79 %, largest 5.8 %.
+  simulator), the model overestimates the wait more than under shared progress.
 
 Caveats: Poisson arrivals, homogeneous work, FCFS, mu_i measured per concurrency level and
 independent of load. ``method="exponential"`` drops Cosmetatos' correction and returns the exact
@@ -125,8 +121,10 @@ def serf_predict(
 
 def cosmetatos_factor(servers: int, utilisation: float) -> float:
     """``W_q(M/D/c) / W_q(M/M/c)`` by Cosmetatos: ``(1 + f(c) g(rho)) / 2``, eq. 8-10."""
-    if servers < 1 or not 0.0 < utilisation < 1.0:
-        raise ValueError(f"need servers >= 1 and 0 < utilisation < 1, got {servers}, {utilisation}")
+    if servers < 1:
+        raise ValueError(f"servers must be >= 1, got {servers!r}")
+    if not 0.0 < utilisation < 1.0:
+        raise ValueError(f"utilisation must lie in (0, 1), got {utilisation!r}")
     f = (servers - 1) * (math.sqrt(4 + 5 * servers) - 2) / (16 * servers)  # eq. 9
     g = (1 - utilisation) / utilisation  # eq. 10
     return 0.5 * (1 + f * g)  # eq. 8
@@ -138,8 +136,8 @@ def state_probabilities(
     """``p_0 .. p_{n_max}`` of the M/M_interf/c chain (eq. 2-4); requires rho < 1."""
     lam = _check_rate("arrival_rate", arrival_rate)
     mu = _check_service_rates(service_rates)
-    if n_max < 0:
-        raise ValueError(f"n_max must be >= 0, got {n_max}")
+    if isinstance(n_max, bool) or not isinstance(n_max, int | np.integer) or n_max < 0:
+        raise ValueError(f"n_max must be an integer >= 0, got {n_max!r}")
     c = mu.size
     rho = lam / (c * mu[-1])
     if rho >= 1.0:
@@ -162,7 +160,10 @@ def _probabilities_up_to_c(lam: float, mu: NDArray[np.float64]) -> NDArray[np.fl
 
 
 def _check_rate(name: str, value: float) -> float:
-    rate = float(value)
+    try:
+        rate = float(value)
+    except (TypeError, ValueError):
+        rate = math.nan
     if not (math.isfinite(rate) and rate > 0):
         raise ValueError(f"{name} must be positive and finite (per second), got {value!r}")
     return rate
@@ -172,7 +173,7 @@ def _check_service_rates(service_rates: Sequence[float]) -> NDArray[np.float64]:
     mu = np.asarray(service_rates, dtype=np.float64)
     if mu.ndim != 1 or mu.size == 0:
         raise ValueError(f"service_rates must be a non-empty sequence mu_1..mu_c, got {mu!r}")
-    for i, r in enumerate(mu):
+    for i, r in enumerate(mu.tolist()):
         _check_rate(f"service_rates[{i}] (mu_{i + 1})", r)
     return mu
 

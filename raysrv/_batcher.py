@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from raysrv._pipeline import ReplicaPipeline
+from raysrv.analytics.profiles import RollingQuantile
 from raysrv.batching import (
     BatcherView,
     BatchingPolicy,
@@ -37,7 +38,9 @@ from raysrv.batching import (
 from raysrv.errors import ModelFailed, Overloaded, Rejected
 from raysrv.metrics import Metrics
 
-__all__ = ["Batcher", "Execute"]
+__all__ = ["DURATION_WINDOW", "Batcher", "Execute"]
+
+DURATION_WINDOW = 100  # batches per size behind the rolling duration quantiles
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +99,10 @@ class Batcher:
         self._loop_task: asyncio.Task[None] | None = None
         self._running: set[asyncio.Task[None]] = set()
         self.batches = 0
+        # Replica-measured run time per batch size over the last batches (clockwork §5.3).
+        self.durations = {
+            q: RollingQuantile(window=DURATION_WINDOW, quantile=q) for q in (0.5, 0.99)
+        }
 
     @property
     def queue_length(self) -> int:
@@ -130,6 +137,10 @@ class Batcher:
             "busy_replicas": self._replicas.busy(),
             "batches": self.batches,
             "batching": self.policy.describe(),
+            "batch_seconds": {
+                f"p{round(q * 100)}": {str(k): v for k, v in sorted(r.table().items())}
+                for q, r in self.durations.items()
+            },
         }
 
     async def close(self) -> None:
@@ -231,6 +242,9 @@ class Batcher:
         finally:
             finished = self._clock()
             self._replicas.done(replica, len(entries), duration if ok else None)
+            if ok and math.isfinite(duration):
+                for rolling in self.durations.values():
+                    rolling.observe(len(entries), duration)
             self.batches += 1
             if not ok or not math.isfinite(duration):
                 duration = finished - dispatched

@@ -34,7 +34,11 @@ class Ingress:
     async def __init__(self, spec: dict[str, Any]) -> None:
         self._spec = RaysrvSpec.model_validate(spec)
         self._metrics = ServeMetrics()
-        scope = serve.get_replica_context().app_name
+        # Each ingress replica owns its workers: Ray stops an actor with the process that
+        # created it, so workers shared with another (older) ingress replica would die under
+        # this one when that replica is replaced.
+        context = serve.get_replica_context()
+        scope = f"{context.app_name}:{context.replica_id.unique_id}"
         self._groups = {m.name: ReplicaGroup(m, scope) for m in self._spec.models}
         for group in self._groups.values():
             await group.ready()

@@ -7,10 +7,12 @@ bench/RESULTS.md), and the batcher must pick the replica itself, which a Serve h
 does not allow. Each actor is a serial Ray actor, so batches execute one at a time in the order
 they were sent, and every call returns the measured run time with the outputs.
 
-Actors are named after the Serve application, the model and a hash of its spec, and created
-with ``get_if_exists``: ingress replicas of one application share one group, and a changed model
-spec gets fresh actors while the old ones are stopped with the ingress that owns them. A crashed
-actor fails the batch it was running and is restarted by Ray.
+Actors are named after the Serve application, the ingress replica, the model and a hash of its
+spec, and created with ``get_if_exists`` (a restarted ingress finds its own). Every ingress
+replica owns its group: Ray stops an actor with the process that created it, so a group shared
+between ingress replicas would die under the others when its creator is replaced (a redeploy with
+an unchanged model spec did exactly that). A crashed actor fails the batch it was running and is
+restarted by Ray.
 """
 
 from __future__ import annotations

@@ -182,3 +182,21 @@ def test_metrics_of_every_role_reach_the_ray_metrics_endpoint(
         found = {w for w in wanted if f"\n{w}{{" in body}
         time.sleep(1)
     assert found == wanted, f"missing: {sorted(wanted - found)} (pid {os.getpid()})"
+
+
+def test_a_redeploy_with_the_same_models_keeps_answering(
+    serve_session: RayCluster, tmp_path: Path
+) -> None:
+    """Serve replaces the ingress on a redeploy (here only the ingress options change); the new
+    ingress must not be left holding model workers that die with the old one."""
+    onnx_path = _onnx_matmul(tmp_path / "linear.onnx")
+    serve.run(build_app(_two_model_spec(onnx_path)), name="raysrv", route_prefix="/raysrv")
+    handle = serve.get_app_handle("raysrv")
+    before = _predict_many(handle, "linear", [[1.0, 2.0, 3.0, 4.0]])
+    changed = _two_model_spec(onnx_path, max_queued_requests=64)
+    serve.run(build_app(changed), name="raysrv", route_prefix="/raysrv")
+    handle = serve.get_app_handle("raysrv")
+    after = _predict_many(handle, "linear", [[1.0, 2.0, 3.0, float(i)] for i in range(8)])
+    assert "error" not in before[0]
+    assert all("error" not in a for a in after), after
+    assert after[4]["output"] == before[0]["output"]

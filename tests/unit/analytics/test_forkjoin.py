@@ -114,9 +114,9 @@ def test_expected_max_grows_with_n_and_sits_between_bounds(
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"mu": 0.0, "sigma": 0.0, "tau": 1.0}, "sigma"),
-        ({"mu": 0.0, "sigma": 1.0, "tau": -1.0}, "tau"),
-        ({"mu": math.nan, "sigma": 1.0, "tau": 1.0}, "mu"),
+        ({"mu": 0.0, "sigma": 0.0, "tau": 1.0}, "sigma must be positive and finite, got 0.0"),
+        ({"mu": 0.0, "sigma": 1.0, "tau": -1.0}, "tau must be positive and finite, got -1.0"),
+        ({"mu": math.nan, "sigma": 1.0, "tau": 1.0}, "mu must be finite, got nan"),
     ],
 )
 def test_invalid_parameters(kwargs: dict[str, float], match: str) -> None:
@@ -125,12 +125,13 @@ def test_invalid_parameters(kwargs: dict[str, float], match: str) -> None:
 
 
 def test_invalid_calls() -> None:
-    with pytest.raises(ValueError, match="n"):
-        DELAY.expected_max(0)
-    with pytest.raises(ValueError, match="q"):
+    for n in (0, 2.5, "3", None):
+        with pytest.raises(ValueError, match=r"n \(the number .*\) must be an integer >= 1"):
+            DELAY.expected_max(n)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="q must lie strictly between 0 and 1, got 1.0"):
         DELAY.max_percentile(1.0, 3)
-    with pytest.raises(ValueError, match="between 0 and 1"):
-        DELAY.ppf([0.0])
+    with pytest.raises(ValueError, match=r"q must lie strictly between 0 and 1, got \[0.0\]"):
+        DELAY.ppf([0.5, 0.0])
     with pytest.raises(ValueError, match="at least 10"):
         fit_emg([0.1, 0.2])
     with pytest.raises(ValueError, match="zero spread"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -288,9 +289,9 @@ def test_rolling_service_times_are_monotone() -> None:
         (lambda: RollingQuantile().service_times("m", 0), "max_batch must be"),
     ],
 )
-def test_rolling_validation_names_the_argument(call: object, match: str) -> None:
+def test_rolling_validation_names_the_argument(call: Callable[[], object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        call()  # type: ignore[operator]
+        call()
 
 
 @FAST

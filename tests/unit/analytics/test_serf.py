@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from raysrv.analytics.arrivals import Poisson
 from raysrv.analytics.interference import (
     interference_profile,
-    poisson_arrivals,
     serf_validation_grid,
     simulate_interference,
 )
@@ -36,7 +37,7 @@ def _erlang_c(c: int, offered: float) -> float:
 
 def _simulate(lam: float, mu: tuple[float, ...], n: int = 200_000, seed: int = 1, **kw) -> float:
     rng = np.random.default_rng(seed)
-    return simulate_interference(poisson_arrivals(lam, n, rng), mu, **kw).mean_latency()
+    return simulate_interference(Poisson(lam).arrival_times(n, rng), mu, **kw).mean_latency()
 
 
 # --- textbook values ---------------------------------------------------------------------------
@@ -101,7 +102,7 @@ def test_simulator_without_interference_matches_md1_and_mmc() -> None:
     assert _simulate(0.7, (1.0,), n=400_000) == pytest.approx(1 + 0.7 / (2 * 0.3), rel=0.02)
     rng = np.random.default_rng(3)
     lam, mu = 1.4, (1.0, 0.9, 0.8, 0.7)  # exponential work: the exact M/M_interf/c mean
-    arrivals = poisson_arrivals(lam, 300_000, rng)
+    arrivals = Poisson(lam).arrival_times(300_000, rng)
     work = rng.exponential(1.0, arrivals.size)
     run = simulate_interference(arrivals, mu, work=work)
     assert run.mean_latency() == pytest.approx(
@@ -112,7 +113,7 @@ def test_simulator_without_interference_matches_md1_and_mmc() -> None:
 def test_simulator_bookkeeping() -> None:
     rng = np.random.default_rng(0)
     mu = (2.0, 1.5, 1.2)
-    run = simulate_interference(poisson_arrivals(2.5, 5000, rng), mu)
+    run = simulate_interference(Poisson(2.5).arrival_times(5000, rng), mu)
     assert np.all(run.wait >= 0)
     assert np.all(np.diff(run.start) >= 0)
     np.testing.assert_allclose(run.latency, run.wait + run.service)
@@ -125,7 +126,7 @@ def test_simulator_bookkeeping() -> None:
 
 
 def test_fixed_and_shared_modes_agree_without_interference() -> None:
-    arrivals = poisson_arrivals(2.0, 20_000, np.random.default_rng(4))
+    arrivals = Poisson(2.0).arrival_times(20_000, np.random.default_rng(4))
     shared = simulate_interference(arrivals, (1.0, 1.0, 1.0))
     fixed = simulate_interference(arrivals, (1.0, 1.0, 1.0), mode="fixed")
     np.testing.assert_allclose(shared.finish, fixed.finish, rtol=1e-9)
@@ -204,6 +205,24 @@ def test_saturated_is_inf(mu: tuple[float, ...], over: float) -> None:
 def test_invalid_inputs_name_the_argument(lam: float, mu: list[float], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         serf_latency(lam, mu)
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: cosmetatos_factor(0, 0.5), "servers must be >= 1, got 0"),
+        (lambda: cosmetatos_factor(2, 1.0), r"utilisation must lie in \(0, 1\), got 1.0"),
+        (lambda: state_probabilities(1.0, [2.0], -1), "n_max must be an integer >= 0, got -1"),
+        (lambda: state_probabilities(3.0, [1.0], 5), "no steady state"),
+        (lambda: serf_latency("fast", [1.0]), "arrival_rate .* got 'fast'"),  # type: ignore[arg-type]
+        (lambda: interference_profile(0, 0.1), "servers must be >= 1, got 0"),
+        (lambda: interference_profile(2, 1.0), r"slowdown must lie in \[0, 1\), got 1.0"),
+        (lambda: simulate_interference([1.0], [1.0, 0.0]), r"mu_2.*got 0.0"),
+    ],
+)
+def test_helpers_name_the_bad_argument(call: Callable[[], object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        call()
 
 
 def test_invalid_method_and_simulator_inputs() -> None:
