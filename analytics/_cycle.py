@@ -129,6 +129,8 @@ class Cycle:
         self.pmf = pmf
         self.waits = np.vstack([suffix_timer.T, fill_waits])
         self.fill_cdf = cum_p @ to_full.sum(axis=1)
+        for table in (self.pmf, self.waits, self.fill_cdf):
+            table.flags.writeable = False  # shared through the cache
 
 
 @lru_cache(maxsize=256)

@@ -16,7 +16,8 @@ Two ways to compute it:
   linear between them (error O(1/N^2), N = 256 by default). The phase seen by the first query of
   a buffer is the stationary law of the cycle-to-cycle chain (phase at dispatch, then the next
   arrival), not eq. 13-14's heuristic. Holds for Poisson, MMPP(2) and any MAP. Cost per
-  (B, T): one exponential of a 3(B-1)m square matrix (m phases) and O(N (B m)^2).
+  (B, T): one exponential of a 2(B-1)m square matrix (m phases) and O(N (B m)^2); tables
+  are cached per (arrival, B, T, N), so other service times reuse them.
 * ``method="paper"``: eq. 5-10 (Poisson), eq. 13-15 (MMPP(2)); a MAP(2) takes "the exact same
   steps" with lambda_m its phase's arrival rate and omega_m its hidden switching rate. A query in
   a timer batch of k waits Uniform(0, T) (eq. 9 case 2), in a full batch Uniform(0, tau) with
@@ -25,8 +26,9 @@ Two ways to compute it:
 Where the uniform-timeout assumption (eq. 9 case 2) loses accuracy:
 
 * Small batches. The query that opened the buffer waits exactly T, not Uniform(0, T): an atom
-  of mass 1/k in a batch of k. At low load most queries sit in batches of 1 or 2, whose
-  latency is S_1 + T or (S_2 + T, S_2 + T/2 on average), so eq. 9 puts the tail too early.
+  of mass 1/k in a batch of k. At low load most queries sit in batches of 1 or 2: a lone query
+  always waits T (eq. 9 spreads it over (0, T)), and in a pair one of the two waits T. Eq. 9
+  then puts the tail too early.
   (For Poisson the other k-1 arrival times given k-1 arrivals in (0, T] are exactly uniform;
   eq. 9 case 1 notes the S_1 + T minimum but case 2 does not apply it.)
 * Bursty arrivals. Under MMPP/MAP the arrivals inside one buffer cluster in the busy phase;
@@ -37,16 +39,24 @@ Where the uniform-timeout assumption (eq. 9 case 2) loses accuracy:
 ``tests/unit/analytics/test_buffer.py`` and ``bench/validate_analytics.py`` measure the two
 methods against the simulator (:func:`raysrv.analytics.simulate`).
 
-Finite servers (what raysrv runs: ``replicas`` workers, a cut batch waits FCFS for a free one)
-are *bounded*, not solved: :meth:`BatchBufferModel.latency_bounds`. Lower bound: the
-infinite-server latency (a batch's extra wait is >= 0, path by path). Upper bound: give every
-batch the longest service S_B (waits only grow, path by path); with equal service times FCFS on
-c servers is the cyclic assignment, so a batch waits behind the batch c dispatches earlier:
-W_{n+c} = max(0, W_n + S_B - (t_{n+c} - t_n)), and dropping the batch's own filling time from
-t_{n+c} - t_n makes the wait independent of the batch's content. For Poisson arrivals the
-dispatch gaps are i.i.d. and the stationary Lindley recursion is solved on a lattice, rounded
-against us; the bound is then rigorous up to the lattice step. For MMPP/MAP the gaps are
-correlated and the same computation uses their stationary law, an approximation.
+Finite servers (a cut batch waits FCFS for one of ``replicas`` workers) are *bounded*, not
+solved: :meth:`BatchBufferModel.latency_bounds`. Lower bound: the infinite-server latency (a
+batch's extra wait is >= 0, path by path). Upper bound, path by path as well:
+
+* one replica: FCFS on one server is Lindley's recursion, W_{n+1} = max(0, W_n + S_n - gap);
+* c > 1 replicas: charge every batch the longest service S_B (waits only grow); with equal
+  service times FCFS on c servers is the cyclic assignment, so batch n+c waits behind batch n:
+  W_{n+c} = max(0, W_n + S_B - (t_{n+c} - t_n));
+* the gap before a batch is split into the part before its buffer opened (independent of the
+  batch) and its own buffer time D, which is exactly T for a timer batch and is credited as 0
+  for a full one. The queue wait then no longer depends on the batch's content, and the bound's
+  latency is the buffer wait, plus that queue wait, plus S_k.
+
+For Poisson arrivals the dispatch gaps are i.i.d. and the stationary Lindley recursion is solved
+on a lattice rounded against the bound (gaps down, service up), so the bound is rigorous up to
+the lattice step (:mod:`raysrv.analytics._finite`). For MMPP/MAP arrivals the gaps are
+correlated and the same computation uses their stationary law: an approximation, not a bound.
+Loads where even the bound's queue is unstable raise ValueError ("too few replicas").
 """
 
 from __future__ import annotations
@@ -55,13 +65,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from numbers import Real
 from typing import Literal, Protocol
 
 import numpy as np
 from scipy.linalg import expm, solve
-from scipy.signal import fftconvolve
 
 from raysrv.analytics._cycle import Cycle, cycle_for, phase_rates, stationary
+from raysrv.analytics._finite import QueueInputs, lattice_step, queue_waits
 
 __all__ = ["ArrivalLike", "BatchBufferModel", "LatencyBounds", "Pricing"]
 
@@ -319,7 +330,7 @@ class BatchBufferModel:
         if self.method != "exact":
             raise ValueError("latency_bounds needs method='exact'")
         lower = self.latency_percentile(q)
-        step = _lattice_step(self)
+        step = lattice_step(float(self.service[-1]), self.timeout, self.rate)
         timer_wait, fill_wait = self._queue_waits(int(c), step)
         ys = np.arange(max(timer_wait.size, fill_wait.size)) * step
         timer_wait = np.pad(timer_wait, (0, ys.size - timer_wait.size))
@@ -334,113 +345,12 @@ class BatchBufferModel:
 
     def _queue_waits(self, c: int, step: float) -> tuple[np.ndarray, np.ndarray]:
         """Lattice laws of the bound's queue wait for timer batches and for full batches."""
-        gap = _exp_gap(self.D0, self.D1, step)  # dispatch -> next buffer opens
-        cycle = np.convolve(gap, self._open_time_pmf(step))  # dispatch -> next dispatch
-        before = gap
-        for _ in range(c - 1):
-            before = np.convolve(before, cycle)  # the gaps up to batch n+c's buffer opening
-        window = np.convolve(before, self._open_time_pmf(step))
-        service = self._service_pmf(c, step)
-        wait = _lindley_wait(window, service)
-        # V = W + S - before, values from -(len(before) - 1) upward.
-        v = np.convolve(np.convolve(wait, service), before[::-1])
-        v_offset = -(before.size - 1)
-        t_steps = int(math.floor(self.timeout / step))
-        return _positive_part(v, v_offset - t_steps), _positive_part(v, v_offset)
-
-    def _service_pmf(self, c: int, step: float) -> np.ndarray:
-        """Lattice law (rounded up) of the service the bound charges a batch: its own S_K for
-        one replica (then FCFS is Lindley's recursion and the model exact), S_B for more."""
-        steps = np.ceil(self.service / step - 1e-9).astype(int)
-        pmf = np.zeros(int(steps[-1]) + 1)
-        if c == 1:
-            np.add.at(pmf, steps, self._batch_pmf())
-        else:
-            pmf[-1] = 1.0
-        return pmf
-
-    def _open_time_pmf(self, step: float) -> np.ndarray:
-        """How long a buffer stays open (to the B-th query or T), on the lattice, rounded down."""
-        cyc = self._cycle
-        if cyc is None:
-            return np.array([1.0])
-        grid = np.linspace(0.0, self.timeout, cyc.N + 1)
-        cells = np.floor(grid / step + 1e-9).astype(int)
-        pmf = np.zeros(cells[-1] + 1)
-        np.add.at(pmf, cells[1:], np.diff(cyc.fill_cdf))
-        pmf[cells[-1]] += max(0.0, 1.0 - cyc.fill_cdf[-1])  # the timer fired
-        return pmf / pmf.sum()
-
-
-def _positive_part(pmf: np.ndarray, offset: int) -> np.ndarray:
-    """Law of max(0, X) where ``pmf[i]`` = P(X = i + offset), on the same lattice."""
-    zero = -offset
-    if zero <= 0:
-        return np.concatenate([np.zeros(-zero), pmf])
-    if zero >= pmf.size:
-        return np.array([pmf.sum()])
-    out = pmf[zero:].copy()
-    out[0] += pmf[:zero].sum()
-    return out
-
-
-def _lattice_step(model: BatchBufferModel) -> float:
-    scale = float(model.service[-1]) + model.timeout + 1.0 / model.rate
-    return scale / 400
-
-
-def _exp_gap(D0: np.ndarray, D1: np.ndarray, step: float) -> np.ndarray:
-    """Time from a dispatch to the next arrival (stationary phase), lattice pmf rounded down."""
-    phase = stationary(solve(-D0, D1))
-    horizon = 40.0 / float(np.min(-np.diag(D0)) + 1e-300)
-    n = int(min(horizon / step, 20000)) + 1
-    E = expm(D0 * step)
-    surv = np.empty(n + 1)
-    v = phase.copy()
-    for i in range(n + 1):
-        surv[i] = v.sum()
-        v = v @ E
-    pmf = -np.diff(surv)  # mass in [i step, (i+1) step) rounds down to i step
-    pmf[-1] += surv[-1]
-    tail = np.nonzero(surv > 1e-13)[0]
-    cut = int(tail[-1]) + 1 if tail.size else pmf.size
-    pmf = pmf[:cut].copy()
-    pmf[-1] += max(0.0, 1.0 - pmf.sum())  # beyond the cut: rounded down to the cut
-    return pmf / pmf.sum()
-
-
-def _lindley_wait(
-    window: np.ndarray, service: np.ndarray, tol: float = 1e-10, max_iter: int = 50000
-) -> np.ndarray:
-    """Stationary W = max(0, W + S - G) on a lattice: ``service[s]`` = P(S = s steps),
-    ``window[g]`` = P(G = g steps), S and G independent."""
-    mean_s = float(np.arange(service.size) @ service)
-    mean_g = float(np.arange(window.size) @ window)
-    if mean_s >= mean_g:
-        raise ValueError(
-            f"the finite-server bound needs the mean batch service ({mean_s:.1f} lattice steps) "
-            f"below the mean gap between one replica's batches ({mean_g:.1f} steps): too few "
-            "replicas for this load"
+        opened = self._cycle.fill_cdf if self._cycle is not None else None
+        return queue_waits(
+            QueueInputs(self.D0, self.D1, self.service, self._batch_pmf(), self.timeout, opened),
+            c,
+            step,
         )
-    inc = np.convolve(service, window[::-1])  # increments S - G from -(len(window) - 1) up
-    offset = -(window.size - 1)
-    w = np.array([1.0])
-    for _ in range(max_iter):
-        nxt = _lindley_step(w, inc, offset)
-        if nxt.size == w.size and float(np.abs(nxt - w).sum()) < tol:
-            return nxt
-        w = nxt
-    raise ValueError("the finite-server bound did not converge: the replicas are nearly saturated")
-
-
-def _lindley_step(w: np.ndarray, inc: np.ndarray, offset: int) -> np.ndarray:
-    conv = np.clip(fftconvolve(w, inc), 0.0, None)  # value of conv[i] = i + offset
-    zero = -offset
-    out = conv[zero:].copy() if zero >= 0 else np.concatenate([np.zeros(-zero), conv])
-    if zero > 0:
-        out[0] += conv[:zero].sum()
-    keep = np.nonzero(np.cumsum(out[::-1]) > 1e-13)[0]
-    return out[: out.size - int(keep[0])] if keep.size else out[:1]
 
 
 def _invert(cdf, q: float, lo: float, hi: float) -> float:  # type: ignore[no-untyped-def]
@@ -481,6 +391,8 @@ def _check_service(values: Sequence[float] | np.ndarray, max_batch: int) -> np.n
 
 
 def _check_nonneg(name: str, value: float) -> float:
-    if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise ValueError(f"{name} must be a number of seconds, got {value!r}")
+    if not (math.isfinite(value) and value >= 0):
         raise ValueError(f"{name} must be a finite number >= 0 (seconds), got {value!r}")
     return float(value)

@@ -26,7 +26,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import overload
+from typing import Any, Protocol, overload, runtime_checkable
 
 import numpy as np
 
@@ -41,9 +41,20 @@ from raysrv.batching.base import (
     Wait,
 )
 
-__all__ = ["ServiceFn", "SimResult", "simulate"]
+__all__ = ["ServiceFn", "ServiceSource", "SimResult", "simulate"]
 
 ServiceFn = Callable[[int], float]
+
+
+@runtime_checkable
+class _Predicts(Protocol):
+    """A service-time profile (:class:`raysrv.analytics.profiles.ServiceProfile`,
+    ``TableProfile``): seconds for a batch of k."""
+
+    def predict(self, batch_size: Any, resource: Any = None) -> Any: ...
+
+
+ServiceSource = Sequence[float] | np.ndarray | ServiceFn | _Predicts
 _Event = tuple[float, int, int, tuple[int, ...], float]  # end, seq, replica, query ids, start
 
 
@@ -181,15 +192,15 @@ class _Run:
     def _take(self, ids: tuple[int, ...]) -> tuple[int, ...]:
         """Remove ``ids`` from the queue (a prefix in O(k), otherwise by filtering)."""
         k = len(ids)
+        if k == 0:
+            raise ValueError(f"{type(self.policy).__name__} answered with no queries")
         prefix = [q.query_id for q in self.queue[self.head : self.head + k]]
         if prefix == list(ids):
             self.head += k
         else:
             gone = set(ids)
-            if len(gone) != k or any(q.query_id in gone for q in self.queue[: self.head]):
-                raise ValueError(f"policy named queries not waiting in the queue: {ids}")
             rest = [q for q in self.queue[self.head :] if q.query_id not in gone]
-            if len(rest) != len(self) - k:
+            if len(gone) != k or len(rest) != len(self) - k:
                 raise ValueError(f"policy named queries not waiting in the queue: {ids}")
             self.queue, self.head = rest, 0
         if self.head > 4096 and self.head * 2 > len(self.queue):
@@ -240,7 +251,7 @@ class _Run:
 
 def simulate(
     arrivals: Sequence[float] | np.ndarray,
-    service: Sequence[float] | np.ndarray | ServiceFn,
+    service: ServiceSource,
     policy: BatchingPolicy,
     *,
     replicas: int | None = None,
@@ -251,9 +262,10 @@ def simulate(
 ) -> SimResult:
     """Run ``arrivals`` (absolute, non-decreasing seconds) through ``policy`` and its replicas.
 
-    ``service``: ``service[k-1]`` seconds for a batch of k, or a callable ``k -> seconds``
-    (close over a ``numpy.random.Generator`` for noisy service). ``replicas=None`` is unbounded.
-    Deadlines: ``slo`` seconds after each arrival, or absolute ``deadlines``, or none.
+    ``service``: ``service[k-1]`` seconds for a batch of k, a callable ``k -> seconds`` (close
+    over a ``numpy.random.Generator`` for noisy service) or a profile with ``predict(k)``.
+    ``replicas=None`` is unbounded. Deadlines: ``slo`` seconds after each arrival, or absolute
+    ``deadlines``, or none.
     """
     times = _check_arrivals(arrivals)
     n = times.size
@@ -294,7 +306,9 @@ def _check_arrivals(arrivals: Sequence[float] | np.ndarray) -> np.ndarray:
     return times
 
 
-def _service_fn(service: Sequence[float] | np.ndarray | ServiceFn) -> ServiceFn:
+def _service_fn(service: ServiceSource) -> ServiceFn:
+    if isinstance(service, _Predicts):
+        return lambda k: float(service.predict(k))
     if callable(service):
         return service
     table = np.asarray(service, dtype=float)

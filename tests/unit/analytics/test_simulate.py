@@ -93,3 +93,25 @@ def test_mean_latency_grows_with_load_on_one_replica(lam: float, factor: float) 
     low = simulate(np.cumsum(gaps / lam), [0.01], fixed(1), replicas=1)
     high = simulate(np.cumsum(gaps / (lam * factor)), [0.01], fixed(1), replicas=1)
     assert np.all(high.latencies >= low.latencies - 1e-12)
+
+
+def test_a_service_profile_drives_the_simulation() -> None:
+    from raysrv.analytics.profiles import TableProfile
+
+    profile = TableProfile.from_mapping({1: 0.01, 4: 0.04})
+    sim = simulate([0.0, 0.0, 0.0, 0.0, 1.0], profile, fixed(4))
+    np.testing.assert_allclose(sim.latencies, [0.04, 0.04, 0.04, 0.04, 0.01])
+
+
+class _Twice(BatchingPolicy):
+    """Dispatches the same query over and over: the simulator must refuse, not answer twice."""
+
+    name = "twice"
+
+    def decide(self, view: BatcherView) -> Decision:
+        return Dispatch((0,), -1)
+
+
+def test_a_policy_naming_a_query_twice_is_refused() -> None:
+    with pytest.raises(ValueError, match="not waiting in the queue"):
+        simulate([0.0, 0.0], [0.01], _Twice(FixedParams(), 1.0))
