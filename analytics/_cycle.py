@@ -10,6 +10,8 @@ from functools import lru_cache
 import numpy as np
 from scipy.linalg import expm, solve
 
+from raysrv.analytics._mapfit import stationary as null_vector
+
 __all__ = ["Cycle", "cycle_for", "phase_rates", "stationary"]
 
 
@@ -22,14 +24,7 @@ def phase_rates(D0: np.ndarray, D1: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 
 def stationary(P: np.ndarray) -> np.ndarray:
     """Stationary row vector of a stochastic matrix P."""
-    m = P.shape[0]
-    if m == 1:
-        return np.ones(1)
-    A = np.vstack([(P.T - np.eye(m))[:-1], np.ones(m)])
-    b = np.zeros(m)
-    b[-1] = 1.0
-    x = np.clip(solve(A, b), 0.0, None)
-    return x / x.sum()
+    return null_vector(P - np.eye(P.shape[0]))
 
 
 class Cycle:

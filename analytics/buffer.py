@@ -73,6 +73,7 @@ from scipy.linalg import expm, solve
 
 from raysrv.analytics._cycle import Cycle, cycle_for, phase_rates, stationary
 from raysrv.analytics._finite import QueueInputs, lattice_step, queue_waits
+from raysrv.analytics._mapfit import stationary as null_vector
 
 __all__ = ["ArrivalLike", "BatchBufferModel", "LatencyBounds", "Pricing"]
 
@@ -371,7 +372,7 @@ def _invert(cdf, q: float, lo: float, hi: float) -> float:  # type: ignore[no-un
 
 
 def _fundamental_rate(D0: np.ndarray, D1: np.ndarray) -> float:
-    theta = stationary(np.eye(D0.shape[0]) + (D0 + D1) / float(np.max(-np.diag(D0))))
+    theta = null_vector(D0 + D1)
     return float(theta @ D1.sum(axis=1))
 
 
