@@ -381,6 +381,7 @@ class RollingQuantile:
         self.window = window
         self.quantile = quantile
         self._windows: dict[Hashable, dict[int, deque[float]]] = {}
+        self._tables: dict[Hashable, dict[int, float]] = {}  # estimates, per model, kept fresh
 
     def observe(self, key: Key, seconds: float) -> None:
         """Record one measured duration; the oldest of a full window is dropped."""
@@ -388,7 +389,12 @@ class RollingQuantile:
             raise ValueError(f"seconds must be finite and >= 0, got {seconds!r}")
         model, batch_size = _split_key(key)
         per_model = self._windows.setdefault(model, {})
-        per_model.setdefault(batch_size, deque(maxlen=self.window)).append(float(seconds))
+        window = per_model.setdefault(batch_size, deque(maxlen=self.window))
+        window.append(float(seconds))
+        table = self._tables.setdefault(model, {})
+        table[batch_size] = float(np.quantile(window, self.quantile))
+        if len(table) != len(per_model) or list(table) != sorted(table):
+            self._tables[model] = dict(sorted(table.items()))
 
     def observe_many(self, key: Key, seconds: Sequence[float]) -> None:
         """Record several durations in order (e.g. the initial profiling runs)."""
@@ -412,13 +418,13 @@ class RollingQuantile:
     def estimate(self, key: Key) -> float | None:
         """The quantile of the key's window (numpy's linear rule), None if never measured."""
         model, batch_size = _split_key(key)
-        values = self._windows.get(model, {}).get(batch_size)
-        return float(np.quantile(values, self.quantile)) if values else None
+        return self._tables.get(model, {}).get(batch_size)
 
     def table(self, model: Hashable = None) -> dict[int, float]:
-        """Estimates per measured batch size of ``model``, ascending; empty when unmeasured."""
-        per_model = self._windows.get(model, {})
-        return {k: float(np.quantile(per_model[k], self.quantile)) for k in sorted(per_model)}
+        """Estimates per measured batch size of ``model``, ascending; empty when unmeasured.
+
+        Each is recomputed when its batch size is observed (O(N)), so reading is O(sizes)."""
+        return dict(self._tables.get(model, {}))
 
     def estimate_batch(self, model: Hashable, batch_size: int) -> float | None:
         """Estimate for any size: measured, else :func:`interpolate_batches` over the table."""

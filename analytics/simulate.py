@@ -233,7 +233,7 @@ class _Run:
     def _start(self, ids: tuple[int, ...], replica: int, now: float) -> None:
         duration = float(self.service(len(ids)))
         if not self.unbounded:
-            self.slots[replica] = ReplicaSlot(replica, now, len(ids))
+            self.slots[replica] = ReplicaSlot(replica, now, len(ids), now + duration)
         self.seq += 1
         heapq.heappush(self.events, (now + duration, self.seq, replica, ids, now))
         self.sizes.append(len(ids))

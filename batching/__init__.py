@@ -1,7 +1,7 @@
 """Batching policies behind one interface (:mod:`raysrv.batching.base`), found by name.
 
-``policy: fixed`` / ``policy: aimd`` in the config, or an import path ``"pkg.mod:MyPolicy"`` to a
-:class:`BatchingPolicy` subclass.
+``policy: fixed`` / ``aimd`` / ``deadline`` in the config, or an import path
+``"pkg.mod:MyPolicy"`` to a :class:`BatchingPolicy` subclass.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from raysrv.batching.base import (
     ReplicaSlot,
     Wait,
 )
+from raysrv.batching.deadline import DeadlineParams, DeadlinePolicy
 from raysrv.batching.fixed import FixedParams, FixedPolicy
 
 __all__ = [
@@ -32,6 +33,8 @@ __all__ = [
     "BatchOutcome",
     "BatcherView",
     "BatchingPolicy",
+    "DeadlineParams",
+    "DeadlinePolicy",
     "Decision",
     "Dispatch",
     "FixedParams",
@@ -48,6 +51,7 @@ __all__ = [
 POLICIES: dict[str, type[BatchingPolicy]] = {
     FixedPolicy.name: FixedPolicy,
     AIMDPolicy.name: AIMDPolicy,
+    DeadlinePolicy.name: DeadlinePolicy,
 }
 
 

@@ -53,15 +53,26 @@ class QueuedQuery:
 
 @dataclass(frozen=True, slots=True)
 class ReplicaSlot:
-    """One replica of the model: free when ``busy_since`` is None, else running one batch."""
+    """One replica of the model: free when ``busy_since`` is None, else running one batch.
+
+    ``busy_until`` is when the work already sent to it should be done (predicted from measured
+    run times), None when it has none: a batch sent now starts at ``max(now, busy_until)``. A
+    replica can be free and still have work in flight: the batcher sends the next batch one
+    predicted run time ahead (``pipeline_depth``).
+    """
 
     index: int
     busy_since: float | None = None
     batch_size: int = 0
+    busy_until: float | None = None
 
     @property
     def free(self) -> bool:
         return self.busy_since is None
+
+    def start_time(self, now: float) -> float:
+        """When a batch sent to this replica now would start running."""
+        return now if self.busy_until is None else max(now, self.busy_until)
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,12 +77,14 @@ class ReplicaPipeline:
 
     def view(self, now: float) -> tuple[ReplicaSlot, ...]:
         """The replicas as a policy sees them: free when they can take a batch now."""
-        return tuple(
-            ReplicaSlot(i)
-            if self.can_take(i, now)
-            else ReplicaSlot(i, busy_since=r.busy_since, batch_size=r.batch_size)
-            for i, r in enumerate(self._replicas)
-        )
+        slots = []
+        for i, r in enumerate(self._replicas):
+            until = r.open_at if r.sent and math.isfinite(r.open_at) else None  # None: unknown
+            if self.can_take(i, now):
+                slots.append(ReplicaSlot(i, busy_until=until))
+            else:
+                slots.append(ReplicaSlot(i, r.busy_since, r.batch_size, until))
+        return tuple(slots)
 
     def busy(self) -> int:
         """Replicas with at least one batch in flight."""

@@ -132,3 +132,33 @@ def test_a_wrong_number_of_outputs_is_an_error_not_a_hang() -> None:
         await batcher.close()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("name", sorted(batching.POLICIES))
+def test_every_registered_policy_keeps_the_contract_in_the_live_batcher(name: str) -> None:
+    """The real loop on the event loop's clock, overloaded in bursts, with deadlines: every
+    query is answered or refused exactly once, for a reason, and batches stay within the cap."""
+
+    async def scenario() -> None:
+        log: list[int] = []
+        policy = batching.make_policy(name, {}, 0.05)
+        execute = fake_execute(EchoModel(), delay_s=0.01, log=log)
+        batcher = Batcher("echo", policy, execute, 2, 1000)
+        loop = asyncio.get_running_loop()
+        futures, deadlines = [], []
+        for burst in range(4):
+            for i in range(30):
+                deadline = loop.time() + 0.05
+                futures.append(batcher.submit(np.full(4, i, np.float32), deadline=deadline))
+                deadlines.append(deadline)
+            await asyncio.sleep(0.03 * (burst % 2))
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        answered = [o for o in outcomes if isinstance(o, dict)]
+        refused = [o for o in outcomes if isinstance(o, Exception)]
+        assert len(answered) + len(refused) == len(futures) == 120
+        assert sum(log) == len(answered)  # every answer came from exactly one batch
+        assert all(1 <= size <= policy.params.max_batch_size for size in log)  # type: ignore[attr-defined]
+        assert all("deadline" in str(e) or "queue" in str(e) for e in refused), refused
+        await batcher.close()
+
+    asyncio.run(scenario())

@@ -1,0 +1,161 @@
+"""``deadline``: Clockwork's deadline-driven batching (papers/clockwork.md Appendix B, §5.2, §6.4).
+
+Every query carries a deadline (arrival + SLO). The policy keeps, per batch size, the p99 of the
+last ``window`` run times the replicas measured (clockwork §5.3's action profiles; an unseen size
+is interpolated between measured ones, or scaled from the largest). One step:
+
+  (1) Refuse, before any work is spent, the latency-sensitive queries that cannot finish in time
+      even alone on the replica that frees first: deadline < earliest start + p99(1)
+      ("cannot meet deadline"; clockwork §5.2 drops requests that cannot meet their SLO).
+  (2) With a free replica, order the latency-sensitive queries by deadline. Each (query, batch
+      size b) is a strategy whose required start time is the query's deadline - p99(b)
+      (Appendix B): the batch is that query and the next b-1 by deadline, so it finishes before
+      every deadline in it. Strategies are taken in order of required start time, skipping
+      those this replica can no longer start in time and those with too few queries; larger
+      sizes have earlier required starts and so win, "possibly at the expense of dropping an
+      unfortunately timed earlier request" (Appendix B), which step (1) then refuses.
+  (3) Batch clients (``priority >= 1``, clockwork §6.4) only fill idle time: they go to a
+      replica with nothing in flight when no latency-sensitive query waits, in batches short
+      enough (p99 <= SLO - p99(1)) that a latency-sensitive query arriving just after can still
+      start behind them and make the model's SLO. They are not refused early, only when their
+      deadline has passed.
+
+The policy is work-conserving: it dispatches as soon as a replica is free rather than holding
+queries back for a fuller batch; under load the queue, and with it the batch, grows on its own.
+Before any run time is measured the estimates are zero: the first batches go out optimistically
+and teach the profile. Cost per step: O(n log n) in the queue length (the sort), plus
+O(s log n) over the s batch sizes.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Sequence
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from raysrv.analytics.profiles import RollingQuantile
+from raysrv.batching.base import (
+    BatcherView,
+    BatchingPolicy,
+    BatchOutcome,
+    Decision,
+    Dispatch,
+    PolicyParams,
+    QueuedQuery,
+    Reject,
+    ReplicaSlot,
+    Wait,
+)
+
+__all__ = ["DeadlineParams", "DeadlinePolicy"]
+
+
+class DeadlineParams(PolicyParams):
+    max_batch_size: int = Field(32, ge=1, le=4096, description="Largest batch cut.")
+    batch_sizes: list[int] | None = Field(
+        None,
+        description="Batch sizes the model runs (one strategy each); default every size "
+        "from 1 to max_batch_size.",
+    )
+    window: int = Field(10, ge=1, le=10_000, description="Run times kept per batch size.")
+    quantile: float = Field(0.99, gt=0.0, le=1.0, description="Run-time quantile planned for.")
+    margin_ms: float = Field(
+        0.0, ge=0.0, le=60_000.0, description="Added to every run-time estimate, for safety."
+    )
+
+    @model_validator(mode="after")
+    def _sizes_within_max(self) -> DeadlineParams:
+        if self.batch_sizes is not None:
+            bad = [b for b in self.batch_sizes if not 1 <= b <= self.max_batch_size]
+            if bad or not self.batch_sizes:
+                raise ValueError(
+                    f"batch_sizes must be non-empty, each in 1..max_batch_size "
+                    f"({self.max_batch_size}), got {self.batch_sizes}"
+                )
+        return self
+
+
+class DeadlinePolicy(BatchingPolicy):
+    name = "deadline"
+    Params = DeadlineParams
+    params: DeadlineParams
+
+    def __init__(self, params: DeadlineParams, slo_s: float) -> None:
+        super().__init__(params, slo_s)
+        self._runs = RollingQuantile(window=params.window, quantile=params.quantile)
+        sizes = params.batch_sizes or range(1, params.max_batch_size + 1)
+        self._sizes = sorted(set(sizes), reverse=True)  # largest first (Appendix B)
+        self._estimates: np.ndarray | None = None  # seconds per size, until the next observation
+
+    @property
+    def max_batch_size(self) -> int:
+        return self._sizes[0]
+
+    def estimate(self, size: int) -> float:
+        """Planned run time of a batch of ``size``: p99 of the measured ones (interpolated for
+        sizes not measured, never decreasing in the size), plus the margin; 0 before any."""
+        if self._estimates is None:
+            self._estimates = self._runs.service_times(None, self._sizes[0])
+        measured = 0.0 if self._estimates is None else float(self._estimates[size - 1])
+        return measured + self.params.margin_ms / 1000.0
+
+    def observe(self, outcome: BatchOutcome) -> None:
+        if outcome.ok:
+            self._runs.observe(outcome.size, outcome.duration)
+            self._estimates = None  # recomputed at the next step
+
+    def decide(self, view: BatcherView) -> Decision:
+        urgent = [q for q in view.queue if q.priority <= 0]
+        past = tuple(q.query_id for q in view.queue if q.priority > 0 and q.deadline < view.now)
+        if past:
+            return Reject(past, "deadline passed while queued")
+        doomed = self._doomed(urgent, view)
+        if doomed:
+            return Reject(doomed, "cannot meet deadline")  # step (1)
+        replica = view.free_replica()
+        if replica is None:
+            return Wait()
+        slot = view.replicas[replica]
+        if urgent:
+            return self._most_urgent(urgent, slot, view.now)  # step (2)
+        return self._fill(view, slot)  # step (3)
+
+    def _doomed(self, urgent: Sequence[QueuedQuery], view: BatcherView) -> tuple[int, ...]:
+        if not urgent or not view.replicas:
+            return ()
+        earliest = min(r.start_time(view.now) for r in view.replicas)
+        finish = earliest + self.estimate(1)
+        return tuple(q.query_id for q in urgent if q.deadline < finish)
+
+    def _most_urgent(self, urgent: list[QueuedQuery], slot: ReplicaSlot, now: float) -> Decision:
+        """The strategy with the earliest required start this replica can still meet.
+
+        A strategy is (query i in deadline order, size b): run queries i..i+b-1, required to
+        start by d_i - p99(b). For each b the earliest eligible i is the first with
+        d_i >= start + p99(b); it needs b queries from i on. Larger b win ties, and a query more
+        urgent than the chosen one is left to a smaller batch elsewhere or to step (1).
+        """
+        ordered = sorted(urgent, key=lambda q: (q.deadline, q.arrival))
+        deadlines = [q.deadline for q in ordered]
+        start = slot.start_time(now)
+        best: tuple[float, int, int] | None = None  # (required start, -b, i)
+        for size in self._sizes:
+            i = bisect_left(deadlines, start + self.estimate(size))
+            if len(ordered) - i < size:
+                continue
+            key = (deadlines[i] - self.estimate(size), -size, i)
+            best = key if best is None or key < best else best
+        if best is None:
+            return Wait()  # another replica frees earlier and can still make it
+        _, neg_size, i = best
+        return Dispatch(tuple(q.query_id for q in ordered[i : i - neg_size]), slot.index)
+
+    def _fill(self, view: BatcherView, slot: ReplicaSlot) -> Decision:
+        if not view.queue or slot.busy_until is not None:
+            return Wait()
+        budget = self.slo_s - self.estimate(1)
+        fits = [b for b in self._sizes if b <= len(view.queue) and self.estimate(b) <= budget]
+        size = fits[0] if fits else 1
+        return Dispatch(tuple(q.query_id for q in view.queue[:size]), slot.index)

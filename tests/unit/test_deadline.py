@@ -1,0 +1,98 @@
+"""The ``deadline`` policy (clockwork Appendix B): step by step on a fake clock, then in the
+simulator against ``fixed`` on a bursty load."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from raysrv.analytics import MMPP2, simulate
+from raysrv.batching import (
+    BatcherView,
+    BatchOutcome,
+    DeadlineParams,
+    DeadlinePolicy,
+    Dispatch,
+    FixedParams,
+    FixedPolicy,
+    QueuedQuery,
+    Reject,
+    ReplicaSlot,
+    Wait,
+)
+
+
+def _trained(slo_s: float = 0.05, **params: object) -> DeadlinePolicy:
+    """A policy that has measured batches of 1, 2, 4 and 8 at 2 ms + 1 ms per query."""
+    policy = DeadlinePolicy(DeadlineParams(**params), slo_s)
+    for size in (1, 2, 4, 8):
+        duration = 0.002 + 0.001 * size
+        policy.observe(BatchOutcome(size, 0, 0.0, duration, duration))
+    return policy
+
+
+def _queue(deadlines: list[float], priority: int = 0) -> list[QueuedQuery]:
+    return [QueuedQuery(i, 0.0, d, priority) for i, d in enumerate(deadlines)]
+
+
+def test_dispatches_the_largest_batch_that_still_finishes_in_time() -> None:
+    policy = _trained()
+    queue = _queue([0.0065] * 10)  # a batch of k takes 2 + k ms: k = 4 ends at 6 ms
+    decision = policy.decide(BatcherView(0.0, queue, [ReplicaSlot(0)]))
+    assert decision == Dispatch((0, 1, 2, 3), 0)
+
+
+def test_orders_by_deadline_not_by_arrival() -> None:
+    policy = _trained()
+    queue = _queue([0.5, 0.004, 0.5, 0.0045])
+    decision = policy.decide(BatcherView(0.0, queue, [ReplicaSlot(0)]))
+    assert decision == Dispatch((1, 3), 0)  # two fit before 4 ms; the two urgent ones
+
+
+def test_refuses_what_cannot_finish_before_spending_work() -> None:
+    policy = _trained()
+    queue = _queue([0.002, 0.05])  # one query alone takes 3 ms
+    decision = policy.decide(BatcherView(0.0, queue, [ReplicaSlot(0)]))
+    assert decision == Reject((0,), "cannot meet deadline")
+
+
+def test_counts_the_work_already_in_flight_on_the_replica() -> None:
+    policy = _trained()
+    queue = _queue([0.010])
+    busy_until_8ms = [ReplicaSlot(0, busy_until=0.008)]  # free to take one more, pipelined
+    assert policy.decide(BatcherView(0.0, queue, busy_until_8ms)) == Reject(
+        (0,), "cannot meet deadline"
+    )
+    assert policy.decide(BatcherView(0.0, queue, [ReplicaSlot(0)])) == Dispatch((0,), 0)
+
+
+def test_waits_when_only_a_busy_replica_could_still_make_it() -> None:
+    policy = _trained()
+    queue = _queue([0.010])
+    replicas = [ReplicaSlot(0, busy_until=0.008), ReplicaSlot(1, 0.0, 4, busy_until=0.001)]
+    assert policy.decide(BatcherView(0.0, queue, replicas)) == Wait()
+
+
+def test_batch_clients_only_fill_idle_time_in_short_batches() -> None:
+    policy = _trained(slo_s=0.008)  # room for a filler batch of at most 3 (5 ms) + one query
+    fillers = _queue([float("inf")] * 6, priority=1)
+    urgent = [QueuedQuery(9, 0.0, 0.05)]
+    assert policy.decide(BatcherView(0.0, fillers + urgent, [ReplicaSlot(0)])) == Dispatch((9,), 0)
+    pipelined = [ReplicaSlot(0, busy_until=0.004)]
+    assert policy.decide(BatcherView(0.0, fillers, pipelined)) == Wait()
+    assert policy.decide(BatcherView(0.0, fillers, [ReplicaSlot(0)])) == Dispatch((0, 1, 2), 0)
+
+
+def test_in_simulation_nothing_is_answered_late_where_fixed_is() -> None:
+    """A bursty load above one replica's capacity in its bursts, SLO 10x the batch-1 time."""
+    arrivals = MMPP2(rate1=900.0, rate2=100.0, switch1=4.0, switch2=4.0).arrival_times(
+        20_000, np.random.default_rng(5)
+    )
+    service = 0.002 + 0.001 * np.arange(1, 33)
+    slo = 0.03
+    ours = simulate(arrivals, service, DeadlinePolicy(DeadlineParams(), slo), replicas=1, slo=slo)
+    fixed = FixedPolicy(FixedParams(max_batch_size=32, timeout_ms=2.0), slo)
+    theirs = simulate(arrivals, service, fixed, replicas=1, slo=slo)
+    assert int(ours.late.sum()) == 0
+    assert int(theirs.late.sum()) > 0
+    on_time = (~ours.rejected & ~ours.late).mean()
+    assert on_time >= (~theirs.rejected & ~theirs.late).mean()
