@@ -1,7 +1,7 @@
 """Batching policies behind one interface (:mod:`raysrv.batching.base`), found by name.
 
-``policy: fixed`` / ``aimd`` / ``deadline`` in the config, or an import path
-``"pkg.mod:MyPolicy"`` to a :class:`BatchingPolicy` subclass.
+``policy: fixed`` / ``aimd`` / ``quantile`` / ``delayed`` / ``deadline`` in the config, or an
+import path ``"pkg.mod:MyPolicy"`` to a :class:`BatchingPolicy` subclass.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from raysrv.batching.base import (
     ReplicaSlot,
     Wait,
 )
+from raysrv.batching.clipper import DelayedParams, DelayedPolicy, QuantileParams, QuantilePolicy
 from raysrv.batching.deadline import DeadlineParams, DeadlinePolicy
 from raysrv.batching.fixed import FixedParams, FixedPolicy
 
@@ -35,11 +36,15 @@ __all__ = [
     "BatchingPolicy",
     "DeadlineParams",
     "DeadlinePolicy",
+    "DelayedParams",
+    "DelayedPolicy",
     "Decision",
     "Dispatch",
     "FixedParams",
     "FixedPolicy",
     "PolicyParams",
+    "QuantileParams",
+    "QuantilePolicy",
     "QueuedQuery",
     "Reject",
     "ReplicaSlot",
@@ -52,6 +57,8 @@ POLICIES: dict[str, type[BatchingPolicy]] = {
     FixedPolicy.name: FixedPolicy,
     AIMDPolicy.name: AIMDPolicy,
     DeadlinePolicy.name: DeadlinePolicy,
+    DelayedPolicy.name: DelayedPolicy,
+    QuantilePolicy.name: QuantilePolicy,
 }
 
 

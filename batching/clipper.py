@@ -1,0 +1,156 @@
+"""Clipper's two other batching rules (papers/clipper.md §4.3.1-4.3.2): ``quantile``, ``delayed``.
+
+``quantile`` (§4.3.1, the alternative to AIMD): "quantile regression to estimate the
+99th-percentile (P99) latency as a function of batch size and set the maximum batch size
+accordingly". Each finished batch adds (size, duration) to a window; every ``refit_every``
+batches a linear quantile regression duration = a + b * size at ``quantile`` is solved as a
+linear program (pinball loss), and the cap becomes the largest size whose predicted quantile
+meets the objective. Until two sizes have been measured the cap grows by ``step`` after each
+full batch within the objective, as AIMD does, to collect them.
+
+``delayed`` (§4.3.2): AIMD's cap, and when fewer queries wait than the cap, hold the batch up to
+``delay_ms`` past the oldest arrival for more to arrive, "similar to the motivation for Nagle's
+algorithm" — but never so long that the batch, at its measured p99 run time, would finish after
+the oldest query's deadline.
+
+Batches are cut FIFO for a free replica, as ``fixed`` and ``aimd`` do, and queries already past
+their deadline are refused first. Cost: O(1) per step; a refit is one small LP (window <= 1000).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import numpy as np
+from pydantic import Field, model_validator
+from scipy.optimize import linprog
+
+from raysrv.analytics.profiles import RollingQuantile
+from raysrv.batching.aimd import AIMDParams, AIMDPolicy
+from raysrv.batching.base import (
+    BatcherView,
+    BatchingPolicy,
+    BatchOutcome,
+    Decision,
+    PolicyParams,
+)
+from raysrv.batching.fixed import fifo_step
+
+__all__ = [
+    "DelayedParams",
+    "DelayedPolicy",
+    "QuantileParams",
+    "QuantilePolicy",
+    "fit_quantile_line",
+]
+
+
+class QuantileParams(PolicyParams):
+    max_batch_size: int = Field(256, ge=1, le=4096, description="Upper bound of the cap.")
+    quantile: float = Field(0.99, gt=0.0, lt=1.0, description="Latency quantile regressed.")
+    slo_ms: float | None = Field(
+        None, gt=0.0, description="Batch latency objective; default: the model's SLO."
+    )
+    window: int = Field(500, ge=8, le=1000, description="(size, duration) pairs kept.")
+    refit_every: int = Field(16, ge=1, description="Batches between two regressions.")
+    step: int = Field(1, ge=1, description="Growth of the cap while probing for sizes.")
+    timeout_ms: float = Field(0.0, ge=0.0, le=60_000.0, description="Wait for a fuller batch.")
+
+
+def fit_quantile_line(sizes: np.ndarray, durations: np.ndarray, q: float) -> tuple[float, float]:
+    """(a, b) minimizing the pinball loss of duration - (a + b * size) at quantile ``q``.
+
+    The LP: minimize q * sum(u) + (1 - q) * sum(v) s.t. a + b * x_i + u_i - v_i = y_i, u, v >= 0.
+    """
+    n = sizes.size
+    cost = np.concatenate([[0.0, 0.0], np.full(n, q), np.full(n, 1.0 - q)])
+    equality = np.hstack([np.ones((n, 1)), sizes[:, None], np.eye(n), -np.eye(n)])
+    bounds = [(None, None), (None, None)] + [(0.0, None)] * (2 * n)
+    result = linprog(cost, A_eq=equality, b_eq=durations, bounds=bounds, method="highs")
+    if not result.success:
+        raise ValueError(f"quantile regression failed: {result.message}")
+    return float(result.x[0]), float(result.x[1])
+
+
+class QuantilePolicy(BatchingPolicy):
+    name = "quantile"
+    Params = QuantileParams
+    params: QuantileParams
+
+    def __init__(self, params: QuantileParams, slo_s: float) -> None:
+        super().__init__(params, slo_s)
+        self._objective_s = params.slo_ms / 1000.0 if params.slo_ms is not None else slo_s
+        self._runs: deque[tuple[int, float]] = deque(maxlen=params.window)
+        self._cap = 1
+        self._since_fit = 0
+        self.line: tuple[float, float] | None = None  # (a, b) of the last regression
+
+    @property
+    def max_batch_size(self) -> int:
+        return self._cap
+
+    def decide(self, view: BatcherView) -> Decision:
+        return fifo_step(view, self._cap, self.params.timeout_ms / 1000.0)
+
+    def observe(self, outcome: BatchOutcome) -> None:
+        if not outcome.ok:
+            return
+        self._runs.append((outcome.size, outcome.duration))
+        self._since_fit += 1
+        sizes = {s for s, _ in self._runs}
+        if len(sizes) < 2:  # probe: grow after a full batch within the objective
+            if outcome.size >= self._cap and outcome.duration <= self._objective_s:
+                self._cap = min(self.params.max_batch_size, self._cap + self.params.step)
+            return
+        if self.line is None or self._since_fit >= self.params.refit_every:
+            self._refit()
+
+    def _refit(self) -> None:
+        data = np.asarray(self._runs, dtype=float)
+        a, b = fit_quantile_line(data[:, 0], data[:, 1], self.params.quantile)
+        self.line, self._since_fit = (a, b), 0
+        largest = self.params.max_batch_size
+        if b > 0:
+            largest = min(largest, math.floor((self._objective_s - a) / b))
+        self._cap = max(1, largest)
+
+    def describe(self) -> dict[str, object]:
+        return {**super().describe(), "p_latency_line_s": self.line}
+
+
+class DelayedParams(AIMDParams):
+    delay_ms: float = Field(
+        2.0, ge=0.0, le=60_000.0, description="Longest hold for more queries (Clipper: 2 ms)."
+    )
+
+    @model_validator(mode="after")
+    def _no_timeout(self) -> DelayedParams:
+        if self.timeout_ms:
+            raise ValueError(
+                f"delayed holds batches with delay_ms, not timeout_ms ({self.timeout_ms})"
+            )
+        return self
+
+
+class DelayedPolicy(AIMDPolicy):
+    name = "delayed"
+    Params = DelayedParams
+    params: DelayedParams
+
+    def __init__(self, params: DelayedParams, slo_s: float) -> None:
+        super().__init__(params, slo_s)
+        self._runs = RollingQuantile(window=10, quantile=0.99)
+
+    def decide(self, view: BatcherView) -> Decision:
+        hold = self.params.delay_ms / 1000.0
+        if view.queue and math.isfinite(view.queue[0].deadline):
+            oldest = view.queue[0]
+            run = self._runs.estimate_batch(None, self.max_batch_size) or 0.0
+            hold = max(0.0, min(hold, oldest.deadline - run - oldest.arrival))
+        return fifo_step(view, self.max_batch_size, hold)
+
+    def observe(self, outcome: BatchOutcome) -> None:
+        super().observe(outcome)
+        if outcome.ok:
+            self._runs.observe(outcome.size, outcome.duration)
