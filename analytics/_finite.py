@@ -92,7 +92,7 @@ def _exp_gap(D0: np.ndarray, D1: np.ndarray, step: float) -> np.ndarray:
 
 
 def _lindley_wait(
-    window: np.ndarray, service: np.ndarray, tol: float = 1e-10, max_iter: int = 50000
+    window: np.ndarray, service: np.ndarray, tol: float = 1e-10, max_iter: int = 5000
 ) -> np.ndarray:
     """Stationary W = max(0, W + S - G) on a lattice: ``service[s]`` = P(S = s steps),
     ``window[g]`` = P(G = g steps), S and G independent."""

@@ -174,6 +174,9 @@ class _Run:
         return BatcherView(now, _Window(self.queue, self.head), slots)
 
     def _decide(self, now: float) -> None:
+        job = self.policy.plan_request(now)
+        if job is not None:  # planning takes no simulated time
+            self.policy.apply_plan(job())
         for _ in range(1_000_000):
             decision = self.policy.decide(self._view(now))
             if isinstance(decision, Wait):

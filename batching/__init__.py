@@ -1,7 +1,7 @@
 """Batching policies behind one interface (:mod:`raysrv.batching.base`), found by name.
 
-``policy: fixed`` / ``aimd`` / ``quantile`` / ``delayed`` / ``deadline`` in the config, or an
-import path ``"pkg.mod:MyPolicy"`` to a :class:`BatchingPolicy` subclass.
+``policy: fixed`` / ``aimd`` / ``quantile`` / ``delayed`` / ``deadline`` / ``ctmc`` in the
+config, or an import path ``"pkg.mod:MyPolicy"`` to a :class:`BatchingPolicy` subclass.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from raysrv.batching.base import (
     Wait,
 )
 from raysrv.batching.clipper import DelayedParams, DelayedPolicy, QuantileParams, QuantilePolicy
+from raysrv.batching.ctmc import CTMCParams, CTMCPolicy
 from raysrv.batching.deadline import DeadlineParams, DeadlinePolicy
 from raysrv.batching.fixed import FixedParams, FixedPolicy
 
@@ -33,6 +34,8 @@ __all__ = [
     "AIMDPolicy",
     "BatchOutcome",
     "BatcherView",
+    "CTMCParams",
+    "CTMCPolicy",
     "BatchingPolicy",
     "DeadlineParams",
     "DeadlinePolicy",
@@ -56,6 +59,7 @@ __all__ = [
 POLICIES: dict[str, type[BatchingPolicy]] = {
     FixedPolicy.name: FixedPolicy,
     AIMDPolicy.name: AIMDPolicy,
+    CTMCPolicy.name: CTMCPolicy,
     DeadlinePolicy.name: DeadlinePolicy,
     DelayedPolicy.name: DelayedPolicy,
     QuantilePolicy.name: QuantilePolicy,

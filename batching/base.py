@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -147,6 +147,19 @@ class BatchingPolicy(ABC):
 
     def observe(self, outcome: BatchOutcome) -> None:  # noqa: B027 - optional hook
         """Learn from a finished batch (default: nothing)."""
+
+    def plan_request(self, now: float) -> Callable[[], object] | None:
+        """A planning job due now, or None (default: never).
+
+        Slow planning (an analytic model over a grid) must not stall the batching loop: the
+        policy copies what it needs here, and the caller runs the returned job (the live
+        batcher in a worker thread, the simulator inline) and hands its result to
+        :meth:`apply_plan` on the loop.
+        """
+        return None
+
+    def apply_plan(self, plan: object) -> None:  # noqa: B027 - optional hook
+        """Adopt the result of a job from :meth:`plan_request` (default: nothing)."""
 
     @property
     def max_batch_size(self) -> int:

@@ -86,7 +86,8 @@ class DeadlinePolicy(BatchingPolicy):
         super().__init__(params, slo_s)
         self._runs = RollingQuantile(window=params.window, quantile=params.quantile)
         sizes = params.batch_sizes or range(1, params.max_batch_size + 1)
-        self._sizes = sorted(set(sizes), reverse=True)  # largest first (Appendix B)
+        self._sizes = sorted(set(sizes), reverse=True)  # strategies, largest first (Appendix B)
+        self._largest = self._sizes[0]
         self._estimates: np.ndarray | None = None  # seconds per size, until the next observation
 
     @property
@@ -97,7 +98,7 @@ class DeadlinePolicy(BatchingPolicy):
         """Planned run time of a batch of ``size``: p99 of the measured ones (interpolated for
         sizes not measured, never decreasing in the size), plus the margin; 0 before any."""
         if self._estimates is None:
-            self._estimates = self._runs.service_times(None, self._sizes[0])
+            self._estimates = self._runs.service_times(None, self._largest)
         measured = 0.0 if self._estimates is None else float(self._estimates[size - 1])
         return measured + self.params.margin_ms / 1000.0
 

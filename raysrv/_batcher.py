@@ -98,6 +98,7 @@ class Batcher:
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._running: set[asyncio.Task[None]] = set()
+        self._planning: asyncio.Future[object] | None = None
         self.batches = 0
         # Replica-measured run time per batch size over the last batches (clockwork §5.3).
         self.durations = {
@@ -151,9 +152,31 @@ class Batcher:
         self._fail(self._queue, Overloaded(f"model {self.model!r} is shutting down"))
         self._queue = []
 
+    def _plan(self, now: float) -> None:
+        """Start the policy's planning job off the loop, if one is due and none is running."""
+        if self._planning is not None and not self._planning.done():
+            return
+        job = self.policy.plan_request(now)
+        if job is None:
+            return
+        policy = self.policy
+        self._planning = asyncio.ensure_future(asyncio.to_thread(job))
+
+        def adopt(task: asyncio.Future[object]) -> None:
+            if task.cancelled():
+                return
+            if task.exception() is not None:
+                logger.warning("planning for %s failed: %s", self.model, task.exception())
+            elif policy is self.policy:  # not replaced meanwhile
+                policy.apply_plan(task.result())
+                self._wake.set()
+
+        self._planning.add_done_callback(adopt)
+
     async def _run(self) -> None:
         while True:
             now = self._clock()
+            self._plan(now)
             view = BatcherView(now, _QueueView(self._queue), self._replicas.view(now))
             try:
                 decision = self.policy.decide(view)

@@ -120,7 +120,8 @@ def test_aimd_converges_near_the_largest_batch_meeting_the_slo() -> None:
 def test_registry_names_the_known_policies_and_takes_import_paths() -> None:
     with pytest.raises(
         ValueError,
-        match="unknown batching policy 'nope'; known: aimd, deadline, delayed, fixed, quantile",
+        match="unknown batching policy 'nope'; known: aimd, ctmc, deadline, delayed, fixed, "
+        "quantile",
     ):
         batching.policy_class("nope")
     assert batching.policy_class("raysrv.batching.fixed:FixedPolicy") is FixedPolicy

@@ -84,7 +84,7 @@ def test_unknown_policy_lists_the_known_ones() -> None:
     _args(doc)["models"][0]["batching"] = {"policy": "aimdd"}
     (problem,) = _problems(doc)
     assert "unknown batching policy 'aimdd'" in problem
-    assert "aimd, deadline, delayed, fixed, quantile" in problem
+    assert "aimd, ctmc, deadline, delayed, fixed, quantile" in problem
 
 
 def test_cross_field_errors_carry_the_values() -> None:

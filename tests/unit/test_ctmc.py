@@ -1,0 +1,76 @@
+"""The ``ctmc`` policy: plans from the analytic model, adopted in the simulator and live."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from raysrv.analytics import MMPP2, Poisson, fit_map2, optimize_batching, simulate
+from raysrv.batching import CTMCParams, CTMCPolicy
+from raysrv.batching.ctmc import _PlanJob
+from raysrv.testing import EchoModel, fake_execute
+
+SERVICE = 0.002 + 0.001 * np.arange(1, 33)
+
+
+def test_a_plan_is_what_the_optimizer_picks_for_the_fitted_arrivals() -> None:
+    times = MMPP2(rate1=600.0, rate2=60.0, switch1=3.0, switch2=3.0).arrival_times(
+        3000, np.random.default_rng(1)
+    )
+    params = CTMCParams()
+    result = _PlanJob(params, 0.03, times, SERVICE, 1)()
+    assert result is not None
+    plan, inputs = result
+    expected = optimize_batching(
+        fit_map2(np.diff(times)),
+        lambda _units: SERVICE,
+        batch_sizes=params.candidate_batch_sizes,
+        timeouts=[t / 1000 for t in params.timeouts_ms],
+        slo=0.03,
+        q=params.percentile,
+    )
+    assert (plan.max_batch, plan.timeout) == (expected.max_batch, expected.timeout)
+    assert plan.feasible
+    assert plan.percentile <= 0.03
+    assert inputs.rate == pytest.approx(1 / np.diff(times).mean(), rel=1e-6)
+    assert inputs.service_s == tuple(SERVICE)
+
+
+def test_in_simulation_it_replans_and_answers_nothing_late() -> None:
+    arrivals = Poisson(300.0).arrival_times(6000, np.random.default_rng(2))
+    policy = CTMCPolicy(CTMCParams(replan_s=2.0, min_arrivals=200), slo_s=0.03)
+    result = simulate(arrivals, SERVICE, policy, replicas=1, slo=0.03)
+    assert policy.plan is not None
+    described = policy.describe()
+    assert described["max_batch_size"] == policy.plan.max_batch
+    assert described["timeout_ms"] == pytest.approx(policy.plan.timeout * 1000)
+    assert int(result.late.sum()) == 0
+    assert result.batch_sizes.max() <= max(CTMCParams().candidate_batch_sizes)
+
+
+def test_the_live_batcher_plans_off_the_loop_and_adopts_the_plan() -> None:
+    from raysrv._batcher import Batcher
+
+    async def scenario() -> None:
+        policy = CTMCPolicy(CTMCParams(min_arrivals=60, replan_s=0.05), slo_s=0.5)
+        batcher = Batcher("echo", policy, fake_execute(EchoModel(), delay_s=0.002), 1, 1000)
+        loop = asyncio.get_running_loop()
+        for i in range(150):
+            await batcher.submit(np.full(4, i, np.float32), deadline=loop.time() + 0.5)
+        for _ in range(200):  # the plan arrives from a worker thread
+            if policy.plan is not None:
+                break
+            await asyncio.sleep(0.01)
+            await batcher.submit(np.zeros(4, np.float32), deadline=loop.time() + 0.5)
+        assert policy.plan is not None
+        assert batcher.describe()["batching"]["plan"]["max_batch"] == policy.max_batch_size
+        await batcher.close()
+
+    asyncio.run(scenario())
+
+
+def test_budget_objective_needs_a_budget() -> None:
+    with pytest.raises(ValueError, match="objective budget needs budget"):
+        CTMCParams(objective="budget")
