@@ -41,10 +41,13 @@ from raysrv.metrics import Metrics
 __all__ = ["DURATION_WINDOW", "Batcher", "Execute"]
 
 DURATION_WINDOW = 100  # batches per size behind the rolling duration quantiles
+LATE_START = "deadline passed before the batch could start"
 
 logger = logging.getLogger(__name__)
 
-Execute = Callable[[np.ndarray, int], Awaitable[tuple[list[Any], float]]]
+Execute = Callable[..., Awaitable[tuple[list[Any] | None, float]]]
+"""``execute(inputs, replica, latest_start)``: outputs and measured run time; outputs None when
+the replica found the batch's ``latest_start`` (wall-clock seconds) already past."""
 """Runs one stacked batch on the given replica; returns (one output per input, run seconds)."""
 
 
@@ -252,7 +255,13 @@ class Batcher:
         ok = False
         duration = math.nan
         try:
-            outputs, duration = await self._execute(np.stack([e.x for e in entries]), replica)
+            outputs, duration = await self._execute(
+                np.stack([e.x for e in entries]), replica, self._latest_start(entries)
+            )
+            if outputs is None:  # the replica found the batch's earliest deadline already past
+                self._metrics.rejection(self.model, "deadline_before_start")
+                self._fail(entries, Rejected(f"model {self.model!r}: {LATE_START}"))
+                return
             if len(outputs) != len(entries):
                 raise ValueError(f"returned {len(outputs)} outputs for {len(entries)} inputs")
             for entry, output in zip(entries, outputs, strict=True):
@@ -276,6 +285,11 @@ class Batcher:
             )
             self._metrics.batch(self.model, len(entries), finished - dispatched)
             self._wake.set()
+
+    def _latest_start(self, entries: list[_Entry]) -> float:
+        """The batch's earliest deadline on the wall clock, which replicas share."""
+        earliest = min(e.query.deadline for e in entries)
+        return time.time() + (earliest - self._clock()) if math.isfinite(earliest) else math.inf
 
     @staticmethod
     def _fail(entries: list[_Entry], error: Exception) -> None:

@@ -57,7 +57,12 @@ class Ingress:
         self._server.configure(LiveConfig.model_validate(user_config))
 
     async def predict(
-        self, app: str, input: Any, context: str | None = None, slo_ms: float | None = None
+        self,
+        app: str,
+        input: Any,
+        context: str | None = None,
+        slo_ms: float | None = None,
+        best_effort: bool = False,
     ) -> dict[str, Any]:
         """The handle twin of ``POST /v1/{app}/predict``: the same result object, errors included.
 
@@ -66,7 +71,9 @@ class Ingress:
         """
         start = time.monotonic()
         try:
-            result = await self._server.predict(app, input, context, slo_ms)
+            result = await self._server.predict(
+                app, input, context, slo_ms, best_effort=best_effort
+            )
         except RaysrvError as exc:
             self._metrics.error(app, exc)
             return exc.to_json()

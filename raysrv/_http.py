@@ -30,6 +30,9 @@ class PredictRequest(BaseModel):
     input: Any = Field(description="One input of the app's shape and dtype, as nested lists.")
     context: str | None = Field(None, description="Context key for per-user model selection.")
     slo_ms: float | None = Field(None, gt=0, description="Latency objective of this query.")
+    best_effort: bool = Field(
+        False, description="Answer late rather than refuse when the objective cannot be met."
+    )
 
 
 class PredictResponse(BaseModel):
@@ -76,8 +79,8 @@ async def _read_json(request: Request, limit: int) -> dict[str, Any]:
 
 def _parse_predict(
     data: dict[str, Any], context_field: str
-) -> tuple[Any, str | None, float | None]:
-    allowed = {"input", "slo_ms", context_field}
+) -> tuple[Any, str | None, float | None, bool]:
+    allowed = {"input", "slo_ms", "best_effort", context_field}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise BadRequest(f"unknown fields {unknown}; expected {sorted(allowed)}")
@@ -93,7 +96,10 @@ def _parse_predict(
         or not 0 < slo_ms < math.inf
     ):
         raise BadRequest(f"slo_ms must be a positive number, got {slo_ms!r}")
-    return data["input"], None if context is None else str(context), slo_ms
+    best_effort = data.get("best_effort", False)
+    if not isinstance(best_effort, bool):
+        raise BadRequest(f"best_effort must be true or false, got {best_effort!r}")
+    return data["input"], None if context is None else str(context), slo_ms, best_effort
 
 
 def _error_response(exc: RaysrvError) -> JSONResponse:
@@ -120,8 +126,8 @@ def create_http_app(server: Server, max_body_bytes: int, metrics: Metrics | None
         start = time.monotonic()
         context_field = server.context_field(app)
         data = await _read_json(request, max_body_bytes)
-        value, context, slo_ms = _parse_predict(data, context_field)
-        result = await server.predict(app, value, context, slo_ms)
+        value, context, slo_ms, best_effort = _parse_predict(data, context_field)
+        result = await server.predict(app, value, context, slo_ms, best_effort=best_effort)
         metrics.request(app, 200, time.monotonic() - start)
         return JSONResponse(result)
 

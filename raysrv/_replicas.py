@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import os
 import time
 from typing import Any
@@ -52,8 +53,17 @@ class ModelWorker:
         """The worker's process id, once its model is loaded."""
         return os.getpid()
 
-    def run_batch(self, inputs: np.ndarray) -> tuple[list[Any], float]:
-        """Outputs for a stacked batch and the measured run time in seconds."""
+    def run_batch(
+        self, inputs: np.ndarray, latest_start: float = math.inf
+    ) -> tuple[list[Any] | None, float]:
+        """Outputs for a stacked batch and the measured run time in seconds.
+
+        ``latest_start`` (wall-clock seconds) is the batch's earliest deadline: a batch that
+        waited in this actor's mailbox past it is not run at all (outputs None), so no work is
+        spent on answers nobody waits for (clockwork's [earliest, latest] window, §4.3).
+        """
+        if time.time() > latest_start:
+            return None, 0.0
         start = time.perf_counter()
         outputs = self._runtime.predict_batch(inputs)
         duration = time.perf_counter() - start
@@ -98,7 +108,9 @@ class ReplicaGroup:
         """Run a batch on the replica the batcher chose."""
         actors = self.actors
 
-        async def execute(inputs: np.ndarray, replica: int) -> tuple[list[Any], float]:
-            return await actors[replica].run_batch.remote(inputs)
+        async def execute(
+            inputs: np.ndarray, replica: int, latest_start: float = math.inf
+        ) -> tuple[list[Any] | None, float]:
+            return await actors[replica].run_batch.remote(inputs, latest_start)
 
         return execute

@@ -134,13 +134,24 @@ class Server:
         return app
 
     async def predict(
-        self, app: str, input: Any, context: str | None = None, slo_ms: float | None = None
+        self,
+        app: str,
+        input: Any,
+        context: str | None = None,
+        slo_ms: float | None = None,
+        *,
+        best_effort: bool = False,
     ) -> dict[str, Any]:
-        """Answer one query: output, models, cache_hit, query_id, latency_ms, confidence."""
+        """Answer one query: output, models, cache_hit, query_id, latency_ms, confidence.
+
+        Its deadline is arrival + ``slo_ms`` (else the app's, else the model's SLO); with
+        ``best_effort`` it has none, and is answered late rather than refused."""
         start = self._clock()
         target = self._app(app)
         if slo_ms is not None and not (isinstance(slo_ms, (int, float)) and 0 < slo_ms < math.inf):
             raise BadRequest(f"slo_ms must be a positive number, got {slo_ms!r}")
+        if best_effort:
+            slo_ms = math.inf
         x = coerce_input(input, target.input)
         context = "" if context is None else str(context)
         state = await self._store.get_state(app, context) or target.selection.init()

@@ -8,6 +8,7 @@ stands in for a replica group in Ray-free tests.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -68,7 +69,11 @@ def fake_execute(
     """
     predict: Callable[[Any], list[Any]] = model.predict_batch
 
-    async def execute(inputs: np.ndarray, replica: int) -> tuple[list[Any], float]:
+    async def execute(
+        inputs: np.ndarray, replica: int, latest_start: float = math.inf
+    ) -> tuple[list[Any] | None, float]:
+        if time.time() > latest_start:  # as ModelWorker.run_batch: too late to start
+            return None, 0.0
         start = time.perf_counter()
         if log is not None:
             log.append(len(inputs))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import numpy as np
@@ -41,7 +42,7 @@ def test_never_more_batches_in_flight_than_replicas_and_one_per_replica() -> Non
         busy: set[int] = set()
         peak = 0
 
-        async def execute(inputs: np.ndarray, replica: int) -> tuple[list[Any], float]:
+        async def execute(inputs: np.ndarray, replica: int, *_: float) -> tuple[list[Any], float]:
             nonlocal peak
             assert replica not in busy, f"replica {replica} got a second batch"
             busy.add(replica)
@@ -83,7 +84,7 @@ def test_a_failing_batch_fails_its_queries_and_the_loop_goes_on() -> None:
     async def scenario() -> None:
         calls = 0
 
-        async def execute(inputs: np.ndarray, replica: int) -> tuple[list[Any], float]:
+        async def execute(inputs: np.ndarray, replica: int, *_: float) -> tuple[list[Any], float]:
             nonlocal calls
             calls += 1
             if calls == 1:
@@ -119,7 +120,7 @@ def test_callers_that_gave_up_are_not_run() -> None:
 
 def test_a_wrong_number_of_outputs_is_an_error_not_a_hang() -> None:
     async def scenario() -> None:
-        async def execute(inputs: np.ndarray, replica: int) -> tuple[list[Any], float]:
+        async def execute(inputs: np.ndarray, replica: int, *_: float) -> tuple[list[Any], float]:
             return [1], 0.0
 
         batcher = Batcher(
@@ -159,6 +160,41 @@ def test_every_registered_policy_keeps_the_contract_in_the_live_batcher(name: st
         assert sum(log) == len(answered)  # every answer came from exactly one batch
         assert all(1 <= size <= policy.params.max_batch_size for size in log)  # type: ignore[attr-defined]
         assert all("deadline" in str(e) or "queue" in str(e) for e in refused), refused
+        await batcher.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_replica_does_not_start_a_batch_whose_deadline_passed_while_it_waited() -> None:
+    """Pipelining sends the next batch before the replica is free; if the batch ahead runs long,
+    the waiting batch's deadline can pass in the replica's queue. It must be refused there."""
+    from raysrv._batcher import LATE_START
+    from raysrv.errors import Rejected
+
+    async def scenario() -> None:
+        lock = asyncio.Lock()  # a replica runs one batch at a time, like a Ray actor
+        delays = [0.01, 0.08, 0.01]
+        ran: list[int] = []
+
+        async def execute(inputs: np.ndarray, replica: int, latest_start: float) -> Any:
+            async with lock:
+                if time.time() > latest_start:
+                    return None, 0.0
+                ran.append(len(inputs))
+                await asyncio.sleep(delays.pop(0))
+                return [float(x.sum()) for x in inputs], 0.01  # the replica measured 10 ms
+
+        policy = batching.make_policy("fixed", {"max_batch_size": 1}, 1.0)
+        batcher = Batcher("m", policy, execute, 1, 100, pipeline_depth=2)
+        loop = asyncio.get_running_loop()
+        await batcher.submit(np.ones(2))  # teaches the pipeline: 10 ms per batch
+        slow = batcher.submit(np.ones(2))  # runs 80 ms
+        await asyncio.sleep(0.001)
+        doomed = batcher.submit(np.ones(2), deadline=loop.time() + 0.04)
+        assert await slow == 2.0
+        with pytest.raises(Rejected, match=LATE_START):
+            await doomed
+        assert ran == [1, 1]  # the doomed batch never ran
         await batcher.close()
 
     asyncio.run(scenario())

@@ -114,6 +114,7 @@ def test_feedback_joins_an_answered_query() -> None:
         ("/v1/one/predict", b'{"input": [1, 2, 3, NaN]}', 400, "NaN"),
         ("/v1/one/predict", b'{"input": [1, 2, 3, 4], "slo_ms": -1}', 400, "slo_ms"),
         ("/v1/one/predict", b'{"input": [1, 2, 3, 4], "slo_ms": "fast"}', 400, "slo_ms"),
+        ("/v1/one/predict", b'{"input": [1, 2, 3, 4], "best_effort": 1}', 400, "best_effort"),
         ("/v1/nope/predict", b'{"input": [1, 2, 3, 4]}', 404, "unknown app 'nope'"),
         ("/v1/one/predict", b'{"input": [' + b"1, " * 3000 + b"1]}", 413, "exceeds the limit"),
     ],
@@ -222,6 +223,23 @@ def test_queries_past_their_deadline_get_429_with_the_reason_before_any_work() -
             "status": 429,
         }
         assert logs["a"] == [1, 1]  # the refused queries never reached the model
+
+    run(scenario())
+
+
+def test_best_effort_queries_are_answered_late_instead_of_refused() -> None:
+    async def scenario() -> None:
+        async with await _client(_server(delay_s=0.05)) as c:
+            first = asyncio.create_task(c.post("/v1/one/predict", json={"input": [0, 0, 0, 0]}))
+            await asyncio.sleep(0.01)  # the only replica is busy for 50 ms
+            body = {"input": [1, 0, 0, 0], "slo_ms": 5}
+            refused = c.post("/v1/one/predict", json=body)
+            late = c.post(
+                "/v1/one/predict", json={**body, "input": [2, 0, 0, 0], "best_effort": True}
+            )
+            responses = await asyncio.gather(first, refused, late)
+        assert [r.status_code for r in responses] == [200, 429, 200]
+        assert responses[2].json()["latency_ms"] > 5
 
     run(scenario())
 

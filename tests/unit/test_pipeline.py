@@ -66,7 +66,7 @@ def test_the_batcher_sends_ahead_yet_each_replica_runs_one_batch_at_a_time() -> 
         lock = asyncio.Lock()
         outstanding = peak_outstanding = running = peak_running = 0
 
-        async def execute(inputs: np.ndarray, replica: int) -> tuple[list[Any], float]:
+        async def execute(inputs: np.ndarray, replica: int, *_: float) -> tuple[list[Any], float]:
             nonlocal outstanding, peak_outstanding, running, peak_running
             outstanding += 1
             peak_outstanding = max(peak_outstanding, outstanding)
