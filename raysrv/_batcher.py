@@ -13,6 +13,7 @@ The queue is bounded: past ``max_queue`` waiting queries, :meth:`Batcher.submit`
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from raysrv._pipeline import ReplicaPipeline
+from raysrv._planner import PlanSnapshot
 from raysrv.analytics.profiles import RollingQuantile
 from raysrv.batching import (
     BatcherView,
@@ -41,6 +43,7 @@ from raysrv.metrics import Metrics
 __all__ = ["DURATION_WINDOW", "Batcher", "Execute"]
 
 DURATION_WINDOW = 100  # batches per size behind the rolling duration quantiles
+ARRIVAL_WINDOW = 2000  # arrival times kept for the plan view
 LATE_START = "deadline passed before the batch could start"
 
 logger = logging.getLogger(__name__)
@@ -102,6 +105,7 @@ class Batcher:
         self._loop_task: asyncio.Task[None] | None = None
         self._running: set[asyncio.Task[None]] = set()
         self._planning: asyncio.Future[object] | None = None
+        self._arrivals: collections.deque[float] = collections.deque(maxlen=ARRIVAL_WINDOW)
         self.batches = 0
         # Replica-measured run time per batch size over the last batches (clockwork §5.3).
         self.durations = {
@@ -128,6 +132,7 @@ class Batcher:
             )
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         query = QueuedQuery(next(self._ids), self._clock(), deadline, priority)
+        self._arrivals.append(query.arrival)
         self._queue.append(_Entry(query, x, future))
         if self._loop_task is None:
             self._loop_task = asyncio.create_task(self._run(), name=f"batcher-{self.model}")
@@ -146,6 +151,17 @@ class Batcher:
                 for q, r in self.durations.items()
             },
         }
+
+    def plan_snapshot(self) -> PlanSnapshot:
+        """Copies of what the plan view needs (``raysrv._planner``), taken on the loop."""
+        return PlanSnapshot(
+            self.model,
+            self.policy.describe(),
+            np.fromiter(self._arrivals, dtype=float),
+            self.durations[0.99].table(),
+            len(self._replicas),
+            self.policy.slo_s,
+        )
 
     async def close(self) -> None:
         """Stop the loop and fail whatever is still queued."""

@@ -92,3 +92,10 @@ class Ingress:
 
     async def models(self) -> list[dict[str, Any]]:
         return self._server.describe_models()
+
+    async def plan(self, model: str) -> dict[str, Any]:
+        """The handle twin of ``GET /v1/models/{model}/plan`` (errors as result objects)."""
+        try:
+            return await self._server.plan(model)
+        except RaysrvError as exc:
+            return exc.to_json()

@@ -148,6 +148,10 @@ def create_http_app(server: Server, max_body_bytes: int, metrics: Metrics | None
     async def models() -> JSONResponse:
         return JSONResponse({"models": server.describe_models()})
 
+    @api.get("/v1/models/{model}/plan")
+    async def plan(model: str) -> JSONResponse:
+        return JSONResponse(await server.plan(model))
+
     @api.get("/healthz")
     async def healthz() -> JSONResponse:
         return JSONResponse({"status": "ok", "apps": sorted(server.apps)})

@@ -22,6 +22,7 @@ import numpy as np
 
 from raysrv import batching, policies
 from raysrv._batcher import Batcher, Execute
+from raysrv._planner import predict as predict_plan
 from raysrv.cache import PredictionCache, cache_key
 from raysrv.config import AppSpec, InputSpec, LiveConfig, ModelSpec, RaysrvSpec
 from raysrv.errors import BadRequest, NotFound
@@ -208,6 +209,15 @@ class Server:
         await self._store.put_feedback(query_id, label)
         self._metrics.feedback(app)
         return {"query_id": query_id, "app": app, "accepted": True}
+
+    async def plan(self, model: str) -> dict[str, Any]:
+        """What the analytic model predicts for ``model``'s batching now, and from what."""
+        if model not in self.batchers:
+            raise NotFound(f"unknown model {model!r}; known: {sorted(self.batchers)}")
+        view = await asyncio.to_thread(predict_plan, self.batchers[model].plan_snapshot())
+        if view["predicted"] is not None:
+            self._metrics.plan(model, view["predicted"]["p99_ms"])
+        return view
 
     def describe_apps(self) -> list[dict[str, Any]]:
         return [

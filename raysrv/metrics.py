@@ -46,6 +46,9 @@ class Metrics:
     def queue_length(self, model: str, length: int) -> None:
         """Batcher: the model's queue now holds ``length`` queries."""
 
+    def plan(self, model: str, p99_ms: float) -> None:
+        """The plan view's predicted p99 latency of ``model``."""
+
     def batch(self, model: str, size: int, latency_s: float) -> None:
         """Batcher: one batch of ``size`` answered, ``latency_s`` from dispatch to answer."""
 
@@ -81,6 +84,11 @@ class ServeMetrics(Metrics):
         self._queue = m.Gauge(
             "raysrv_queue_length", "Queries waiting in a batcher.", tag_keys=("model",)
         )
+        self._plan_p99 = m.Gauge(
+            "raysrv_plan_predicted_p99_ms",
+            "p99 latency the analytic model predicts for the current batching.",
+            tag_keys=("model",),
+        )
         self._batch_size = m.Histogram(
             "raysrv_batch_size", "Queries per dispatched batch.", BATCH_SIZE_BOUNDARIES, ("model",)
         )
@@ -110,6 +118,9 @@ class ServeMetrics(Metrics):
 
     def queue_length(self, model: str, length: int) -> None:
         self._queue.set(length, tags={"model": model})
+
+    def plan(self, model: str, p99_ms: float) -> None:
+        self._plan_p99.set(p99_ms, tags={"model": model})
 
     def batch(self, model: str, size: int, latency_s: float) -> None:
         tags: Any = {"model": model}

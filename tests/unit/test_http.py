@@ -255,3 +255,26 @@ def test_reapplying_the_same_live_config_keeps_what_the_policy_learned() -> None
     assert server.batchers["a"].policy is not learned
     assert server.batchers["a"].policy.name == "aimd"
     assert server.batchers["a"].policy.slo_s == 0.005
+
+
+def test_the_plan_view_shows_the_prediction_and_its_inputs() -> None:
+    async def scenario() -> None:
+        async with await _client(_server(delay_s=0.002)) as c:
+            empty = (await c.get("/v1/models/a/plan")).json()
+            for i in range(80):
+                await c.post("/v1/one/predict", json={"input": [i, 0, 0, 0]})
+                await asyncio.sleep(0.001)
+            plan = (await c.get("/v1/models/a/plan")).json()
+            unknown = await c.get("/v1/models/nope/plan")
+        assert empty["predicted"] is None
+        assert "needs 50 arrivals" in empty["why_no_prediction"]
+        assert plan["policy"] == "fixed"
+        assert plan["settings"] == {"max_batch_size": 8, "timeout_ms": 0.0}
+        assert plan["inputs"]["arrivals"] == 80
+        assert plan["inputs"]["run_p99_ms"]["1"] >= 2.0  # the fake replica sleeps 2 ms
+        predicted = plan["predicted"]  # timeout 0: every batch is one query, run in S_1
+        assert predicted["mean_batch_size"] == 1.0
+        assert predicted["p99_ms"] == pytest.approx(plan["inputs"]["run_p99_ms"]["1"])
+        assert unknown.status_code == 404
+
+    run(scenario())

@@ -1,0 +1,88 @@
+"""What the analytic model predicts for a model's batching now: ``GET /v1/models/{model}/plan``.
+
+The batcher keeps the inputs (the last arrival times, the replicas' run times per batch size,
+the policy's settings); :func:`predict` fits a MAP(2) to the arrivals (batch §III-A), runs the
+batch-buffer model (batch §IV) at the policy's current batch size and hold, and reports the
+predicted latency quantiles beside the inputs they came from. A policy that plans for itself
+(``ctmc``) adds its own plan. The fit and the model take tens of milliseconds, so the ingress
+runs :func:`predict` in a worker thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from raysrv.analytics import BatchBufferModel, fit_map2
+from raysrv.analytics.profiles import interpolate_batches, monotone_service_times
+
+__all__ = ["MIN_ARRIVALS", "PlanSnapshot", "predict"]
+
+MIN_ARRIVALS = 50  # arrivals needed before the arrival process is fitted
+
+
+@dataclass(frozen=True)
+class PlanSnapshot:
+    """Copies of the batcher's state, safe to use off the event loop."""
+
+    model: str
+    policy: dict[str, Any]
+    arrivals: np.ndarray  # the last arrival times, seconds
+    run_p99: dict[int, float]  # replica run time per batch size, seconds
+    replicas: int
+    slo_s: float
+
+
+def predict(snap: PlanSnapshot) -> dict[str, Any]:
+    """The plan view: settings, inputs and, when there are enough of them, the prediction."""
+    batch, hold_s = _settings(snap.policy)
+    view: dict[str, Any] = {
+        "model": snap.model,
+        "policy": snap.policy.get("policy"),
+        "settings": {"max_batch_size": batch, "timeout_ms": hold_s * 1000.0},
+        "inputs": {
+            "arrivals": int(snap.arrivals.size),
+            "replicas": snap.replicas,
+            "run_p99_ms": {str(k): v * 1000.0 for k, v in sorted(snap.run_p99.items())},
+        },
+        "predicted": None,
+        "policy_plan": snap.policy.get("plan"),
+    }
+    gaps = np.diff(snap.arrivals)
+    gaps = gaps[gaps > 0]
+    if gaps.size < MIN_ARRIVALS or not snap.run_p99:
+        view["why_no_prediction"] = (
+            f"needs {MIN_ARRIVALS} arrivals and a measured batch; has {gaps.size} gaps and "
+            f"{len(snap.run_p99)} batch sizes measured"
+        )
+        return view
+    arrival = fit_map2(gaps)
+    view["inputs"].update(
+        rate_per_s=arrival.rate, scv=arrival.scv, lag1=arrival.lag1_autocorrelation
+    )
+    service = _service_times(snap.run_p99, batch)
+    model = BatchBufferModel(arrival, service, batch, hold_s)
+    view["predicted"] = {
+        "p50_ms": model.latency_percentile(0.5) * 1000.0,
+        "p99_ms": model.latency_percentile(0.99) * 1000.0,
+        "mean_ms": model.mean_latency() * 1000.0,
+        "mean_batch_size": model.mean_batch_size(),
+        "meets_slo_at_p99": model.latency_percentile(0.99) <= snap.slo_s,
+        "assumes": "a free replica for every batch (batch §IV); the replica wait is extra",
+    }
+    return view
+
+
+def _settings(policy: dict[str, Any]) -> tuple[int, float]:
+    """The policy's batch size and hold (seconds) as the buffer model sees them."""
+    params = policy.get("params", {})
+    hold_ms = policy.get("timeout_ms", params.get("timeout_ms", params.get("delay_ms", 0.0)))
+    return max(1, int(policy.get("max_batch_size", 1))), float(hold_ms or 0.0) / 1000.0
+
+
+def _service_times(run_p99: dict[int, float], batch: int) -> np.ndarray:
+    sizes = sorted(run_p99)
+    raw = interpolate_batches(sizes, [run_p99[k] for k in sizes], np.arange(1, batch + 1))
+    return monotone_service_times(raw)
