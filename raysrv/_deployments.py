@@ -63,6 +63,7 @@ class Ingress:
         context: str | None = None,
         slo_ms: float | None = None,
         best_effort: bool = False,
+        priority: int = 0,
     ) -> dict[str, Any]:
         """The handle twin of ``POST /v1/{app}/predict``: the same result object, errors included.
 
@@ -72,7 +73,7 @@ class Ingress:
         start = time.monotonic()
         try:
             result = await self._server.predict(
-                app, input, context, slo_ms, best_effort=best_effort
+                app, input, context, slo_ms, best_effort=best_effort, priority=priority
             )
         except RaysrvError as exc:
             self._metrics.error(app, exc)

@@ -33,6 +33,9 @@ class PredictRequest(BaseModel):
     best_effort: bool = Field(
         False, description="Answer late rather than refuse when the objective cannot be met."
     )
+    priority: int = Field(
+        0, ge=0, le=1, description="0: latency-sensitive; 1: batch client, fills idle time."
+    )
 
 
 class PredictResponse(BaseModel):
@@ -77,10 +80,9 @@ async def _read_json(request: Request, limit: int) -> dict[str, Any]:
     return data
 
 
-def _parse_predict(
-    data: dict[str, Any], context_field: str
-) -> tuple[Any, str | None, float | None, bool]:
-    allowed = {"input", "slo_ms", "best_effort", context_field}
+def _parse_predict(data: dict[str, Any], context_field: str) -> tuple[Any, dict[str, Any]]:
+    """The input and the keyword arguments of :meth:`Server.predict` from a request body."""
+    allowed = {"input", "slo_ms", "best_effort", "priority", context_field}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise BadRequest(f"unknown fields {unknown}; expected {sorted(allowed)}")
@@ -99,7 +101,13 @@ def _parse_predict(
     best_effort = data.get("best_effort", False)
     if not isinstance(best_effort, bool):
         raise BadRequest(f"best_effort must be true or false, got {best_effort!r}")
-    return data["input"], None if context is None else str(context), slo_ms, best_effort
+    options = {
+        "context": None if context is None else str(context),
+        "slo_ms": slo_ms,
+        "best_effort": best_effort,
+        "priority": data.get("priority", 0),
+    }
+    return data["input"], options
 
 
 def _error_response(exc: RaysrvError) -> JSONResponse:
@@ -126,8 +134,8 @@ def create_http_app(server: Server, max_body_bytes: int, metrics: Metrics | None
         start = time.monotonic()
         context_field = server.context_field(app)
         data = await _read_json(request, max_body_bytes)
-        value, context, slo_ms, best_effort = _parse_predict(data, context_field)
-        result = await server.predict(app, value, context, slo_ms, best_effort=best_effort)
+        value, options = _parse_predict(data, context_field)
+        result = await server.predict(app, value, **options)
         metrics.request(app, 200, time.monotonic() - start)
         return JSONResponse(result)
 

@@ -50,6 +50,14 @@ def coerce_input(value: Any, spec: InputSpec) -> np.ndarray:
     return np.ascontiguousarray(array, dtype=target)
 
 
+@dataclass(frozen=True)
+class _Ask:
+    """What a caller asked of one query beyond its input: its SLO and its priority class."""
+
+    slo_ms: float | None
+    priority: int
+
+
 @dataclass(slots=True)
 class _App:
     spec: AppSpec
@@ -142,26 +150,33 @@ class Server:
         slo_ms: float | None = None,
         *,
         best_effort: bool = False,
+        priority: int = 0,
     ) -> dict[str, Any]:
         """Answer one query: output, models, cache_hit, query_id, latency_ms, confidence.
 
         Its deadline is arrival + ``slo_ms`` (else the app's, else the model's SLO); with
-        ``best_effort`` it has none, and is answered late rather than refused."""
+        ``best_effort`` it has none, and is answered late rather than refused. ``priority`` 1
+        marks a batch client, which policies that know classes serve in idle time only."""
         start = self._clock()
         target = self._app(app)
         if slo_ms is not None and not (isinstance(slo_ms, (int, float)) and 0 < slo_ms < math.inf):
             raise BadRequest(f"slo_ms must be a positive number, got {slo_ms!r}")
+        if isinstance(priority, bool) or priority not in (0, 1):
+            raise BadRequest(
+                f"priority must be 0 (latency-sensitive) or 1 (batch), got {priority!r}"
+            )
         if best_effort:
             slo_ms = math.inf
+        ask = _Ask(slo_ms, priority)
         x = coerce_input(input, target.input)
         context = "" if context is None else str(context)
         state = await self._store.get_state(app, context) or target.selection.init()
         chosen = target.selection.select(state, x)
         if len(chosen) == 1:
-            answers = [await self._predict_one(target, chosen[0], x, start, slo_ms)]
+            answers = [await self._predict_one(target, chosen[0], x, start, ask)]
         else:
             answers = await asyncio.gather(
-                *(self._predict_one(target, m, x, start, slo_ms) for m in chosen)
+                *(self._predict_one(target, m, x, start, ask) for m in chosen)
             )
         predictions = {m: y for m, (y, _) in zip(chosen, answers, strict=True)}
         output, confidence = target.selection.combine(state, x, predictions)
@@ -178,17 +193,17 @@ class Server:
         }
 
     async def _predict_one(
-        self, app: _App, model: str, x: np.ndarray, start: float, slo_ms: float | None
+        self, app: _App, model: str, x: np.ndarray, start: float, ask: _Ask
     ) -> tuple[Any, bool]:
         self._metrics.selection(app.spec.name, model)
-        deadline = start + (slo_ms or app.slo_ms or self._slo_ms[model]) / 1000.0
+        deadline = start + (ask.slo_ms or app.slo_ms or self._slo_ms[model]) / 1000.0
         batcher = self.batchers[model]
 
         if not app.cache.capacity:  # no cache: no key to build, nothing to coalesce
-            return await batcher.submit(x, deadline), False
+            return await batcher.submit(x, deadline, ask.priority), False
 
         async def compute() -> Any:
-            return await batcher.submit(x, deadline)
+            return await batcher.submit(x, deadline, ask.priority)
 
         key = cache_key(model, self._models[model].version, x)
         value, hit = await app.cache.get_or_compute(key, compute)

@@ -96,3 +96,36 @@ def test_in_simulation_nothing_is_answered_late_where_fixed_is() -> None:
     assert int(theirs.late.sum()) > 0
     on_time = (~ours.rejected & ~ours.late).mean()
     assert on_time >= (~theirs.rejected & ~theirs.late).mean()
+
+
+def test_batch_clients_through_the_server_wait_for_idle_time() -> None:
+    """Over the ingress core: with ``deadline``, a batch client's query runs only when no
+    latency-sensitive one waits."""
+    import asyncio
+
+    from raysrv._server import Server
+    from raysrv.config import RaysrvSpec
+    from raysrv.testing import EchoModel, fake_execute, model_spec, spec
+
+    batching = {"policy": "deadline", "params": {"max_batch_size": 1}}
+    parsed = RaysrvSpec.model_validate(
+        spec([model_spec("a", batching=batching)], [{"name": "one", "models": ["a"]}])
+    )
+    order: list[float] = []
+
+    class Recording(EchoModel):
+        def predict_batch(self, inputs: np.ndarray) -> list[object]:
+            order.extend(float(x[0]) for x in inputs)
+            return super().predict_batch(inputs)
+
+    async def scenario() -> None:
+        server = Server(parsed, {"a": fake_execute(Recording(), delay_s=0.01)})
+        first = asyncio.create_task(server.predict("one", [0, 0, 0, 0]))
+        await asyncio.sleep(0.002)  # the replica is busy with the first query
+        batch = asyncio.create_task(server.predict("one", [1, 0, 0, 0], priority=1))
+        await asyncio.sleep(0.001)
+        urgent = asyncio.create_task(server.predict("one", [2, 0, 0, 0]))
+        await asyncio.gather(first, batch, urgent)
+
+    asyncio.run(scenario())
+    assert order == [0.0, 2.0, 1.0]  # the later latency-sensitive query went first

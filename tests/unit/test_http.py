@@ -115,6 +115,7 @@ def test_feedback_joins_an_answered_query() -> None:
         ("/v1/one/predict", b'{"input": [1, 2, 3, 4], "slo_ms": -1}', 400, "slo_ms"),
         ("/v1/one/predict", b'{"input": [1, 2, 3, 4], "slo_ms": "fast"}', 400, "slo_ms"),
         ("/v1/one/predict", b'{"input": [1, 2, 3, 4], "best_effort": 1}', 400, "best_effort"),
+        ("/v1/one/predict", b'{"input": [1, 2, 3, 4], "priority": 2}', 400, "priority"),
         ("/v1/nope/predict", b'{"input": [1, 2, 3, 4]}', 404, "unknown app 'nope'"),
         ("/v1/one/predict", b'{"input": [' + b"1, " * 3000 + b"1]}", 413, "exceeds the limit"),
     ],
