@@ -1,0 +1,155 @@
+"""Every batching policy against ``@serve.batch``'s behaviour, in the simulator (issue 4's
+workloads, before the live benchmark).
+
+    python -m bench.policies_sim [--quick] [--out bench/out/policies_sim.json]
+
+One replica with a GPU-like batch cost, S_k = 4 ms + 0.5 ms per query (capacity 1,600 queries/s
+at batches of 32), SLO 40 ms (about 9x the batch-1 time). Workloads: bursty MMPP(2) whose
+phases (50 ms on average) run at 1.6x and 0.4x the mean (so at 80% mean load the bursts offer
+128% of capacity), at mean loads 50-90%; a Poisson load of 60% with a 3x spike for one second
+in every ten (a replayed spiky trace, cf. clockwork §6.5); and Poisson at 150% (overload).
+
+Systems: raysrv's ``fixed`` (B 32, T 0), ``aimd``, ``quantile``, ``delayed``, ``deadline`` and
+``ctmc``, with their defaults but a largest batch of 32 and the SLO as each query's deadline;
+and two models of ``@serve.batch`` (no deadlines, a batch cut whether or not the replica is
+free, RAY_NOTES): its defaults (B 10, wait 10 ms) and hand-tuned (B 32, wait 15 ms). Reported
+per system: SLO attainment (answered within the SLO / offered), goodput (answers within the SLO
+per second), late answers, refusals, p50/p99/p99.9 of answered latency and the mean batch size.
+
+Simulation leaves out everything but batching and queueing (no network, no Python overheads,
+deterministic service): it compares policies, it does not predict the live figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from raysrv.analytics import MMPP2, Poisson, simulate
+from raysrv.batching import FixedParams, FixedPolicy, make_policy
+from raysrv.batching.base import BatchingPolicy
+
+__all__ = ["CAPACITY", "Row", "main", "workloads"]
+
+SERVICE = 0.004 + 0.0005 * np.arange(1, 65)
+CAPACITY = 32 / float(SERVICE[31])  # queries/s at batches of 32
+SLO = 0.040
+POLICIES = ("fixed", "aimd", "quantile", "delayed", "deadline", "ctmc")
+
+
+def spiky(rate: float, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Poisson at ``rate`` with 3x the rate during the first second of every ten."""
+    peak = Poisson(3 * rate).arrival_times(n, rng)
+    base = Poisson(rate).arrival_times(n, rng)
+    in_spike = lambda t: (t % 10.0) < 1.0  # noqa: E731
+    times = np.sort(np.concatenate([base[~in_spike(base)], peak[in_spike(peak)]]))
+    return times[:n]
+
+
+def workloads(quick: bool) -> dict[str, np.ndarray]:
+    n = 20_000 if quick else 100_000
+    rng = np.random.default_rng(0)
+    out = {}
+    for load in (0.5, 0.7, 0.8, 0.9):
+        m = load * CAPACITY
+        out[f"mmpp {load:.0%}"] = MMPP2(1.6 * m, 0.4 * m, 20.0, 20.0).arrival_times(n, rng)
+    out["spiky 60%"] = spiky(0.6 * CAPACITY, n, rng)
+    out["poisson 150%"] = Poisson(1.5 * CAPACITY).arrival_times(n, rng)
+    return out
+
+
+@dataclass(frozen=True)
+class Row:
+    workload: str
+    system: str
+    attainment: float
+    goodput: float
+    late: int
+    refused: int
+    p50_ms: float
+    p99_ms: float
+    p999_ms: float
+    mean_batch: float
+
+
+def systems() -> dict[str, tuple[BatchingPolicy, bool, bool]]:
+    """name -> (policy, deadlines shown to it, batches queue for the replica)."""
+    out: dict[str, tuple[BatchingPolicy, bool, bool]] = {}
+    for name in POLICIES:
+        out[name] = (make_policy(name, {"max_batch_size": 32}, SLO), True, False)
+    serve_default = FixedPolicy(FixedParams(max_batch_size=10, timeout_ms=10.0), SLO)
+    serve_tuned = FixedPolicy(FixedParams(max_batch_size=32, timeout_ms=15.0), SLO)
+    out["@serve.batch default"] = (serve_default, False, True)
+    out["@serve.batch tuned"] = (serve_tuned, False, True)
+    return out
+
+
+def run(workload: str, times: np.ndarray) -> list[Row]:
+    rows = []
+    duration = float(times[-1] - times[0])
+    for name, (policy, deadlines, queued) in systems().items():
+        result = simulate(
+            times,
+            SERVICE,
+            policy,
+            replicas=1,
+            slo=SLO if deadlines else None,
+            queue_batches=queued,
+        )
+        answered = result.answered
+        on_time = int(np.sum(answered <= SLO + 1e-9))
+        pct = np.percentile(answered, [50, 99, 99.9]) * 1e3 if answered.size else [np.nan] * 3
+        rows.append(
+            Row(
+                workload,
+                name,
+                on_time / times.size,
+                on_time / duration,
+                int(np.sum(answered > SLO + 1e-9)),
+                int(result.rejected.sum()),
+                float(pct[0]),
+                float(pct[1]),
+                float(pct[2]),
+                float(result.batch_sizes.mean()),
+            )
+        )
+    return rows
+
+
+def table(rows: list[Row]) -> str:
+    lines = [
+        "| workload | system | within SLO | goodput/s | late | refused | p50 ms | p99 ms "
+        "| p99.9 ms | mean batch |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.workload} | {r.system} | {r.attainment:.2%} | {r.goodput:.0f} | {r.late} "
+            f"| {r.refused} | {r.p50_ms:.1f} | {r.p99_ms:.1f} | {r.p999_ms:.1f} "
+            f"| {r.mean_batch:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="20,000 queries per workload")
+    parser.add_argument("--out", type=Path, default=Path("bench/out/policies_sim.json"))
+    args = parser.parse_args(argv)
+    rows: list[Row] = []
+    for workload, times in workloads(args.quick).items():
+        rows += run(workload, times)
+        print(f"  {workload} done", file=sys.stderr, flush=True)
+    print(f"capacity {CAPACITY:.0f}/s, SLO {SLO * 1e3:.0f} ms\n\n{table(rows)}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
