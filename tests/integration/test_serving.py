@@ -107,6 +107,13 @@ def test_http_through_the_serve_proxy(raysrv_app: Any, serve_session: RayCluster
     assert "not valid JSON" in responses[-1].json()["message"]
     models = httpx.get(f"{serve_session.http}/raysrv/v1/models", timeout=30).json()["models"]
     assert {m["name"] for m in models} == {"slow", "fast"}
+    slow = next(m for m in models if m["name"] == "slow")
+    assert slow["batch_seconds"]["p99"]  # the replicas' measured run times per batch size
+    plan = httpx.get(f"{serve_session.http}/raysrv/v1/models/slow/plan", timeout=30).json()
+    assert plan["inputs"]["arrivals"] == 16
+    assert set(plan["inputs"]["run_p99_ms"]) == set(slow["batch_seconds"]["p99"])
+    handle = serve.get_app_handle("raysrv")
+    assert handle.plan.remote("nope").result(timeout_s=30)["status"] == 404
 
 
 def _replica_pid(handle: Any) -> int:
