@@ -49,9 +49,9 @@ LATE_START = "deadline passed before the batch could start"
 logger = logging.getLogger(__name__)
 
 Execute = Callable[..., Awaitable[tuple[list[Any] | None, float]]]
-"""``execute(inputs, replica, latest_start)``: outputs and measured run time; outputs None when
-the replica found the batch's ``latest_start`` (wall-clock seconds) already past."""
-"""Runs one stacked batch on the given replica; returns (one output per input, run seconds)."""
+"""``execute(inputs, replica, latest_start)`` runs one stacked batch on the given replica and
+returns (one output per input, run seconds); outputs are None when the replica found the batch's
+``latest_start`` (wall-clock seconds) already past and did not run it."""
 
 
 @dataclass(slots=True)

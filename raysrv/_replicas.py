@@ -60,7 +60,8 @@ class ModelWorker:
 
         ``latest_start`` (wall-clock seconds) is the batch's earliest deadline: a batch that
         waited in this actor's mailbox past it is not run at all (outputs None), so no work is
-        spent on answers nobody waits for (clockwork's [earliest, latest] window, §4.3).
+        spent on answers nobody waits for (clockwork §4.4, §5.2: "executors reject actions whose
+        latest timestamp has passed").
         """
         if time.time() > latest_start:
             return None, 0.0
