@@ -49,8 +49,10 @@ class CTMCParams(DeadlineParams):
     budget: float | None = Field(None, gt=0.0, description="$ per query, for objective budget.")
     per_replica_second: float = Field(1.66667e-5, ge=0.0, description="Price of a replica-s.")
     per_batch: float = Field(2e-7, ge=0.0, description="Price of one batch (eq. 1's K2).")
-    candidate_batch_sizes: list[int] = Field(
-        [1, 2, 4, 8, 16, 32], description="Batch sizes B the optimizer may choose."
+    candidate_batch_sizes: list[int] | None = Field(
+        None,
+        description="Batch sizes B the optimizer may choose; default: the powers of two up to "
+        "max_batch_size, and max_batch_size.",
     )
     timeouts_ms: list[float] = Field(
         [0.0, 1.0, 2.0, 5.0, 10.0, 20.0], description="Timeouts T the optimizer may choose."
@@ -65,13 +67,22 @@ class CTMCParams(DeadlineParams):
     def _consistent(self) -> CTMCParams:
         if self.objective == "budget" and self.budget is None:
             raise ValueError("objective budget needs budget ($ per query)")
-        too_big = [b for b in self.candidate_batch_sizes if not 1 <= b <= self.max_batch_size]
-        if too_big or not self.candidate_batch_sizes:
+        sizes = self.candidate_batch_sizes
+        if sizes is not None and (
+            not sizes or any(not 1 <= b <= self.max_batch_size for b in sizes)
+        ):
             raise ValueError(
                 f"candidate_batch_sizes must be non-empty, each in 1..max_batch_size "
-                f"({self.max_batch_size}), got {self.candidate_batch_sizes}"
+                f"({self.max_batch_size}), got {sizes}"
             )
         return self
+
+    def candidates(self) -> list[int]:
+        """The batch sizes the optimizer searches."""
+        if self.candidate_batch_sizes is not None:
+            return sorted(set(self.candidate_batch_sizes))
+        powers = [2**i for i in range(13) if 2**i < self.max_batch_size]
+        return [*powers, self.max_batch_size]
 
 
 @dataclass(frozen=True)
@@ -185,7 +196,7 @@ class _PlanJob:
         plan = optimize_batching(
             arrival,
             lambda _units: self.service,
-            batch_sizes=p.candidate_batch_sizes,
+            batch_sizes=p.candidates(),
             timeouts=[t / 1000.0 for t in p.timeouts_ms],
             knobs=[float(self.replicas)],
             knob="units",

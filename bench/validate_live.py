@@ -60,18 +60,27 @@ def start_ray() -> None:
     serve.start(http_options={"host": "127.0.0.1", "port": free_port()}, logging_config=quiet)
 
 
-def deploy(path: Path, B: int, T: float) -> Any:
-    """(Re)deploy the app with ``fixed(B, T)``; return its handle."""
+def deploy_spec(
+    path: Path, policy: str, params: dict[str, Any], slo_ms: float, name: str = "validate"
+) -> Any:
+    """(Re)deploy raysrv serving the convnet with ``policy(params)``; return its handle."""
     from ray import serve
     from ray.serve.schema import LoggingConfig
 
     from raysrv.app import build_app
 
-    spec = raysrv_spec(str(path), INPUT_SHAPE, "fixed", B, T * 1000)
-    spec["models"][0]["slo_ms"] = 5000  # measure latency, do not reject
+    spec = raysrv_spec(str(path), INPUT_SHAPE, policy, 1, 0.0)
+    spec["models"][0]["batching"] = {"policy": policy, "params": params}
+    spec["models"][0]["slo_ms"] = slo_ms
     quiet = LoggingConfig(enable_access_log=False, log_level="WARNING")
-    serve.run(build_app(spec), name="validate", route_prefix="/validate", logging_config=quiet)
-    return serve.get_app_handle("validate")
+    serve.run(build_app(spec), name=name, route_prefix=f"/{name}", logging_config=quiet)
+    return serve.get_app_handle(name)
+
+
+def deploy(path: Path, B: int, T: float) -> Any:
+    """(Re)deploy with ``fixed(B, T)`` and an SLO far above any latency here (measure, do not
+    reject); return its handle."""
+    return deploy_spec(path, "fixed", {"max_batch_size": B, "timeout_ms": T * 1000}, 5000)
 
 
 async def measure(handle: Any, rate: float, count: int, seed: int) -> np.ndarray:

@@ -26,7 +26,7 @@ def test_a_plan_is_what_the_optimizer_picks_for_the_fitted_arrivals() -> None:
     expected = optimize_batching(
         fit_map2(np.diff(times)),
         lambda _units: SERVICE,
-        batch_sizes=params.candidate_batch_sizes,
+        batch_sizes=params.candidates(),
         timeouts=[t / 1000 for t in params.timeouts_ms],
         slo=0.03,
         q=params.percentile,
@@ -47,7 +47,7 @@ def test_in_simulation_it_replans_and_answers_nothing_late() -> None:
     assert described["max_batch_size"] == policy.plan.max_batch
     assert described["timeout_ms"] == pytest.approx(policy.plan.timeout * 1000)
     assert int(result.late.sum()) == 0
-    assert result.batch_sizes.max() <= max(CTMCParams().candidate_batch_sizes)
+    assert result.batch_sizes.max() <= max(CTMCParams().candidates())
 
 
 def test_the_live_batcher_plans_off_the_loop_and_adopts_the_plan() -> None:
@@ -74,3 +74,10 @@ def test_the_live_batcher_plans_off_the_loop_and_adopts_the_plan() -> None:
 def test_budget_objective_needs_a_budget() -> None:
     with pytest.raises(ValueError, match="objective budget needs budget"):
         CTMCParams(objective="budget")
+
+
+def test_candidate_batch_sizes_default_to_powers_of_two_up_to_the_largest() -> None:
+    assert CTMCParams(max_batch_size=24).candidates() == [1, 2, 4, 8, 16, 24]
+    assert CTMCParams(max_batch_size=16).candidates() == [1, 2, 4, 8, 16]
+    with pytest.raises(ValueError, match="candidate_batch_sizes"):
+        CTMCParams(max_batch_size=8, candidate_batch_sizes=[16])
