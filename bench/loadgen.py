@@ -48,6 +48,7 @@ __all__ = [
     "open_loop",
     "parse_wrk",
     "poisson_offsets",
+    "replay",
     "wrk_saturation",
 ]
 
@@ -263,6 +264,15 @@ async def open_loop(
     timeout) before summarizing.
     """
     offsets = poisson_offsets(rate, np.random.default_rng(seed), duration_s, count)
+    log = await replay(client, offsets, first)
+    return RunResult.from_log(log, client.kind, "open", rate)
+
+
+async def replay(
+    client: Client, offsets: Sequence[float] | np.ndarray, first: int = 0
+) -> RequestLog:
+    """Send request ``first + k`` at ``offsets[k]`` seconds from now, whether or not earlier ones
+    have answered; wait for every answer."""
     log = RequestLog()
     tasks: list[asyncio.Task[None]] = []
     t0 = time.perf_counter()
@@ -272,7 +282,7 @@ async def open_loop(
             await asyncio.sleep(delay)
         tasks.append(asyncio.create_task(log.timed(client, first + k, float(offset), t0)))
     await asyncio.gather(*tasks)
-    return RunResult.from_log(log, client.kind, "open", rate)
+    return log
 
 
 async def closed_loop(

@@ -20,14 +20,13 @@ import argparse
 import asyncio
 import json
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.loadgen import HandleClient, RequestLog, closed_loop, make_inputs
+from bench.loadgen import HandleClient, RequestLog, closed_loop, make_inputs, replay
 from bench.models import DEFAULT_PATH, INPUT_SHAPE, build_convnet
 from bench.validate_live import deploy_spec, start_ray
 from raysrv.analytics import MMPP2, Poisson
@@ -67,20 +66,6 @@ def deploy(system: str, path: Path, slo_ms: float) -> Any:
     params: dict[str, Any] = {"max_batch_size": 16}
     handle = deploy_spec(path, system, params, slo_ms, name="live")
     return lambda x: handle.predict.remote(APP, x, slo_ms=slo_ms)
-
-
-async def offered(call: Any, times: np.ndarray, inputs: list[np.ndarray]) -> RequestLog:
-    client = HandleClient(call, inputs)
-    log = RequestLog()
-    t0 = time.perf_counter()
-    tasks = []
-    for k, offset in enumerate(times):
-        delay = offset - (time.perf_counter() - t0)
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(log.timed(client, k, float(offset), t0)))
-    await asyncio.gather(*tasks)
-    return log
 
 
 def point(workload: str, system: str, log: RequestLog, slo_s: float) -> Point:
@@ -153,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, times in workloads(capacity, seconds).items():
             for system in SYSTEMS:
                 call = deploy(system, path, args.slo_ms)
-                log = asyncio.run(offered(call, times, inputs))
+                log = asyncio.run(replay(HandleClient(call, inputs), times))
                 points.append(point(name, system, log, args.slo_ms / 1000.0))
                 print(f"  {name} {system} done", file=sys.stderr, flush=True)
     finally:

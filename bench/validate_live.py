@@ -22,13 +22,12 @@ used is the infinite-server one.
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.loadgen import HandleClient, RequestLog, make_inputs, poisson_offsets
+from bench.loadgen import HandleClient, make_inputs, poisson_offsets, replay
 from bench.models import DEFAULT_PATH, INPUT_SHAPE, build_convnet, profile
 from bench.plots import Panel, cdf_panels
 from bench.run_bench import free_port, raysrv_spec
@@ -90,15 +89,7 @@ async def measure(handle: Any, rate: float, count: int, seed: int) -> np.ndarray
     for i in range(20):  # warm-up, discarded
         await client.send(i)
     offsets = poisson_offsets(rate, np.random.default_rng(seed), count=count)
-    log = RequestLog()
-    t0 = time.perf_counter()
-    tasks = []
-    for k, offset in enumerate(offsets):
-        delay = offset - (time.perf_counter() - t0)
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(log.timed(client, k, float(offset), t0)))
-    await asyncio.gather(*tasks)
+    log = await replay(client, offsets)
     ok = np.asarray(log.status) == 200
     return (np.asarray(log.done) - np.asarray(log.scheduled))[ok]
 
