@@ -3,11 +3,12 @@
     python -m bench.policies_live [--quick] [--out bench/out/policies_live.json]
 
 The benchmark convnet (:mod:`bench.models`) on one replica (one CPU, one onnxruntime thread),
-in a local Ray, driven through Serve handles from this process. First the capacity: a closed
-loop of 32 in flight against raysrv's ``fixed`` policy. Then, per workload and system, the same
-arrival times and inputs: MMPP(2) at 50% and 80% of that capacity with 50 ms phases at 1.6x and
-0.4x the mean, and Poisson at 150%. The SLO is ``--slo-ms`` (default 40 ms); raysrv gets it
-with every query (``slo_ms``), ``@serve.batch`` cannot take one.
+in a local Ray, driven through Serve handles from this process. First the capacity: after a
+2 s warm-up, a closed loop of 32 in flight against raysrv's ``fixed`` policy. Then, per
+workload and system, the same arrival times and inputs: MMPP(2) at 50% and 80% of that
+capacity with 50 ms phases at 1.6x and 0.4x the mean, and Poisson at 150%. The SLO is
+``--slo-ms`` (default 40 ms); raysrv gets it with every query (``slo_ms``, and ``sent_at`` so
+that it starts when the query is sent), ``@serve.batch`` cannot take one.
 
 Reported per point, from the client's side (latency from each query's scheduled arrival):
 queries within the SLO over queries offered, goodput (answers within the SLO per second), late
@@ -20,6 +21,7 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -65,7 +67,7 @@ def deploy(system: str, path: Path, slo_ms: float) -> Any:
         return handle.predict.remote
     params: dict[str, Any] = {"max_batch_size": 16}
     handle = deploy_spec(path, system, params, slo_ms, name="live")
-    return lambda x: handle.predict.remote(APP, x, slo_ms=slo_ms)
+    return lambda x: handle.predict.remote(APP, x, slo_ms=slo_ms, sent_at=time.time())
 
 
 def point(workload: str, system: str, log: RequestLog, slo_s: float) -> Point:
@@ -131,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     start_ray()
     try:
         call = deploy("fixed", path, args.slo_ms)
-        saturated = asyncio.run(closed_loop(HandleClient(call, inputs), 32, seconds / 2))
+        asyncio.run(closed_loop(HandleClient(call, inputs), 32, 2.0))  # warm-up, discarded
+        saturated = asyncio.run(closed_loop(HandleClient(call, inputs), 32, seconds))
         capacity = saturated.throughput_rps
         print(f"capacity {capacity:.0f}/s (closed loop, 32 in flight)", file=sys.stderr)
         points = []

@@ -64,6 +64,7 @@ class Ingress:
         slo_ms: float | None = None,
         best_effort: bool = False,
         priority: int = 0,
+        sent_at: float | None = None,
     ) -> dict[str, Any]:
         """The handle twin of ``POST /v1/{app}/predict``: the same result object, errors included.
 
@@ -73,7 +74,13 @@ class Ingress:
         start = time.monotonic()
         try:
             result = await self._server.predict(
-                app, input, context, slo_ms, best_effort=best_effort, priority=priority
+                app,
+                input,
+                context,
+                slo_ms,
+                best_effort=best_effort,
+                priority=priority,
+                sent_at=sent_at,
             )
         except RaysrvError as exc:
             self._metrics.error(app, exc)

@@ -36,6 +36,9 @@ class PredictRequest(BaseModel):
     priority: int = Field(
         0, ge=0, le=1, description="0: latency-sensitive; 1: batch client, fills idle time."
     )
+    sent_at: float | None = Field(
+        None, description="Wall-clock seconds when the caller sent it: the SLO starts there."
+    )
 
 
 class PredictResponse(BaseModel):
@@ -82,7 +85,7 @@ async def _read_json(request: Request, limit: int) -> dict[str, Any]:
 
 def _parse_predict(data: dict[str, Any], context_field: str) -> tuple[Any, dict[str, Any]]:
     """The input and the keyword arguments of :meth:`Server.predict` from a request body."""
-    allowed = {"input", "slo_ms", "best_effort", "priority", context_field}
+    allowed = {"input", "slo_ms", "best_effort", "priority", "sent_at", context_field}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise BadRequest(f"unknown fields {unknown}; expected {sorted(allowed)}")
@@ -106,6 +109,7 @@ def _parse_predict(data: dict[str, Any], context_field: str) -> tuple[Any, dict[
         "slo_ms": slo_ms,
         "best_effort": best_effort,
         "priority": data.get("priority", 0),
+        "sent_at": data.get("sent_at"),
     }
     return data["input"], options
 

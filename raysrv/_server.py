@@ -50,6 +50,15 @@ def coerce_input(value: Any, spec: InputSpec) -> np.ndarray:
     return np.ascontiguousarray(array, dtype=target)
 
 
+def _in_transit(sent_at: float | None) -> float:
+    """Seconds since the caller sent the query (0 without ``sent_at``; never negative)."""
+    if sent_at is None:
+        return 0.0
+    if isinstance(sent_at, bool) or not isinstance(sent_at, (int, float)):
+        raise BadRequest(f"sent_at must be wall-clock seconds, got {sent_at!r}")
+    return max(0.0, time.time() - float(sent_at))
+
+
 @dataclass(frozen=True)
 class _Ask:
     """What a caller asked of one query beyond its input: its SLO and its priority class."""
@@ -151,13 +160,17 @@ class Server:
         *,
         best_effort: bool = False,
         priority: int = 0,
+        sent_at: float | None = None,
     ) -> dict[str, Any]:
         """Answer one query: output, models, cache_hit, query_id, latency_ms, confidence.
 
         Its deadline is arrival + ``slo_ms`` (else the app's, else the model's SLO); with
         ``best_effort`` it has none, and is answered late rather than refused. ``priority`` 1
-        marks a batch client, which policies that know classes serve in idle time only."""
+        marks a batch client, which policies that know classes serve in idle time only.
+        ``sent_at`` (wall-clock seconds, from the caller) starts the SLO when the query was sent
+        rather than when it reached the ingress, so time queued in front of raysrv counts."""
         start = self._clock()
+        origin = start - _in_transit(sent_at)  # where the SLO starts
         target = self._app(app)
         if slo_ms is not None and not (isinstance(slo_ms, (int, float)) and 0 < slo_ms < math.inf):
             raise BadRequest(f"slo_ms must be a positive number, got {slo_ms!r}")
@@ -173,10 +186,10 @@ class Server:
         state = await self._store.get_state(app, context) or target.selection.init()
         chosen = target.selection.select(state, x)
         if len(chosen) == 1:
-            answers = [await self._predict_one(target, chosen[0], x, start, ask)]
+            answers = [await self._predict_one(target, chosen[0], x, origin, ask)]
         else:
             answers = await asyncio.gather(
-                *(self._predict_one(target, m, x, start, ask) for m in chosen)
+                *(self._predict_one(target, m, x, origin, ask) for m in chosen)
             )
         predictions = {m: y for m, (y, _) in zip(chosen, answers, strict=True)}
         output, confidence = target.selection.combine(state, x, predictions)
@@ -193,10 +206,10 @@ class Server:
         }
 
     async def _predict_one(
-        self, app: _App, model: str, x: np.ndarray, start: float, ask: _Ask
+        self, app: _App, model: str, x: np.ndarray, origin: float, ask: _Ask
     ) -> tuple[Any, bool]:
         self._metrics.selection(app.spec.name, model)
-        deadline = start + (ask.slo_ms or app.slo_ms or self._slo_ms[model]) / 1000.0
+        deadline = origin + (ask.slo_ms or app.slo_ms or self._slo_ms[model]) / 1000.0
         batcher = self.batchers[model]
 
         if not app.cache.capacity:  # no cache: no key to build, nothing to coalesce

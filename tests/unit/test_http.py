@@ -116,6 +116,7 @@ def test_feedback_joins_an_answered_query() -> None:
         ("/v1/one/predict", b'{"input": [1, 2, 3, 4], "slo_ms": "fast"}', 400, "slo_ms"),
         ("/v1/one/predict", b'{"input": [1, 2, 3, 4], "best_effort": 1}', 400, "best_effort"),
         ("/v1/one/predict", b'{"input": [1, 2, 3, 4], "priority": 2}', 400, "priority"),
+        ("/v1/one/predict", b'{"input": [1, 2, 3, 4], "sent_at": "now"}', 400, "sent_at"),
         ("/v1/nope/predict", b'{"input": [1, 2, 3, 4]}', 404, "unknown app 'nope'"),
         ("/v1/one/predict", b'{"input": [' + b"1, " * 3000 + b"1]}", 413, "exceeds the limit"),
     ],
@@ -279,3 +280,21 @@ def test_the_plan_view_shows_the_prediction_and_its_inputs() -> None:
         assert unknown.status_code == 404
 
     run(scenario())
+
+
+def test_the_slo_starts_when_the_caller_sent_the_query() -> None:
+    """A query that spent its whole SLO in front of raysrv is refused, not run."""
+    import time
+
+    async def scenario() -> list[httpx.Response]:
+        async with await _client(_server()) as c:
+            body = {"input": [1, 2, 3, 4], "slo_ms": 500}
+            fresh = await c.post("/v1/one/predict", json={**body, "sent_at": time.time()})
+            late = {**body, "input": [4, 3, 2, 1], "sent_at": time.time() - 1}
+            stale = await c.post("/v1/one/predict", json=late)
+            return [fresh, stale]
+
+    fresh, stale = run(scenario())
+    assert fresh.status_code == 200
+    assert stale.status_code == 429
+    assert "deadline passed" in stale.json()["message"]
