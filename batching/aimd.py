@@ -28,21 +28,45 @@ from raysrv.batching.base import (
 )
 from raysrv.batching.fixed import fifo_step
 
-__all__ = ["AIMDParams", "AIMDPolicy"]
+__all__ = ["AIMDParams", "AIMDPolicy", "CapParams", "CappedFifoPolicy"]
 
 
-class AIMDParams(PolicyParams):
-    initial_batch_size: int = Field(1, ge=1, description="Batch size cap at start.")
+class CapParams(PolicyParams):
+    """What every policy with a moving batch-size cap shares."""
+
     max_batch_size: int = Field(256, ge=1, le=4096, description="Upper bound of the cap.")
+    timeout_ms: float = Field(0.0, ge=0.0, le=60_000.0, description="Wait for a fuller batch.")
+    slo_ms: float | None = Field(
+        None, gt=0.0, description="Batch latency objective; default: the model's SLO."
+    )
+
+
+class CappedFifoPolicy(BatchingPolicy):
+    """FIFO batches (:func:`fifo_step`) up to a cap that a subclass moves from what it observes,
+    against a batch-latency objective: ``slo_ms`` if given, else the model's SLO."""
+
+    params: CapParams
+
+    def __init__(self, params: CapParams, slo_s: float, initial_cap: int) -> None:
+        super().__init__(params, slo_s)
+        self._cap = initial_cap
+        self._objective_s = params.slo_ms / 1000.0 if params.slo_ms is not None else slo_s
+
+    @property
+    def max_batch_size(self) -> int:
+        return self._cap
+
+    def decide(self, view: BatcherView) -> Decision:
+        return fifo_step(view, self._cap, self.params.timeout_ms / 1000.0)
+
+
+class AIMDParams(CapParams):
+    initial_batch_size: int = Field(1, ge=1, description="Batch size cap at start.")
     step: int = Field(
         1, ge=1, description="Additive increase after a full batch within the objective."
     )
     backoff: float = Field(
         0.9, gt=0.0, lt=1.0, description="Multiplicative decrease (Clipper: 10%)."
-    )
-    timeout_ms: float = Field(0.0, ge=0.0, le=60_000.0, description="Wait for a fuller batch.")
-    slo_ms: float | None = Field(
-        None, gt=0.0, description="Batch latency objective; default: the model's SLO."
     )
 
     @model_validator(mode="after")
@@ -55,22 +79,13 @@ class AIMDParams(PolicyParams):
         return self
 
 
-class AIMDPolicy(BatchingPolicy):
+class AIMDPolicy(CappedFifoPolicy):
     name = "aimd"
     Params = AIMDParams
     params: AIMDParams
 
     def __init__(self, params: AIMDParams, slo_s: float) -> None:
-        super().__init__(params, slo_s)
-        self._cap = params.initial_batch_size
-        self._objective_s = params.slo_ms / 1000.0 if params.slo_ms is not None else slo_s
-
-    @property
-    def max_batch_size(self) -> int:
-        return self._cap
-
-    def decide(self, view: BatcherView) -> Decision:
-        return fifo_step(view, self._cap, self.params.timeout_ms / 1000.0)
+        super().__init__(params, slo_s, params.initial_batch_size)
 
     def observe(self, outcome: BatchOutcome) -> None:
         if not outcome.ok:

@@ -27,13 +27,11 @@ from pydantic import Field, model_validator
 from scipy.optimize import linprog
 
 from raysrv.analytics.profiles import RollingQuantile
-from raysrv.batching.aimd import AIMDParams, AIMDPolicy
+from raysrv.batching.aimd import AIMDParams, AIMDPolicy, CapParams, CappedFifoPolicy
 from raysrv.batching.base import (
     BatcherView,
-    BatchingPolicy,
     BatchOutcome,
     Decision,
-    PolicyParams,
 )
 from raysrv.batching.fixed import fifo_step
 
@@ -46,16 +44,11 @@ __all__ = [
 ]
 
 
-class QuantileParams(PolicyParams):
-    max_batch_size: int = Field(256, ge=1, le=4096, description="Upper bound of the cap.")
+class QuantileParams(CapParams):
     quantile: float = Field(0.99, gt=0.0, lt=1.0, description="Latency quantile regressed.")
-    slo_ms: float | None = Field(
-        None, gt=0.0, description="Batch latency objective; default: the model's SLO."
-    )
     window: int = Field(500, ge=8, le=1000, description="(size, duration) pairs kept.")
     refit_every: int = Field(16, ge=1, description="Batches between two regressions.")
     step: int = Field(1, ge=1, description="Growth of the cap while probing for sizes.")
-    timeout_ms: float = Field(0.0, ge=0.0, le=60_000.0, description="Wait for a fuller batch.")
 
 
 def fit_quantile_line(sizes: np.ndarray, durations: np.ndarray, q: float) -> tuple[float, float]:
@@ -73,25 +66,16 @@ def fit_quantile_line(sizes: np.ndarray, durations: np.ndarray, q: float) -> tup
     return float(result.x[0]), float(result.x[1])
 
 
-class QuantilePolicy(BatchingPolicy):
+class QuantilePolicy(CappedFifoPolicy):
     name = "quantile"
     Params = QuantileParams
     params: QuantileParams
 
     def __init__(self, params: QuantileParams, slo_s: float) -> None:
-        super().__init__(params, slo_s)
-        self._objective_s = params.slo_ms / 1000.0 if params.slo_ms is not None else slo_s
+        super().__init__(params, slo_s, 1)
         self._runs: deque[tuple[int, float]] = deque(maxlen=params.window)
-        self._cap = 1
         self._since_fit = 0
         self.line: tuple[float, float] | None = None  # (a, b) of the last regression
-
-    @property
-    def max_batch_size(self) -> int:
-        return self._cap
-
-    def decide(self, view: BatcherView) -> Decision:
-        return fifo_step(view, self._cap, self.params.timeout_ms / 1000.0)
 
     def observe(self, outcome: BatchOutcome) -> None:
         if not outcome.ok:
@@ -100,8 +84,9 @@ class QuantilePolicy(BatchingPolicy):
         self._since_fit += 1
         sizes = {s for s, _ in self._runs}
         if len(sizes) < 2:  # probe: grow after a full batch within the objective
-            if outcome.size >= self._cap and outcome.duration <= self._objective_s:
-                self._cap = min(self.params.max_batch_size, self._cap + self.params.step)
+            cap = self.max_batch_size
+            if outcome.size >= cap and outcome.duration <= self._objective_s:
+                self._cap = min(self.params.max_batch_size, cap + self.params.step)
             return
         if self.line is None or self._since_fit >= self.params.refit_every:
             self._refit()

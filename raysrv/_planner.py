@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from raysrv.analytics import BatchBufferModel, fit_map2
-from raysrv.analytics.profiles import interpolate_batches, monotone_service_times
+from raysrv.analytics.profiles import TableProfile
 
 __all__ = ["MIN_ARRIVALS", "PlanSnapshot", "predict"]
 
@@ -62,7 +62,7 @@ def predict(snap: PlanSnapshot) -> dict[str, Any]:
     view["inputs"].update(
         rate_per_s=arrival.rate, scv=arrival.scv, lag1=arrival.lag1_autocorrelation
     )
-    service = _service_times(snap.run_p99, batch)
+    service = TableProfile.from_mapping(snap.run_p99).service_times(batch)
     model = BatchBufferModel(arrival, service, batch, hold_s)
     view["predicted"] = {
         "p50_ms": model.latency_percentile(0.5) * 1000.0,
@@ -80,9 +80,3 @@ def _settings(policy: dict[str, Any]) -> tuple[int, float]:
     params = policy.get("params", {})
     hold_ms = policy.get("timeout_ms", params.get("timeout_ms", params.get("delay_ms", 0.0)))
     return max(1, int(policy.get("max_batch_size", 1))), float(hold_ms or 0.0) / 1000.0
-
-
-def _service_times(run_p99: dict[int, float], batch: int) -> np.ndarray:
-    sizes = sorted(run_p99)
-    raw = interpolate_batches(sizes, [run_p99[k] for k in sizes], np.arange(1, batch + 1))
-    return monotone_service_times(raw)

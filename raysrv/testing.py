@@ -17,8 +17,24 @@ from typing import Any
 import numpy as np
 
 from raysrv._batcher import Execute
+from raysrv.batching import (
+    BatcherView,
+    BatchingPolicy,
+    BatchOutcome,
+    Dispatch,
+    QueuedQuery,
+    ReplicaSlot,
+)
 
-__all__ = ["EchoModel", "FakeClock", "fake_execute", "model_spec", "spec", "torch_linear"]
+__all__ = [
+    "EchoModel",
+    "FakeClock",
+    "fake_execute",
+    "model_spec",
+    "saturated_batch_sizes",
+    "spec",
+    "torch_linear",
+]
 
 
 class FakeClock:
@@ -56,6 +72,25 @@ class EchoModel:
             {"sum": s, "batch_size": len(batch), "batch": self.batches, "pid": os.getpid()}
             for s in sums
         ]
+
+
+def saturated_batch_sizes(
+    policy: BatchingPolicy, rounds: int, duration: Callable[[int], float], backlog: int = 300
+) -> list[int]:
+    """Sizes ``policy`` cuts when ``backlog`` queries always wait for one free replica, on a fake
+    clock, a batch of k taking ``duration(k)`` seconds (and reported to ``observe``)."""
+    clock = FakeClock()
+    sizes = []
+    for _ in range(rounds):
+        queue = [QueuedQuery(i, clock()) for i in range(backlog)]
+        decision = policy.decide(BatcherView(clock(), queue, [ReplicaSlot(0)]))
+        if not isinstance(decision, Dispatch):
+            raise AssertionError(f"a saturated policy must dispatch, got {decision}")
+        size = len(decision.query_ids)
+        clock.advance(duration(size))
+        policy.observe(BatchOutcome(size, 0, clock() - duration(size), clock(), duration(size)))
+        sizes.append(size)
+    return sizes
 
 
 def fake_execute(

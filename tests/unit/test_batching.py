@@ -20,7 +20,7 @@ from raysrv.batching import (
     ReplicaSlot,
     Wait,
 )
-from raysrv.testing import FakeClock
+from raysrv.testing import FakeClock, saturated_batch_sizes
 
 
 def _queue(arrivals: list[float]) -> list[QueuedQuery]:
@@ -101,18 +101,8 @@ def test_aimd_uses_its_own_objective_when_given() -> None:
 
 def test_aimd_converges_near_the_largest_batch_meeting_the_slo() -> None:
     """With latency 10 ms + 2 ms per query and a 100 ms SLO, the best batch is 45."""
-    clock = FakeClock()
     policy = _aimd(initial_batch_size=1, max_batch_size=200)
-    sizes = []
-    for _ in range(400):
-        queue = _queue([clock()] * 300)  # saturated
-        decision = policy.decide(BatcherView(clock(), queue, _free()))
-        assert isinstance(decision, Dispatch)
-        size = len(decision.query_ids)
-        duration = 0.010 + 0.002 * size
-        clock.advance(duration)
-        policy.observe(BatchOutcome(size, 0, clock() - duration, clock(), duration))
-        sizes.append(size)
+    sizes = saturated_batch_sizes(policy, 400, lambda k: 0.010 + 0.002 * k)
     assert min(sizes[-50:]) >= 40
     assert max(sizes[-50:]) <= 46
 

@@ -18,7 +18,7 @@ from raysrv.batching import (
     Wait,
 )
 from raysrv.batching.clipper import fit_quantile_line
-from raysrv.testing import FakeClock
+from raysrv.testing import saturated_batch_sizes
 
 
 def _queue(arrival: float, n: int, deadline: float = float("inf")) -> list[QueuedQuery]:
@@ -37,17 +37,8 @@ def test_quantile_line_leaves_the_asked_share_of_points_above_it() -> None:
 
 def test_quantile_converges_to_the_largest_batch_meeting_the_slo() -> None:
     """10 ms + 2 ms per query and a 100 ms objective: the largest batch that fits is 45."""
-    clock = FakeClock()
     policy = QuantilePolicy(QuantileParams(max_batch_size=200), slo_s=0.1)
-    sizes = []
-    for _ in range(200):
-        decision = policy.decide(BatcherView(clock(), _queue(clock(), 300), [ReplicaSlot(0)]))
-        assert isinstance(decision, Dispatch)
-        size = len(decision.query_ids)
-        duration = 0.010 + 0.002 * size
-        clock.advance(duration)
-        policy.observe(BatchOutcome(size, 0, clock() - duration, clock(), duration))
-        sizes.append(size)
+    sizes = saturated_batch_sizes(policy, 200, lambda k: 0.010 + 0.002 * k)
     assert sizes[-20:] == [45] * 20
     assert policy.line is not None
 
