@@ -38,7 +38,7 @@ from raysrv.analytics.arrivals import fit_map2
 from raysrv.analytics.buffer import Pricing
 from raysrv.analytics.optimize import BatchingPlan, optimize_batching
 from raysrv.batching.base import BatcherView, Decision, QueuedQuery, ReplicaSlot, Wait
-from raysrv.batching.deadline import DeadlineParams, DeadlinePolicy
+from raysrv.batching.deadline import DeadlineParams, DeadlinePolicy, strategy_sizes
 
 __all__ = ["CTMCParams", "CTMCPolicy", "PlanInputs"]
 
@@ -104,7 +104,7 @@ class CTMCPolicy(DeadlinePolicy):
 
     def __init__(self, params: CTMCParams, slo_s: float) -> None:
         super().__init__(params, slo_s)
-        self._all = list(self._sizes)
+        self._all = strategy_sizes(params)
         self._times: deque[float] = deque(maxlen=params.arrivals)
         self._last_id = -1
         self._next_plan = -math.inf

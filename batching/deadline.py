@@ -52,7 +52,7 @@ from raysrv.batching.base import (
     Wait,
 )
 
-__all__ = ["DeadlineParams", "DeadlinePolicy"]
+__all__ = ["DeadlineParams", "DeadlinePolicy", "strategy_sizes"]
 
 
 class DeadlineParams(PolicyParams):
@@ -88,8 +88,7 @@ class DeadlinePolicy(BatchingPolicy):
     def __init__(self, params: DeadlineParams, slo_s: float) -> None:
         super().__init__(params, slo_s)
         self._runs = RollingQuantile(window=params.window, quantile=params.quantile)
-        sizes = params.batch_sizes or range(1, params.max_batch_size + 1)
-        self._sizes = sorted(set(sizes), reverse=True)  # strategies, largest first (Appendix B)
+        self._sizes = strategy_sizes(params)
         self._largest = self._sizes[0]
         self._estimates: np.ndarray | None = None  # seconds per size, until the next observation
 
@@ -157,3 +156,9 @@ class DeadlinePolicy(BatchingPolicy):
         fits = [b for b in self._sizes if b <= len(view.queue) and self.estimate(b) <= budget]
         size = fits[0] if fits else 1
         return Dispatch(tuple(q.query_id for q in view.queue[:size]), slot.index)
+
+
+def strategy_sizes(params: DeadlineParams) -> list[int]:
+    """The batch sizes of the strategies, largest first (Appendix B)."""
+    sizes = params.batch_sizes or range(1, params.max_batch_size + 1)
+    return sorted(set(sizes), reverse=True)
