@@ -112,14 +112,24 @@ def monotone_service_times(seconds: ArrayLike, floor_s: float = DEFAULT_FLOOR_S)
 def interpolate_batches(sizes: ArrayLike, seconds: ArrayLike, query: ArrayLike) -> Array:
     """Service time at ``query`` batch sizes from measured ``(sizes, seconds)``, sizes ascending.
 
-    Linear between measured sizes, the smallest measured value below them, proportional
-    (``seconds[-1] * query / sizes[-1]``) above the largest.
+    Linear between measured sizes, the smallest measured value below them. Above the largest,
+    the line through the last two measured sizes, kept between the largest measured value
+    (never decreasing) and proportional scaling ``seconds[-1] * query / sizes[-1]`` (never
+    dearer per query than the largest measured batch); proportional from a single size.
+    An affine cost ``a + b k`` is extended exactly, so a batcher that has only seen small
+    batches under light load does not overrate large ones when a burst comes.
     """
     xs = np.asarray(sizes, dtype=np.float64)
     ys = np.asarray(seconds, dtype=np.float64)
     q = np.asarray(query, dtype=np.float64)
     inside = np.interp(q, xs, ys)
-    return np.where(q > xs[-1], ys[-1] * q / xs[-1], inside)
+    proportional = ys[-1] * q / xs[-1]
+    if xs.size >= 2:
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        beyond = np.clip(ys[-1] + slope * (q - xs[-1]), ys[-1], proportional)
+    else:
+        beyond = proportional
+    return np.where(q > xs[-1], beyond, inside)
 
 
 # ----------------------------------------------------------------------------- regression

@@ -247,7 +247,8 @@ class _Run:
         self.done[list(ids)] = end
         if not self.unbounded:
             self.slots[replica] = ReplicaSlot(replica)
-        self.policy.observe(BatchOutcome(len(ids), replica, started, end, end - started))
+        outcome = BatchOutcome(len(ids), replica, started, end, end - started, True, started)
+        self.policy.observe(outcome)
         if self.queue_batches:
             self._start_backlog(now)
 

@@ -116,7 +116,11 @@ Decision = Dispatch | Wait | Reject
 
 @dataclass(frozen=True, slots=True)
 class BatchOutcome:
-    """What happened to one dispatched batch; ``duration`` is the replica's measured run time."""
+    """What happened to one dispatched batch; ``duration`` is the replica's measured run time.
+
+    ``expected_start`` is when the batch was expected to start as it left (the replica's
+    ``start_time`` then), None when unknown; ``finished`` is when its answers were back.
+    """
 
     size: int
     replica: int
@@ -124,6 +128,7 @@ class BatchOutcome:
     finished: float
     duration: float
     ok: bool = True
+    expected_start: float | None = None
 
 
 class BatchingPolicy(ABC):

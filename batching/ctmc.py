@@ -15,12 +15,17 @@ fast enough to replan every few seconds. It leaves out the wait for a busy repli
 finite-server bound would include it, but its Lindley recursion takes seconds near saturation,
 and the dispatch below already protects the deadlines when replicas are the bottleneck.
 
-Between plans the buffer runs as BATCH's does: hold a short batch until T after its oldest
-query, cut at B. Dispatch is the ``deadline`` policy's (clockwork Appendix B) restricted to
-sizes up to B, so a plan that turns out wrong for the traffic costs throughput, not late
-answers: queries that cannot finish in time are refused before any work, and the hold never
-outlasts what the oldest deadline allows. Until a plan exists (too few arrivals or no measured
-run time) B and T are ``initial_batch_size`` and ``initial_timeout_ms``.
+Between plans the buffer runs as BATCH's does: hold a batch shorter than B until T after its
+oldest query. Dispatch is then the ``deadline`` policy's (clockwork Appendix B), so a plan that
+turns out wrong for the traffic costs throughput, not late answers: queries that cannot finish
+in time are refused before any work, and the hold never outlasts what the oldest deadline
+allows. When more than B queries wait, dispatch may take up to ``max_batch_size`` of them:
+BATCH's buffer never holds more than B because its functions run at once, but a finite pool of
+replicas makes queries wait while it is busy, and cutting that backlog at B would cap the
+throughput at the planned batch size (on a fixed-cost model, below the offered load).
+
+Until a plan exists (too few arrivals or no measured run time) B and T are
+``initial_batch_size`` and ``initial_timeout_ms``.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from raysrv.analytics.arrivals import fit_map2
 from raysrv.analytics.buffer import Pricing
 from raysrv.analytics.optimize import BatchingPlan, optimize_batching
 from raysrv.batching.base import BatcherView, Decision, QueuedQuery, ReplicaSlot, Wait
-from raysrv.batching.deadline import DeadlineParams, DeadlinePolicy, strategy_sizes
+from raysrv.batching.deadline import DeadlineParams, DeadlinePolicy
 
 __all__ = ["CTMCParams", "CTMCPolicy", "PlanInputs"]
 
@@ -104,7 +109,6 @@ class CTMCPolicy(DeadlinePolicy):
 
     def __init__(self, params: CTMCParams, slo_s: float) -> None:
         super().__init__(params, slo_s)
-        self._all = strategy_sizes(params)
         self._times: deque[float] = deque(maxlen=params.arrivals)
         self._last_id = -1
         self._next_plan = -math.inf
@@ -113,13 +117,8 @@ class CTMCPolicy(DeadlinePolicy):
         self.inputs: PlanInputs | None = None
         self._apply(params.initial_batch_size, params.initial_timeout_ms / 1000.0)
 
-    @property
-    def max_batch_size(self) -> int:
-        return self._cap
-
     def _apply(self, cap: int, hold_s: float) -> None:
         self._cap, self._hold = cap, hold_s
-        self._sizes = [s for s in self._all if s <= cap] or [min(self._all)]
 
     def decide(self, view: BatcherView) -> Decision:
         self._record_arrivals(view)
@@ -170,6 +169,7 @@ class CTMCPolicy(DeadlinePolicy):
     def describe(self) -> dict[str, Any]:
         return {
             **super().describe(),
+            "batch_size": self._cap,
             "timeout_ms": self._hold * 1000.0,
             "plan": None if self.plan is None else asdict(self.plan),
             "plan_inputs": None if self.inputs is None else asdict(self.inputs),

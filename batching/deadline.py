@@ -23,6 +23,15 @@ is interpolated between measured ones, or scaled from the largest). One step:
       start behind them and make the model's SLO. They are not refused early, only when their
       deadline has passed.
 
+Overruns (clockwork §5.3 keeps predictions honest by measuring; here the whole plan is): each
+batch was planned to be back by its expected start + its estimate. When it comes back later,
+the difference is an overrun: the hops to the replica and back, run-time noise the quantile of
+a short window misses, a batch before it that ran long. With ``learn_overrun`` the
+``quantile`` of the last ``overrun_window`` overruns (never below zero) is added to every
+estimate, so a noisy machine makes the policy plan with the slack that machine needs instead of
+a hand-set ``margin_ms``. Only batches of sizes measured before count (an unmeasured size's
+estimate says nothing). In a deterministic simulation the overruns are zero.
+
 The policy is work-conserving: it dispatches as soon as a replica is free rather than holding
 queries back for a fuller batch; under load the queue, and with it the batch, grows on its own.
 Before any run time is measured the estimates are zero: the first batches go out optimistically
@@ -33,6 +42,7 @@ O(s log n) over the s batch sizes.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
@@ -67,6 +77,12 @@ class DeadlineParams(PolicyParams):
     margin_ms: float = Field(
         0.0, ge=0.0, le=60_000.0, description="Added to every run-time estimate, for safety."
     )
+    learn_overrun: bool = Field(
+        True,
+        description="Also add the quantile of recent overruns: how much later than planned "
+        "batches came back (hops, run-time noise beyond the quantile, a late batch before).",
+    )
+    overrun_window: int = Field(50, ge=1, le=10_000, description="Overruns kept.")
 
     @model_validator(mode="after")
     def _sizes_within_max(self) -> DeadlineParams:
@@ -91,23 +107,41 @@ class DeadlinePolicy(BatchingPolicy):
         self._sizes = strategy_sizes(params)
         self._largest = self._sizes[0]
         self._estimates: np.ndarray | None = None  # seconds per size, until the next observation
+        self._overruns: deque[float] = deque(maxlen=params.overrun_window)
+        self._slack = 0.0  # the learned overrun, seconds
 
     @property
     def max_batch_size(self) -> int:
         return self._sizes[0]
 
     def estimate(self, size: int) -> float:
-        """Planned run time of a batch of ``size``: p99 of the measured ones (interpolated for
-        sizes not measured, never decreasing in the size), plus the margin; 0 before any."""
+        """Planned time from a batch's start to its answers being back: p99 of the measured run
+        times of ``size`` (interpolated for sizes not measured, never decreasing in the size),
+        plus the margin and the learned overrun; 0 before any measurement."""
+        return self._planned(size) + self._slack
+
+    def _planned(self, size: int) -> float:
         if self._estimates is None:
             self._estimates = self._runs.service_times(None, self._largest)
         measured = 0.0 if self._estimates is None else float(self._estimates[size - 1])
         return measured + self.params.margin_ms / 1000.0
 
     def observe(self, outcome: BatchOutcome) -> None:
-        if outcome.ok:
-            self._runs.observe(outcome.size, outcome.duration)
-            self._estimates = None  # recomputed at the next step
+        if not outcome.ok:
+            return
+        if (
+            self.params.learn_overrun
+            and outcome.expected_start is not None
+            and self._runs.count(outcome.size)
+        ):
+            due = outcome.expected_start + self._planned(outcome.size)
+            self._overruns.append(outcome.finished - due)
+            self._slack = max(0.0, float(np.quantile(self._overruns, self.params.quantile)))
+        self._runs.observe(outcome.size, outcome.duration)
+        self._estimates = None  # recomputed at the next step
+
+    def describe(self) -> dict[str, object]:
+        return {**super().describe(), "learned_overrun_ms": self._slack * 1000.0}
 
     def decide(self, view: BatcherView) -> Decision:
         urgent = [q for q in view.queue if q.priority <= 0]

@@ -107,6 +107,7 @@ class Batcher:
         self._planning: asyncio.Future[object] | None = None
         self._arrivals: collections.deque[float] = collections.deque(maxlen=ARRIVAL_WINDOW)
         self.batches = 0
+        self.batched = 0  # queries in those batches
         # Replica-measured run time per batch size over the last batches (clockwork §5.3).
         self.durations = {
             q: RollingQuantile(window=DURATION_WINDOW, quantile=q) for q in (0.5, 0.99)
@@ -139,12 +140,22 @@ class Batcher:
         self._wake.set()
         return future
 
+    def withdraw(self, future: asyncio.Future[Any]) -> bool:
+        """Take a query out of the queue because its caller stopped waiting (its deadline
+        passed); False when it is no longer queued (in a batch, or answered)."""
+        for i, entry in enumerate(self._queue):
+            if entry.future is future:
+                del self._queue[i]
+                return True
+        return False
+
     def describe(self) -> dict[str, Any]:
         return {
             "queue_length": len(self._queue),
             "replicas": len(self._replicas),
             "busy_replicas": self._replicas.busy(),
             "batches": self.batches,
+            "batched_queries": self.batched,
             "batching": self.policy.describe(),
             "batch_seconds": {
                 f"p{round(q * 100)}": {str(k): v for k, v in sorted(r.table().items())}
@@ -256,8 +267,9 @@ class Batcher:
         entries = [e for e in self._take(decision.query_ids) if not e.future.done()]
         if not entries:  # every caller gave up while waiting
             return
+        expected = self._replicas.view(now)[decision.replica].start_time(now)
         self._replicas.sent(decision.replica, len(entries), now)
-        task = asyncio.create_task(self._run_batch(entries, decision.replica, now))
+        task = asyncio.create_task(self._run_batch(entries, decision.replica, now, expected))
         self._running.add(task)
         task.add_done_callback(self._running.discard)
 
@@ -267,7 +279,9 @@ class Batcher:
         self._fail(entries, Rejected(f"model {self.model!r}: {decision.reason}"))
         self._metrics.queue_length(self.model, len(self._queue))
 
-    async def _run_batch(self, entries: list[_Entry], replica: int, dispatched: float) -> None:
+    async def _run_batch(
+        self, entries: list[_Entry], replica: int, dispatched: float, expected: float
+    ) -> None:
         ok = False
         duration = math.nan
         try:
@@ -294,10 +308,11 @@ class Batcher:
                 for rolling in self.durations.values():
                     rolling.observe(len(entries), duration)
             self.batches += 1
+            self.batched += len(entries)
             if not ok or not math.isfinite(duration):
                 duration = finished - dispatched
             self.policy.observe(
-                BatchOutcome(len(entries), replica, dispatched, finished, duration, ok)
+                BatchOutcome(len(entries), replica, dispatched, finished, duration, ok, expected)
             )
             self._metrics.batch(self.model, len(entries), finished - dispatched)
             self._wake.set()

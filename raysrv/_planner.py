@@ -76,7 +76,9 @@ def predict(snap: PlanSnapshot) -> dict[str, Any]:
 
 
 def _settings(policy: dict[str, Any]) -> tuple[int, float]:
-    """The policy's batch size and hold (seconds) as the buffer model sees them."""
+    """The policy's batch size and hold (seconds) as the buffer model sees them: the buffer's B
+    where the policy has one (``ctmc``), else its largest batch."""
     params = policy.get("params", {})
     hold_ms = policy.get("timeout_ms", params.get("timeout_ms", params.get("delay_ms", 0.0)))
-    return max(1, int(policy.get("max_batch_size", 1))), float(hold_ms or 0.0) / 1000.0
+    batch = policy.get("batch_size", policy.get("max_batch_size", 1))
+    return max(1, int(batch)), float(hold_ms or 0.0) / 1000.0

@@ -11,6 +11,7 @@ boundary is a batch, never a single query.
 from __future__ import annotations
 
 import asyncio
+import collections
 import math
 import time
 import uuid
@@ -25,7 +26,7 @@ from raysrv._batcher import Batcher, Execute
 from raysrv._planner import predict as predict_plan
 from raysrv.cache import PredictionCache, cache_key
 from raysrv.config import AppSpec, InputSpec, LiveConfig, ModelSpec, RaysrvSpec
-from raysrv.errors import BadRequest, NotFound
+from raysrv.errors import BadRequest, DeadlineExpired, NotFound, Rejected
 from raysrv.metrics import Metrics
 from raysrv.state import MemoryStore, StateStore
 
@@ -50,6 +51,9 @@ def coerce_input(value: Any, spec: InputSpec) -> np.ndarray:
     return np.ascontiguousarray(array, dtype=target)
 
 
+TRIP_WINDOW = 200  # queries with ``sent_at`` behind the trip-back estimate
+
+
 def _in_transit(sent_at: float | None) -> float:
     """Seconds since the caller sent the query (0 without ``sent_at``; never negative)."""
     if sent_at is None:
@@ -61,10 +65,12 @@ def _in_transit(sent_at: float | None) -> float:
 
 @dataclass(frozen=True)
 class _Ask:
-    """What a caller asked of one query beyond its input: its SLO and its priority class."""
+    """What a caller asked of one query beyond its input: its SLO and its priority class, and
+    the time kept back from its deadline for the answer's trip to the caller."""
 
     slo_ms: float | None
     priority: int
+    trip_back_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -92,6 +98,7 @@ class Server:
         self._store = store or MemoryStore()
         self._metrics = metrics or Metrics()
         self._clock = clock
+        self._trips: collections.deque[float] = collections.deque(maxlen=TRIP_WINDOW)
         self._rng = rng or np.random.default_rng(spec.ingress.seed)
         self._models: dict[str, ModelSpec] = {m.name: m for m in spec.models}
         self._slo_ms = {m.name: m.slo_ms for m in spec.models}
@@ -168,9 +175,16 @@ class Server:
         ``best_effort`` it has none, and is answered late rather than refused. ``priority`` 1
         marks a batch client, which policies that know classes serve in idle time only.
         ``sent_at`` (wall-clock seconds, from the caller) starts the SLO when the query was sent
-        rather than when it reached the ingress, so time queued in front of raysrv counts."""
+        rather than when it reached the ingress, so time queued in front of raysrv counts, and
+        the answer's trip back is kept out of the time the batchers may use: the p99 of the
+        trips here of the last queries that carried ``sent_at``."""
         start = self._clock()
-        origin = start - _in_transit(sent_at)  # where the SLO starts
+        trip = _in_transit(sent_at)
+        origin = start - trip  # where the SLO starts
+        trip_back = 0.0
+        if sent_at is not None:
+            self._trips.append(trip)
+            trip_back = self.trip_back()
         target = self._app(app)
         if slo_ms is not None and not (isinstance(slo_ms, (int, float)) and 0 < slo_ms < math.inf):
             raise BadRequest(f"slo_ms must be a positive number, got {slo_ms!r}")
@@ -180,7 +194,7 @@ class Server:
             )
         if best_effort:
             slo_ms = math.inf
-        ask = _Ask(slo_ms, priority)
+        ask = _Ask(slo_ms, priority, trip_back)
         x = coerce_input(input, target.input)
         context = "" if context is None else str(context)
         state = await self._store.get_state(app, context) or target.selection.init()
@@ -209,19 +223,58 @@ class Server:
         self, app: _App, model: str, x: np.ndarray, origin: float, ask: _Ask
     ) -> tuple[Any, bool]:
         self._metrics.selection(app.spec.name, model)
-        deadline = origin + (ask.slo_ms or app.slo_ms or self._slo_ms[model]) / 1000.0
+        slo_s = (ask.slo_ms or app.slo_ms or self._slo_ms[model]) / 1000.0
+        deadline = origin + slo_s - ask.trip_back_s
         batcher = self.batchers[model]
 
-        if not app.cache.capacity:  # no cache: no key to build, nothing to coalesce
-            return await batcher.submit(x, deadline, ask.priority), False
-
         async def compute() -> Any:
-            return await batcher.submit(x, deadline, ask.priority)
+            return await self._by_deadline(
+                batcher.submit(x, deadline, ask.priority), deadline, model
+            )
+
+        if not app.cache.capacity:  # no cache: no key to build, nothing to coalesce
+            return await compute(), False
 
         key = cache_key(model, self._models[model].version, x)
         value, hit = await app.cache.get_or_compute(key, compute)
         self._metrics.cache(app.spec.name, model, hit)
         return value, hit
+
+    def trip_back(self) -> float:
+        """Seconds kept for an answer's trip back to a caller that sends ``sent_at``: the p99
+        of the trips here of the last ``TRIP_WINDOW`` such queries (0 until 20 are seen)."""
+        if len(self._trips) < 20:
+            return 0.0
+        return float(np.quantile(self._trips, 0.99))
+
+    async def _by_deadline(self, answer: asyncio.Future[Any], deadline: float, model: str) -> Any:
+        """The answer, or an error once the query's deadline passes first: never a late answer.
+
+        A query still queued then is withdrawn and refused as the policies refuse it (429,
+        "deadline passed while queued"); one already in a running batch is dropped with 504
+        ("deadline_expired"), as Clockwork's controller times a request out at its SLO rather
+        than answer it late (clockwork §6.5).
+        """
+        if not math.isfinite(deadline):
+            return await answer
+        try:
+            await asyncio.wait((answer,), timeout=max(0.0, deadline - self._clock()))
+        except asyncio.CancelledError:
+            answer.cancel()
+            raise
+        if answer.done():
+            return answer.result()
+        queued = self.batchers[model].withdraw(answer)
+        answer.cancel()  # a running batch's answer for it is dropped
+        if queued:
+            reason = "deadline passed while queued"
+            self._metrics.rejection(model, reason)
+            raise Rejected(f"model {model!r}: {reason}")
+        self._metrics.rejection(model, "deadline_expired")
+        raise DeadlineExpired(
+            f"model {model!r} had no answer by the query's deadline; it was dropped "
+            f"rather than answered late (pass best_effort to wait for it)"
+        )
 
     async def feedback(self, app: str, query_id: str, label: Any) -> dict[str, Any]:
         """Join ``label`` with the answered query and let the app's selection policy learn."""

@@ -67,6 +67,13 @@ class Overloaded(RaysrvError):
     retry_after_s = 1
 
 
+class DeadlineExpired(RaysrvError):
+    """Not answered by its deadline: the ingress drops it then rather than answer late."""
+
+    status = 504
+    reason = "deadline_expired"
+
+
 class ModelFailed(RaysrvError):
     """The model raised while evaluating a batch."""
 

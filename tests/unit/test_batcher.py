@@ -32,6 +32,51 @@ def test_batches_form_while_the_replica_is_busy_and_every_query_gets_its_answer(
         assert [a["sum"] for a in answers] == [4.0 * i for i in range(20)]
         assert log[0] == 1  # the first query found the replica free
         assert log == [1, 8, 8, 3]
+        described = batcher.describe()
+        assert (described["batches"], described["batched_queries"]) == (4, 20)
+        await batcher.close()
+
+    asyncio.run(scenario())
+
+
+def test_each_outcome_says_when_its_batch_was_expected_to_start() -> None:
+    """The pipeline sends a batch once the replica's last one should have ended, so each is
+    expected to start as it leaves; the policy learns its overruns from that."""
+
+    class Recording(batching.FixedPolicy):
+        outcomes: list[batching.BatchOutcome] = []
+
+        def observe(self, outcome: batching.BatchOutcome) -> None:
+            self.outcomes.append(outcome)
+
+    async def scenario() -> list[batching.BatchOutcome]:
+        policy = Recording(batching.FixedParams(max_batch_size=2), 1.0)
+        batcher = Batcher("echo", policy, fake_execute(EchoModel(), delay_s=0.01), 1, 1000)
+        await asyncio.gather(*(batcher.submit(np.ones(4, np.float32)) for _ in range(12)))
+        await batcher.close()
+        return policy.outcomes
+
+    outcomes = asyncio.run(scenario())
+    assert len(outcomes) == 6
+    for o in outcomes:
+        assert o.expected_start == o.dispatched
+        assert o.finished - o.dispatched >= 0.01  # the fake replica's 10 ms
+
+
+def test_a_withdrawn_query_leaves_the_queue_and_never_runs() -> None:
+    async def scenario() -> None:
+        log: list[int] = []
+        batcher = _batcher(log)
+        running = batcher.submit(np.zeros(4, dtype=np.float32))
+        await asyncio.sleep(0.005)  # in a batch now: too late to withdraw
+        queued = [batcher.submit(np.full(4, i, dtype=np.float32)) for i in (1, 2)]
+        assert not batcher.withdraw(running)
+        assert batcher.withdraw(queued[0])
+        assert not batcher.withdraw(queued[0])
+        queued[0].cancel()
+        assert (await running)["sum"] == 0.0
+        assert (await queued[1])["sum"] == 8.0
+        assert log == [1, 1]  # the withdrawn query was in no batch
         await batcher.close()
 
     asyncio.run(scenario())

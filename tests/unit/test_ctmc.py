@@ -8,7 +8,16 @@ import numpy as np
 import pytest
 
 from raysrv.analytics import MMPP2, Poisson, fit_map2, optimize_batching, simulate
-from raysrv.batching import CTMCParams, CTMCPolicy
+from raysrv.batching import (
+    BatcherView,
+    BatchOutcome,
+    CTMCParams,
+    CTMCPolicy,
+    Dispatch,
+    QueuedQuery,
+    ReplicaSlot,
+    Wait,
+)
 from raysrv.batching.ctmc import _PlanJob
 from raysrv.testing import EchoModel, fake_execute
 
@@ -44,10 +53,10 @@ def test_in_simulation_it_replans_and_answers_nothing_late() -> None:
     result = simulate(arrivals, SERVICE, policy, replicas=1, slo=0.03)
     assert policy.plan is not None
     described = policy.describe()
-    assert described["max_batch_size"] == policy.plan.max_batch
+    assert described["batch_size"] == policy.plan.max_batch
     assert described["timeout_ms"] == pytest.approx(policy.plan.timeout * 1000)
     assert int(result.late.sum()) == 0
-    assert result.batch_sizes.max() <= max(CTMCParams().candidates())
+    assert result.batch_sizes.max() <= CTMCParams().max_batch_size
 
 
 def test_the_live_batcher_plans_off_the_loop_and_adopts_the_plan() -> None:
@@ -65,10 +74,39 @@ def test_the_live_batcher_plans_off_the_loop_and_adopts_the_plan() -> None:
             await asyncio.sleep(0.01)
             await batcher.submit(np.zeros(4, np.float32), deadline=loop.time() + 0.5)
         assert policy.plan is not None
-        assert batcher.describe()["batching"]["plan"]["max_batch"] == policy.max_batch_size
+        described = batcher.describe()["batching"]
+        assert described["plan"]["max_batch"] == described["batch_size"]
+        assert described["timeout_ms"] == pytest.approx(described["plan"]["timeout"] * 1000)
         await batcher.close()
 
     asyncio.run(scenario())
+
+
+def _planned(batch: int, timeout_s: float) -> CTMCPolicy:
+    """A policy whose plan says B = ``batch``, T = ``timeout_s``, with run times measured."""
+    policy = CTMCPolicy(CTMCParams(max_batch_size=16), slo_s=0.5)
+    for size in (1, 2, 4, 8, 16):
+        duration = 0.002 + 0.001 * size
+        policy.observe(BatchOutcome(size, 0, 0.0, duration, duration))
+    policy._apply(batch, timeout_s)
+    return policy
+
+
+def test_a_short_batch_is_held_until_the_planned_timeout() -> None:
+    policy = _planned(8, 0.020)
+    queue = [QueuedQuery(i, 0.0, 0.5) for i in range(3)]
+    assert policy.decide(BatcherView(0.005, queue, [ReplicaSlot(0)])) == Wait(0.020)
+    assert policy.decide(BatcherView(0.020, queue, [ReplicaSlot(0)])) == Dispatch((0, 1, 2), 0)
+
+
+def test_a_backlog_longer_than_b_is_served_in_larger_batches() -> None:
+    # B = 2 is the buffer's cut; twelve queries waited for a busy replica, so one batch takes
+    # the largest size that still makes every deadline, not two of them.
+    policy = _planned(2, 0.0)
+    queue = [QueuedQuery(i, 0.0, 0.5) for i in range(12)]
+    decision = policy.decide(BatcherView(0.0, queue, [ReplicaSlot(0)]))
+    assert isinstance(decision, Dispatch)
+    assert len(decision.query_ids) == 12
 
 
 def test_budget_objective_needs_a_budget() -> None:

@@ -4,6 +4,7 @@ simulator against ``fixed`` on a bursty load."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from raysrv.analytics import MMPP2, simulate
 from raysrv.batching import (
@@ -80,6 +81,36 @@ def test_batch_clients_only_fill_idle_time_in_short_batches() -> None:
     pipelined = [ReplicaSlot(0, busy_until=0.004)]
     assert policy.decide(BatcherView(0.0, fillers, pipelined)) == Wait()
     assert policy.decide(BatcherView(0.0, fillers, [ReplicaSlot(0)])) == Dispatch((0, 1, 2), 0)
+
+
+def _late_by(policy: DeadlinePolicy, seconds: float, batches: int = 20) -> None:
+    """Report ``batches`` of 4 that came back ``seconds`` later than the policy planned."""
+    for k in range(batches):
+        start = float(k)
+        planned = start + policy.estimate(4) - policy.describe()["learned_overrun_ms"] / 1000
+        policy.observe(BatchOutcome(4, 0, start, planned + seconds, 0.006, True, start))
+
+
+def test_learns_how_much_later_than_planned_batches_come_back() -> None:
+    policy = _trained()
+    assert policy.estimate(1) == 0.003
+    _late_by(policy, 0.004)  # e.g. the hop back to the ingress takes 4 ms
+    assert policy.describe()["learned_overrun_ms"] == pytest.approx(4.0)
+    assert policy.estimate(1) == pytest.approx(0.007)
+    # A query that one batch of 3 ms would have served is now refused before any work.
+    queue = _queue([0.005])
+    assert policy.decide(BatcherView(0.0, queue, [ReplicaSlot(0)])) == Reject(
+        (0,), "cannot meet deadline"
+    )
+    _late_by(policy, -0.001, batches=50)  # early answers: the window forgets, never below 0
+    assert policy.describe()["learned_overrun_ms"] == 0.0
+
+
+def test_overrun_learning_can_be_switched_off() -> None:
+    policy = _trained(learn_overrun=False)
+    _late_by(policy, 0.004)
+    assert policy.describe()["learned_overrun_ms"] == 0.0
+    assert policy.estimate(1) == 0.003
 
 
 def test_in_simulation_nothing_is_answered_late_where_fixed_is() -> None:

@@ -229,6 +229,54 @@ def test_queries_past_their_deadline_get_429_with_the_reason_before_any_work() -
     run(scenario())
 
 
+def test_the_trip_back_is_kept_from_the_deadline_as_long_as_the_trips_here_take() -> None:
+    """Callers whose queries take 50 ms to arrive: the answer is expected to take as long to
+    go back, so a query with 45 ms of its SLO left on arrival cannot be answered in time."""
+    import time
+
+    async def scenario() -> tuple[list[httpx.Response], float]:
+        server = _server()
+        async with await _client(server) as c:
+            before = [
+                await c.post(
+                    "/v1/one/predict",
+                    json={"input": [i, 0, 0, 0], "slo_ms": 1000, "sent_at": time.time() - 0.05},
+                )
+                for i in range(25)
+            ]
+            tight = {"input": [99, 0, 0, 0], "slo_ms": 95, "sent_at": time.time() - 0.05}
+            return [*before, await c.post("/v1/one/predict", json=tight)], server.trip_back()
+
+    responses, trip_back = run(scenario())
+    assert all(r.status_code == 200 for r in responses[:-1])
+    assert trip_back == pytest.approx(0.05, abs=0.02)
+    assert responses[-1].status_code == 429, responses[-1].text
+    assert "deadline passed" in responses[-1].json()["message"]
+
+
+def test_a_query_whose_batch_outruns_its_deadline_gets_504_at_the_deadline() -> None:
+    async def scenario() -> None:
+        logs: dict[str, list[int]] = {"a": [], "b": []}
+        async with await _client(_server(delay_s=0.05, logs=logs)) as c:
+            # fixed sends it at once to the free replica, which then takes 50 ms: too long
+            body = {"input": [1, 0, 0, 0], "slo_ms": 20}
+            expired, waited = await asyncio.gather(
+                c.post("/v1/one/predict", json=body),
+                c.post(
+                    "/v1/one/predict", json={**body, "input": [3, 0, 0, 0], "best_effort": True}
+                ),
+            )
+            after = await c.post("/v1/one/predict", json={"input": [2, 0, 0, 0]})
+        assert expired.status_code == 504, expired.text
+        assert expired.json()["error"] == "deadline_expired"
+        assert waited.status_code == 200  # a caller who asked to wait gets the late answer
+        assert waited.json()["latency_ms"] > 20
+        assert after.status_code == 200  # and the server keeps serving
+        assert sum(logs["a"]) == 3  # the work was spent: the expired query did run
+
+    run(scenario())
+
+
 def test_best_effort_queries_are_answered_late_instead_of_refused() -> None:
     async def scenario() -> None:
         async with await _client(_server(delay_s=0.05)) as c:
@@ -296,5 +344,5 @@ def test_the_slo_starts_when_the_caller_sent_the_query() -> None:
 
     fresh, stale = run(scenario())
     assert fresh.status_code == 200
-    assert stale.status_code == 429
+    assert stale.status_code == 429, stale.text
     assert "deadline passed" in stale.json()["message"]

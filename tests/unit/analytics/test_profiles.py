@@ -220,6 +220,21 @@ def test_interpolate_batches_rules() -> None:
     np.testing.assert_allclose(out, [0.02, 0.02, 0.04, 0.06, 0.12])
 
 
+def test_interpolate_batches_extends_an_affine_cost_exactly() -> None:
+    # 4 ms + 0.5 ms per query, seen only at sizes 1..4: size 32 takes 20 ms, not 8 x 6 ms.
+    sizes = [1, 2, 3, 4]
+    out = interpolate_batches(sizes, [0.004 + 0.0005 * k for k in sizes], [8, 32])
+    np.testing.assert_allclose(out, [0.008, 0.020])
+
+
+def test_interpolate_batches_beyond_the_table_stays_between_flat_and_proportional() -> None:
+    # A falling last segment does not make larger batches cheaper, a steep one not dearer
+    # per query than the largest measured batch.
+    np.testing.assert_allclose(interpolate_batches([1, 2], [0.010, 0.008], [4]), [0.008])
+    np.testing.assert_allclose(interpolate_batches([1, 2], [0.001, 0.010], [4]), [0.020])
+    np.testing.assert_allclose(interpolate_batches([3], [0.009], [6]), [0.018])
+
+
 # ----------------------------------------------------------------------------- RollingQuantile
 
 
