@@ -21,13 +21,14 @@ from onnx import TensorProto, helper, numpy_helper
 
 from raysrv.artifacts import atomic_write
 
-__all__ = ["INPUT_SHAPE", "N_CLASSES", "build_convnet", "main", "profile"]
+__all__ = ["INPUT_SHAPE", "MLP_PATH", "N_CLASSES", "build_convnet", "build_mlp", "main", "profile"]
 
 INPUT_SHAPE: tuple[int, int, int] = (3, 32, 32)
 N_CLASSES = 10
 OPSET = 17
 IR_VERSION = 8  # goes with opset 17
 DEFAULT_PATH = Path(__file__).parent / "out" / "convnet.onnx"
+MLP_PATH = Path(__file__).parent / "out" / "mlp.onnx"
 
 # One (out_channels, max_pool_after) pair per 3x3 conv + Relu stage. The two wide convs at full
 # 32x32 resolution carry most of the ~0.7 GFLOP per image: a much smaller net runs in well under a
@@ -92,11 +93,34 @@ def _convnet(seed: int) -> onnx.ModelProto:
     return _model(nodes, inits)
 
 
+def _mlp(seed: int, layers: int, width: int, passes: int) -> onnx.ModelProto:
+    """Flatten, MatMul + Relu to ``width`` units, then ``passes`` times through the same
+    ``layers`` square MatMul + Relu layers (shared weights), then MatMul -> logits."""
+    rng = np.random.default_rng(seed)
+    fan_in = int(np.prod(INPUT_SHAPE))
+    inits = [numpy_helper.from_array(_he(rng, (fan_in, width), fan_in), "w_in")]
+    inits += [
+        numpy_helper.from_array(_he(rng, (width, width), width), f"w{k}") for k in range(layers)
+    ]
+    inits.append(numpy_helper.from_array(_he(rng, (width, N_CLASSES), width), "w_out"))
+    nodes = [helper.make_node("Flatten", ["input"], ["flat"], axis=1)]
+    x = "flat"
+    weights = ["w_in"] + [f"w{k}" for _ in range(passes) for k in range(layers)]
+    for i, w in enumerate(weights):
+        nodes += [
+            helper.make_node("MatMul", [x, w], [f"mm{i}"]),
+            helper.make_node("Relu", [f"mm{i}"], [f"h{i}"]),
+        ]
+        x = f"h{i}"
+    nodes.append(helper.make_node("MatMul", [x, "w_out"], ["logits"]))
+    return _model(nodes, inits)
+
+
 def _model(nodes: list[onnx.NodeProto], inits: list[TensorProto]) -> onnx.ModelProto:
     """Wrap the nodes in a checked opset-17 model with a dynamic batch dimension."""
     graph = helper.make_graph(
         nodes,
-        "bench_convnet",
+        "bench_model",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", *INPUT_SHAPE])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", N_CLASSES])],
         initializer=inits,
@@ -118,6 +142,29 @@ def build_convnet(path: str | os.PathLike[str], seed: int = 0) -> Path:
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, _convnet(seed).SerializeToString())
+    return path
+
+
+def build_mlp(
+    path: str | os.PathLike[str],
+    layers: int = 16,
+    width: int = 4096,
+    passes: int = 3,
+    seed: int = 0,
+) -> Path:
+    """Write a wide MLP whose cost is mostly reading its weights (skipped when the file exists).
+
+    With the defaults that is about 1 GB of float32 weights (far more than any cache), read
+    ``passes`` times per batch whatever its size: on one CPU thread a batch of 1 takes about
+    0.1 s and a batch of 8 about twice that, a fixed cost per batch much like a GPU's. Sharing
+    the weights between passes keeps the file under protobuf's 2 GB limit. The live policy
+    benchmark uses it so that the replica, not the serving machinery, is what saturates. Same
+    input and output as the convnet.
+    """
+    path = Path(path)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, _mlp(seed, layers, width, passes).SerializeToString())
     return path
 
 
@@ -158,12 +205,12 @@ def profile(
 
 
 def main() -> int:
-    """Build ``bench/out/convnet.onnx`` and print its latency profile."""
-    path = build_convnet(DEFAULT_PATH)
-    print(f"{path}  (onnxruntime CPU, 1 intra-op thread, median of 50)")
-    print(f"{'batch':>5}  {'ms/batch':>9}  {'ms/item':>8}")
-    for n, seconds in profile(path).items():
-        print(f"{n:>5}  {seconds * 1e3:>9.3f}  {seconds * 1e3 / n:>8.3f}")
+    """Build ``bench/out/convnet.onnx`` and ``bench/out/mlp.onnx``; print their profiles."""
+    for path in (build_convnet(DEFAULT_PATH), build_mlp(MLP_PATH)):
+        print(f"{path.name}  (onnxruntime CPU, 1 intra-op thread, median of 20)")
+        print(f"{'batch':>5}  {'ms/batch':>9}  {'ms/item':>8}")
+        for n, seconds in profile(path, repeats=20).items():
+            print(f"{n:>5}  {seconds * 1e3:>9.3f}  {seconds * 1e3 / n:>8.3f}")
     return 0
 
 

@@ -1,14 +1,16 @@
-"""Latency CDF panels: observed samples as a step curve against model CDFs (PNG, no display)."""
+"""Benchmark plots (PNG, no display): latency CDFs against model CDFs, SLO attainment curves and
+goodput over time."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-__all__ = ["Panel", "cdf_panels"]
+__all__ = ["Panel", "attainment_panels", "cdf_panels", "goodput_panels"]
 
 Cdf = Callable[[np.ndarray], np.ndarray]
 
@@ -27,11 +29,7 @@ class Panel:
 
 def cdf_panels(panels: Sequence[Panel], path: Path) -> Path:
     """Draw the panels side by side into ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2), squeeze=False)
     for ax, panel in zip(axes[0], panels, strict=True):
         xs = np.sort(panel.samples)
@@ -45,6 +43,78 @@ def cdf_panels(panels: Sequence[Panel], path: Path) -> Path:
         ax.set_xlabel("latency (ms)")
     axes[0][0].set_ylabel("CDF")
     axes[0][0].legend(fontsize=8)
+    return _save(fig, path)
+
+
+def _logs_arrays(log: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(latency s from the scheduled send, completion s, status) of a request log."""
+    done = np.asarray(log.done)
+    return done - np.asarray(log.scheduled), done, np.asarray(log.status)
+
+
+def attainment_panels(logs: Mapping[str, Mapping[str, Any]], slo_s: float, path: Path) -> Path:
+    """Per workload, per system: the fraction of offered queries answered within x ms.
+
+    Refused and failed queries never count, so a curve tops out at the share answered, and its
+    height at the SLO (dotted line) is the SLO attainment. ``logs``: workload -> system ->
+    :class:`bench.loadgen.RequestLog`.
+    """
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(logs), figsize=(4 * len(logs), 3.4), squeeze=False)
+    for ax, (workload, per_system) in zip(axes[0], logs.items(), strict=True):
+        for system, log in per_system.items():
+            latency, _, status = _logs_arrays(log)
+            xs = np.sort(latency[status == 200])
+            ax.step(
+                xs * 1e3,
+                np.arange(1, xs.size + 1) / max(status.size, 1),
+                where="post",
+                label=system,
+            )
+        ax.axvline(slo_s * 1e3, color="k", linestyle=":", linewidth=1)
+        ax.set_xlim(0, 2.5 * slo_s * 1e3)
+        ax.set_ylim(0, 1.01)
+        ax.set_title(workload, fontsize=9)
+        ax.set_xlabel("latency (ms)")
+    axes[0][0].set_ylabel("answered within x / offered")
+    axes[0][0].legend(fontsize=7)
+    return _save(fig, path)
+
+
+def goodput_panels(
+    logs: Mapping[str, Mapping[str, Any]], slo_s: float, capacity: float, path: Path
+) -> Path:
+    """Per workload, per system: answers within the SLO per second, by completion time, with the
+    measured capacity as a dashed line."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(logs), figsize=(4 * len(logs), 3.4), squeeze=False)
+    for ax, (workload, per_system) in zip(axes[0], logs.items(), strict=True):
+        for system, log in per_system.items():
+            latency, done, status = _logs_arrays(log)
+            good = done[(status == 200) & (latency <= slo_s)]
+            edges = np.arange(0.0, float(np.ceil(done.max())) + 1.0) if done.size else [0, 1]
+            counts, _ = np.histogram(good, bins=edges)
+            ax.step(edges[1:], counts, where="pre", label=system)
+        ax.axhline(capacity, color="k", linestyle="--", linewidth=1)
+        ax.set_title(workload, fontsize=9)
+        ax.set_xlabel("time (s)")
+    axes[0][0].set_ylabel("goodput (answers within SLO / s)")
+    axes[0][0].legend(fontsize=7)
+    return _save(fig, path)
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

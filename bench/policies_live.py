@@ -1,18 +1,36 @@
 """Every batching policy and ``@serve.batch``, live, on bursty and overload workloads (issue 4).
 
-    python -m bench.policies_live [--quick] [--out bench/out/policies_live.json]
+    python -m bench.policies_live [--quick] [--slo-ms 600] [--margin-ms 0]
 
-The benchmark convnet (:mod:`bench.models`) on one replica (one CPU, one onnxruntime thread),
-in a local Ray, driven through Serve handles from this process. First the capacity: after a
-2 s warm-up, a closed loop of 32 in flight against raysrv's ``fixed`` policy. Then, per
-workload and system, the same arrival times and inputs: MMPP(2) at 50% and 80% of that
-capacity with 50 ms phases at 1.6x and 0.4x the mean, and Poisson at 150%. The SLO is
-``--slo-ms`` (default 40 ms); raysrv gets it with every query (``slo_ms``, and ``sent_at`` so
-that it starts when the query is sent), ``@serve.batch`` cannot take one.
+The model is :func:`bench.models.build_mlp`: about 1 GB of weights read three times per batch,
+so a batch of 1 costs about 0.1 s and a batch of 8 about twice that (a GPU-like fixed cost per
+batch); the default SLO is about 6x the batch-1 time. It runs on one replica (one CPU, one
+onnxruntime thread) in a local Ray, driven through Serve handles from this process, with
+batches of at most 8 for every system. With that cost the replica, not the serving machinery,
+is what saturates on this 2-core machine.
 
-Reported per point, from the client's side (latency from each query's scheduled arrival):
-queries within the SLO over queries offered, goodput (answers within the SLO per second), late
-answers, refusals (429/503), errors, p50/p99/p99.9 of answered latency.
+1. **Capacity**: after a warm-up, a closed loop of 64 in flight against raysrv's ``fixed``
+   policy (B 8, no hold, an SLO no answer reaches) for one point's length. Its throughput is the
+   capacity every load is a fraction of, and the yardstick for goodput under overload.
+2. **Workloads** (the arrival generators of :mod:`bench.policies_sim`, scaled to that capacity
+   and to the SLO): ``mmpp 50%`` and ``mmpp 80%`` (MMPP(2) whose bursts offer 120% of capacity a
+   quarter of the time, SLO/4 long on average), ``spiky 54%`` (Poisson at 50% with one second
+   in every ten at 90% of capacity) and ``poisson 150%``.
+3. **Systems**, each redeployed per point, all seeing the same arrival times and inputs:
+   raysrv's ``fixed`` (no hold), ``aimd``, ``quantile``, ``delayed``, ``deadline`` and ``ctmc``,
+   and a plain Serve deployment with ``@serve.batch`` at its defaults (B 10, wait 10 ms) and
+   hand-tuned (B 8, wait 5 ms). raysrv gets the SLO with every query (``slo_ms``, and
+   ``sent_at`` so that it starts when the query is sent). ``deadline`` and ``ctmc`` learn how
+   much later than planned their batches come back (``learn_overrun``); ``--margin-ms`` adds a
+   fixed margin on top (default none). ``@serve.batch`` cannot take a deadline.
+
+Reported per point, from the client's side (latency from each query's scheduled arrival): SLO
+attainment (answered within the SLO over offered), goodput (answers within the SLO per second),
+late answers, refusals (429/503: refused before any work), expired queries (504: dropped at
+their deadline while their batch ran, the work spent), errors, p50/p99/p99.9 of answered
+latency and the mean batch size. Plots: the fraction of offered queries answered within x ms,
+per system (``policies_live_cdf.png``), and goodput per second over time
+(``policies_live_goodput.png``).
 """
 
 from __future__ import annotations
@@ -29,14 +47,19 @@ from typing import Any
 import numpy as np
 
 from bench.loadgen import HandleClient, RequestLog, closed_loop, make_inputs, replay
-from bench.models import DEFAULT_PATH, INPUT_SHAPE, build_convnet
+from bench.models import INPUT_SHAPE, MLP_PATH, build_mlp
+from bench.plots import attainment_panels, goodput_panels
+from bench.policies_sim import bursty, spiky
 from bench.validate_live import deploy_spec, start_ray
-from raysrv.analytics import MMPP2, Poisson
+from raysrv.analytics import Poisson
 
 __all__ = ["Point", "main"]
 
 APP = "bench"
-SYSTEMS = ("fixed", "aimd", "deadline", "ctmc", "@serve.batch default", "@serve.batch tuned")
+MAX_BATCH = 8
+RAYSRV = ("fixed", "aimd", "quantile", "delayed", "deadline", "ctmc")
+BASELINES = {"@serve.batch default": (10, 0.010), "@serve.batch tuned": (MAX_BATCH, 0.005)}
+FIGURES = Path(__file__).parent / "figures"
 
 
 @dataclass(frozen=True)
@@ -48,33 +71,68 @@ class Point:
     goodput: float
     late: int
     refused: int
+    expired: int
     errors: int
     p50_ms: float
     p99_ms: float
     p999_ms: float
+    mean_batch: float
 
 
-def deploy(system: str, path: Path, slo_ms: float) -> Any:
-    """Deploy one system as the app "live"; return a call ``x -> response``."""
-    from ray import serve
+class System:
+    """One deployed system: how to call it and how many batches it ran."""
 
-    from bench.baseline import build_baseline
+    def __init__(self, name: str, path: Path, slo_ms: float, margin_ms: float) -> None:
+        from ray import serve
+        from ray.serve.schema import LoggingConfig
 
-    if system.startswith("@serve.batch"):
-        batch, wait = (10, 0.01) if system.endswith("default") else (16, 0.005)
-        serve.run(build_baseline(str(path), INPUT_SHAPE, batch, wait), name="live")
-        handle = serve.get_app_handle("live")
-        return handle.predict.remote
-    params: dict[str, Any] = {"max_batch_size": 16}
-    handle = deploy_spec(path, system, params, slo_ms, name="live")
-    return lambda x: handle.predict.remote(APP, x, slo_ms=slo_ms, sent_at=time.time())
+        from bench.baseline import build_baseline
+
+        self.name = name
+        if name in BASELINES:
+            batch, wait = BASELINES[name]
+            quiet = LoggingConfig(enable_access_log=False, log_level="WARNING")  # as raysrv's
+            app = build_baseline(str(path), INPUT_SHAPE, batch, wait)
+            serve.run(app, name="live", logging_config=quiet)
+            self.handle = serve.get_app_handle("live")
+            return
+        params: dict[str, Any] = {"max_batch_size": MAX_BATCH}
+        if name == "fixed":
+            params["timeout_ms"] = 0.0
+        if name in ("deadline", "ctmc"):
+            params["margin_ms"] = margin_ms
+        self.handle = deploy_spec(path, name, params, slo_ms, name="live")
+        self.slo_ms = slo_ms
+
+    def call(self, x: np.ndarray) -> Any:
+        if self.name in BASELINES:
+            return self.handle.predict.remote(x)
+        return self.handle.predict.remote(APP, x, slo_ms=self.slo_ms, sent_at=time.time())
+
+    async def batches(self) -> tuple[int, int]:
+        """(batches, queries in them) since the deployment started."""
+        if self.name in BASELINES:
+            stats = await self.handle.stats.remote()
+            return stats["batches"], stats["items"]
+        model = (await self.handle.models.remote())[0]
+        return model["batches"], model["batched_queries"]
+
+    async def replay(self, times: np.ndarray, inputs: list[np.ndarray]) -> tuple[RequestLog, float]:
+        """Replay the arrivals; return the log and the mean batch size over them."""
+        before = await self.batches()
+        log = await replay(HandleClient(self.call, inputs), times)
+        after = await self.batches()
+        batches = after[0] - before[0]
+        return log, (after[1] - before[1]) / batches if batches else float("nan")
 
 
-def point(workload: str, system: str, log: RequestLog, slo_s: float) -> Point:
+def point(workload: str, system: str, log: RequestLog, slo_s: float, mean_batch: float) -> Point:
     status = np.asarray(log.status)
     latency = np.asarray(log.done) - np.asarray(log.scheduled)
     ok = status == 200
     within = ok & (latency <= slo_s)
+    refused = np.isin(status, [429, 503])
+    expired = status == 504
     span = float(np.max(log.done)) if log.done else 1.0
     pct = np.percentile(latency[ok], [50, 99, 99.9]) * 1e3 if ok.any() else [np.nan] * 3
     return Point(
@@ -84,72 +142,97 @@ def point(workload: str, system: str, log: RequestLog, slo_s: float) -> Point:
         float(within.mean()),
         float(within.sum() / span),
         int((ok & ~within).sum()),
-        int(np.isin(status, [429, 503]).sum()),
-        int((~ok & ~np.isin(status, [429, 503])).sum()),
+        int(refused.sum()),
+        int(expired.sum()),
+        int((~ok & ~refused & ~expired).sum()),
         float(pct[0]),
         float(pct[1]),
         float(pct[2]),
+        mean_batch,
     )
 
 
-def workloads(capacity: float, seconds: float) -> dict[str, np.ndarray]:
+def workloads(capacity: float, slo_s: float, seconds: float) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
-    out = {}
-    for load in (0.5, 0.8):
-        m = load * capacity
-        times = MMPP2(1.6 * m, 0.4 * m, 20.0, 20.0).arrival_times(int(m * seconds * 1.2), rng)
-        out[f"mmpp {load:.0%}"] = times[times < seconds]
-    times = Poisson(1.5 * capacity).arrival_times(int(1.5 * capacity * seconds * 1.2), rng)
-    out["poisson 150%"] = times[times < seconds]
-    return out
+    enough = int(1.6 * capacity * seconds) + 100
+    out = {
+        "mmpp 50%": bursty(0.5, capacity, slo_s / 4, enough, rng),
+        "mmpp 80%": bursty(0.8, capacity, slo_s / 4, enough, rng),
+        "spiky 54%": spiky(0.5 * capacity, 1.8, enough, rng),
+        "poisson 150%": Poisson(1.5 * capacity).arrival_times(enough, rng),
+    }
+    return {name: times[times < seconds] for name, times in out.items()}
 
 
 def table(points: list[Point]) -> str:
     lines = [
-        "| workload | system | offered | within SLO | goodput/s | late | refused | errors "
-        "| p50 ms | p99 ms | p99.9 ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| workload | system | offered | within SLO | goodput/s | late | refused | expired "
+        "| errors | p50 ms | p99 ms | p99.9 ms | mean batch |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in points:
         lines.append(
             f"| {p.workload} | {p.system} | {p.offered} | {p.within_slo:.2%} | {p.goodput:.0f} "
-            f"| {p.late} | {p.refused} | {p.errors} | {p.p50_ms:.1f} | {p.p99_ms:.1f} "
-            f"| {p.p999_ms:.1f} |"
+            f"| {p.late} | {p.refused} | {p.expired} | {p.errors} | {p.p50_ms:.1f} "
+            f"| {p.p99_ms:.1f} | {p.p999_ms:.1f} | {p.mean_batch:.1f} |"
         )
     return "\n".join(lines)
+
+
+def measure_capacity(path: Path, inputs: list[np.ndarray], seconds: float) -> dict[str, Any]:
+    """Closed loop, 64 in flight, ``fixed`` at B 8 with no deadline in reach."""
+    system = System("fixed", path, 60_000.0, 0.0)
+    client = HandleClient(system.call, inputs)
+    asyncio.run(closed_loop(client, 64, 3.0))  # warm-up, discarded
+    result = asyncio.run(closed_loop(client, 64, seconds))
+    model = system.handle.models.remote().result()[0]
+    return {"capacity": result.throughput_rps, "run_seconds": model["batch_seconds"]}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="6 s per point instead of 20")
-    parser.add_argument("--slo-ms", type=float, default=40.0)
+    parser.add_argument("--slo-ms", type=float, default=600.0)
+    parser.add_argument("--margin-ms", type=float, default=0.0)
+    parser.add_argument("--systems", nargs="*", default=[*RAYSRV, *BASELINES])
     parser.add_argument("--out", type=Path, default=Path("bench/out/policies_live.json"))
+    parser.add_argument("--figures", type=Path, default=FIGURES)
     args = parser.parse_args(argv)
     from ray import serve
 
-    path = build_convnet(DEFAULT_PATH)
+    path = build_mlp(MLP_PATH)
     inputs = make_inputs(256, INPUT_SHAPE, seed=0)
     seconds = 6.0 if args.quick else 20.0
+    slo_s = args.slo_ms / 1000.0
     start_ray()
+    points: list[Point] = []
+    logs: dict[str, dict[str, RequestLog]] = {}
     try:
-        call = deploy("fixed", path, args.slo_ms)
-        asyncio.run(closed_loop(HandleClient(call, inputs), 32, 2.0))  # warm-up, discarded
-        saturated = asyncio.run(closed_loop(HandleClient(call, inputs), 32, seconds))
-        capacity = saturated.throughput_rps
-        print(f"capacity {capacity:.0f}/s (closed loop, 32 in flight)", file=sys.stderr)
-        points = []
-        for name, times in workloads(capacity, seconds).items():
-            for system in SYSTEMS:
-                call = deploy(system, path, args.slo_ms)
-                log = asyncio.run(replay(HandleClient(call, inputs), times))
-                points.append(point(name, system, log, args.slo_ms / 1000.0))
-                print(f"  {name} {system} done", file=sys.stderr, flush=True)
+        measured = measure_capacity(path, inputs, seconds)
+        capacity = measured["capacity"]
+        print(f"capacity {capacity:.1f}/s; run times {measured['run_seconds']}", file=sys.stderr)
+        for name, times in workloads(capacity, slo_s, seconds).items():
+            for system_name in args.systems:
+                system = System(system_name, path, args.slo_ms, args.margin_ms)
+                log, mean_batch = asyncio.run(system.replay(times, inputs))
+                logs.setdefault(name, {})[system_name] = log
+                points.append(point(name, system_name, log, slo_s, mean_batch))
+                print(f"  {name} {system_name} done", file=sys.stderr, flush=True)
     finally:
         serve.shutdown()
-    print(f"capacity {capacity:.0f}/s, SLO {args.slo_ms:g} ms\n\n{table(points)}")
+    print(f"capacity {capacity:.1f}/s, SLO {args.slo_ms:g} ms\n\n{table(points)}")
+    args.figures.mkdir(parents=True, exist_ok=True)
+    attainment_panels(logs, slo_s, args.figures / "policies_live_cdf.png")
+    goodput_panels(logs, slo_s, capacity, args.figures / "policies_live_goodput.png")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    result = {"capacity": capacity, "slo_ms": args.slo_ms, "points": [asdict(p) for p in points]}
-    args.out.write_text(json.dumps(result, indent=1))
+    result = {
+        **measured,
+        "slo_ms": args.slo_ms,
+        "margin_ms": args.margin_ms,
+        "points": [asdict(p) for p in points],
+        "logs": {w: {s: asdict(log) for s, log in per.items()} for w, per in logs.items()},
+    }
+    args.out.write_text(json.dumps(result))
     return 0
 
 
