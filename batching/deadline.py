@@ -27,7 +27,7 @@ Overruns (clockwork §5.3 keeps predictions honest by measuring; here the whole 
 batch was planned to be back by its expected start + its estimate. When it comes back later,
 the difference is an overrun: the hops to the replica and back, run-time noise the quantile of
 a short window misses, a batch before it that ran long. With ``learn_overrun`` the
-``quantile`` of the last ``overrun_window`` overruns (never below zero) is added to every
+``overrun_quantile`` of the last ``overrun_window`` overruns (never below zero) is added to every
 estimate, so a noisy machine makes the policy plan with the slack that machine needs instead of
 a hand-set ``margin_ms``. Only batches of sizes measured before count (an unmeasured size's
 estimate says nothing). In a deterministic simulation the overruns are zero.
@@ -83,6 +83,9 @@ class DeadlineParams(PolicyParams):
         "batches came back (hops, run-time noise beyond the quantile, a late batch before).",
     )
     overrun_window: int = Field(50, ge=1, le=10_000, description="Overruns kept.")
+    overrun_quantile: float = Field(
+        0.99, gt=0.0, le=1.0, description="Quantile of the overruns added to the estimates."
+    )
 
     @model_validator(mode="after")
     def _sizes_within_max(self) -> DeadlineParams:
@@ -136,7 +139,8 @@ class DeadlinePolicy(BatchingPolicy):
         ):
             due = outcome.expected_start + self._planned(outcome.size)
             self._overruns.append(outcome.finished - due)
-            self._slack = max(0.0, float(np.quantile(self._overruns, self.params.quantile)))
+            slack = float(np.quantile(self._overruns, self.params.overrun_quantile))
+            self._slack = max(0.0, slack)
         self._runs.observe(outcome.size, outcome.duration)
         self._estimates = None  # recomputed at the next step
 

@@ -1,6 +1,7 @@
 """Every batching policy and ``@serve.batch``, live, on bursty and overload workloads (issue 4).
 
     python -m bench.policies_live [--quick] [--slo-ms 600] [--margin-ms 0]
+        [--systems deadline ctmc ...] [--deadline-param overrun_quantile=0.9 ...]
 
 The model is :func:`bench.models.build_mlp`: about 1 GB of weights read three times per batch,
 so a batch of 1 costs about 0.1 s and a batch of 8 about twice that (a GPU-like fixed cost per
@@ -22,7 +23,8 @@ is what saturates on this 2-core machine.
    hand-tuned (B 8, wait 5 ms). raysrv gets the SLO with every query (``slo_ms``, and
    ``sent_at`` so that it starts when the query is sent). ``deadline`` and ``ctmc`` learn how
    much later than planned their batches come back (``learn_overrun``); ``--margin-ms`` adds a
-   fixed margin on top (default none). ``@serve.batch`` cannot take a deadline.
+   fixed margin on top (default none), ``--deadline-param`` any other of their parameters.
+   ``@serve.batch`` cannot take a deadline.
 
 Reported per point, from the client's side (latency from each query's scheduled arrival): SLO
 attainment (answered within the SLO over offered), goodput (answers within the SLO per second),
@@ -30,7 +32,8 @@ late answers, refusals (429/503: refused before any work), expired queries (504:
 their deadline while their batch ran, the work spent), errors, p50/p99/p99.9 of answered
 latency and the mean batch size. Plots: the fraction of offered queries answered within x ms,
 per system (``policies_live_cdf.png``), and goodput per second over time
-(``policies_live_goodput.png``).
+(``policies_live_goodput.png``). The JSON output also keeps every request's timing and each
+raysrv policy's state after its point (``learned_overrun_ms``, ``ctmc``'s plan).
 """
 
 from __future__ import annotations
@@ -82,7 +85,14 @@ class Point:
 class System:
     """One deployed system: how to call it and how many batches it ran."""
 
-    def __init__(self, name: str, path: Path, slo_ms: float, margin_ms: float) -> None:
+    def __init__(
+        self,
+        name: str,
+        path: Path,
+        slo_ms: float,
+        margin_ms: float,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         from ray import serve
         from ray.serve.schema import LoggingConfig
 
@@ -101,6 +111,7 @@ class System:
             params["timeout_ms"] = 0.0
         if name in ("deadline", "ctmc"):
             params["margin_ms"] = margin_ms
+            params.update(extra or {})
         self.handle = deploy_spec(path, name, params, slo_ms, name="live")
         self.slo_ms = slo_ms
 
@@ -116,6 +127,12 @@ class System:
             return stats["batches"], stats["items"]
         model = (await self.handle.models.remote())[0]
         return model["batches"], model["batched_queries"]
+
+    async def policy(self) -> dict[str, Any]:
+        """raysrv's policy as it stands (settings, learned overrun, plan); {} for the baseline."""
+        if self.name in BASELINES:
+            return {}
+        return dict((await self.handle.models.remote())[0]["batching"])
 
     async def replay(self, times: np.ndarray, inputs: list[np.ndarray]) -> tuple[RequestLog, float]:
         """Replay the arrivals; return the log and the mean batch size over them."""
@@ -195,11 +212,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slo-ms", type=float, default=600.0)
     parser.add_argument("--margin-ms", type=float, default=0.0)
     parser.add_argument("--systems", nargs="*", default=[*RAYSRV, *BASELINES])
+    parser.add_argument(
+        "--deadline-param",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="an extra parameter for deadline and ctmc, e.g. overrun_quantile=0.95",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/out/policies_live.json"))
     parser.add_argument("--figures", type=Path, default=FIGURES)
     args = parser.parse_args(argv)
     from ray import serve
 
+    extra = {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in args.deadline_param)}
     path = build_mlp(MLP_PATH)
     inputs = make_inputs(256, INPUT_SHAPE, seed=0)
     seconds = 6.0 if args.quick else 20.0
@@ -207,15 +232,17 @@ def main(argv: list[str] | None = None) -> int:
     start_ray()
     points: list[Point] = []
     logs: dict[str, dict[str, RequestLog]] = {}
+    policies: dict[str, dict[str, dict[str, Any]]] = {}  # each policy's state after its point
     try:
         measured = measure_capacity(path, inputs, seconds)
         capacity = measured["capacity"]
         print(f"capacity {capacity:.1f}/s; run times {measured['run_seconds']}", file=sys.stderr)
         for name, times in workloads(capacity, slo_s, seconds).items():
             for system_name in args.systems:
-                system = System(system_name, path, args.slo_ms, args.margin_ms)
+                system = System(system_name, path, args.slo_ms, args.margin_ms, extra)
                 log, mean_batch = asyncio.run(system.replay(times, inputs))
                 logs.setdefault(name, {})[system_name] = log
+                policies.setdefault(name, {})[system_name] = asyncio.run(system.policy())
                 points.append(point(name, system_name, log, slo_s, mean_batch))
                 print(f"  {name} {system_name} done", file=sys.stderr, flush=True)
     finally:
@@ -230,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         "slo_ms": args.slo_ms,
         "margin_ms": args.margin_ms,
         "points": [asdict(p) for p in points],
+        "policies": policies,
         "logs": {w: {s: asdict(log) for s, log in per.items()} for w, per in logs.items()},
     }
     args.out.write_text(json.dumps(result))

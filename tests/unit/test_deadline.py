@@ -106,6 +106,13 @@ def test_learns_how_much_later_than_planned_batches_come_back() -> None:
     assert policy.describe()["learned_overrun_ms"] == 0.0
 
 
+def test_the_overrun_quantile_is_a_parameter() -> None:
+    policy = _trained(overrun_quantile=0.5)
+    _late_by(policy, 0.004, batches=10)
+    _late_by(policy, 0.001, batches=11)  # most batches now come back 1 ms late
+    assert policy.describe()["learned_overrun_ms"] == pytest.approx(1.0)
+
+
 def test_overrun_learning_can_be_switched_off() -> None:
     policy = _trained(learn_overrun=False)
     _late_by(policy, 0.004)
