@@ -30,7 +30,10 @@ a short window misses, a batch before it that ran long. With ``learn_overrun`` t
 ``overrun_quantile`` of the last ``overrun_window`` overruns (never below zero) is added to every
 estimate, so a noisy machine makes the policy plan with the slack that machine needs instead of
 a hand-set ``margin_ms``. Only batches of sizes measured before count (an unmeasured size's
-estimate says nothing). In a deterministic simulation the overruns are zero.
+estimate says nothing). In a deterministic simulation the overruns are zero. Live, much of the
+overrun comes from pipelined batches, whose planned start (when the batcher expected the
+replica's last batch to be done) is often early, and it is then charged to every batch
+(``bench/RESULTS.md``, "What the policies learned").
 
 The policy is work-conserving: it dispatches as soon as a replica is free rather than holding
 queries back for a fuller batch; under load the queue, and with it the batch, grows on its own.
