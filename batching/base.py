@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict
@@ -94,6 +94,9 @@ class Dispatch:
 
     query_ids: tuple[int, ...]
     replica: int
+    # When the policy expects it to start (None: as the replica's start_time says); not part of
+    # what the decision is.
+    expected_start: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,8 +121,9 @@ Decision = Dispatch | Wait | Reject
 class BatchOutcome:
     """What happened to one dispatched batch; ``duration`` is the replica's measured run time.
 
-    ``expected_start`` is when the batch was expected to start as it left (the replica's
-    ``start_time`` then), None when unknown; ``finished`` is when its answers were back.
+    ``expected_start`` is when the batch was expected to start as it left (the dispatch's own,
+    else the replica's ``start_time`` then), None when unknown; ``finished`` is when its answers
+    were back.
     """
 
     size: int

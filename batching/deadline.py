@@ -114,6 +114,9 @@ class DeadlinePolicy(BatchingPolicy):
         self._largest = self._sizes[0]
         self._estimates: np.ndarray | None = None  # seconds per size, until the next observation
         self._overruns: deque[float] = deque(maxlen=params.overrun_window)
+        # Per replica, the (start, finish) this policy planned for each batch it sent there that
+        # has not come back, oldest first; re-anchored on every answer.
+        self._inflight: dict[int, deque[tuple[float, float]]] = {}
         self._slack = 0.0  # the learned overrun, seconds
 
     @property
@@ -133,6 +136,7 @@ class DeadlinePolicy(BatchingPolicy):
         return measured + self.params.margin_ms / 1000.0
 
     def observe(self, outcome: BatchOutcome) -> None:
+        self._reanchor(outcome)
         if not outcome.ok:
             return
         if (
@@ -169,7 +173,7 @@ class DeadlinePolicy(BatchingPolicy):
     def _doomed(self, urgent: Sequence[QueuedQuery], view: BatcherView) -> tuple[int, ...]:
         if not urgent or not view.replicas:
             return ()
-        earliest = min(r.start_time(view.now) for r in view.replicas)
+        earliest = min(self._start(r, view.now) for r in view.replicas)
         finish = earliest + self.estimate(1)
         return tuple(q.query_id for q in urgent if q.deadline < finish)
 
@@ -183,11 +187,11 @@ class DeadlinePolicy(BatchingPolicy):
         """
         ordered = sorted(urgent, key=lambda q: (q.deadline, q.arrival))
         deadlines = [q.deadline for q in ordered]
-        start = slot.start_time(now)
+        start = self._start(slot, now)
         for size in self._sizes:
             i = bisect_left(deadlines, start + self.estimate(size))
             if len(ordered) - i >= size:
-                return Dispatch(tuple(q.query_id for q in ordered[i : i + size]), slot.index)
+                return self._send(ordered[i : i + size], slot, start)
         return Wait()  # another replica frees earlier and can still make it
 
     def _fill(self, view: BatcherView, slot: ReplicaSlot) -> Decision:
@@ -196,7 +200,35 @@ class DeadlinePolicy(BatchingPolicy):
         budget = self.slo_s - self.estimate(1)
         fits = [b for b in self._sizes if b <= len(view.queue) and self.estimate(b) <= budget]
         size = fits[0] if fits else 1
-        return Dispatch(tuple(q.query_id for q in view.queue[:size]), slot.index)
+        return self._send(view.queue[:size], slot, view.now)
+
+    def _start(self, slot: ReplicaSlot, now: float) -> float:
+        """When a batch sent to ``slot`` now would start. With work in flight, not before that
+        work's planned finish by this policy's own estimates (re-anchored on every answer): the
+        batcher's ``busy_until`` is a running average, early about half the time."""
+        start = slot.start_time(now)
+        planned = self._inflight.get(slot.index)
+        if slot.busy_until is not None and planned:
+            start = max(start, planned[-1][1])
+        return start
+
+    def _send(self, batch: Sequence[QueuedQuery], slot: ReplicaSlot, start: float) -> Dispatch:
+        planned = self._inflight.setdefault(slot.index, deque())
+        planned.append((start, start + self.estimate(len(batch))))
+        return Dispatch(tuple(q.query_id for q in batch), slot.index, start)
+
+    def _reanchor(self, outcome: BatchOutcome) -> None:
+        """Drop the plan of the batch that came back (and of any older one that never ran), and
+        move the plans still in flight on that replica by how late or early it came back."""
+        planned = self._inflight.get(outcome.replica)
+        if not planned or outcome.expected_start is None:
+            return
+        finish = None
+        while planned and planned[0][0] <= outcome.expected_start + 1e-9:
+            finish = planned.popleft()[1]
+        if finish is not None:
+            shift = outcome.finished - finish
+            self._inflight[outcome.replica] = deque((s + shift, f + shift) for s, f in planned)
 
 
 def strategy_sizes(params: DeadlineParams) -> list[int]:

@@ -267,7 +267,9 @@ class Batcher:
         entries = [e for e in self._take(decision.query_ids) if not e.future.done()]
         if not entries:  # every caller gave up while waiting
             return
-        expected = self._replicas.view(now)[decision.replica].start_time(now)
+        expected = decision.expected_start
+        if expected is None:
+            expected = self._replicas.view(now)[decision.replica].start_time(now)
         self._replicas.sent(decision.replica, len(entries), now)
         task = asyncio.create_task(self._run_batch(entries, decision.replica, now, expected))
         self._running.add(task)

@@ -66,6 +66,30 @@ def test_counts_the_work_already_in_flight_on_the_replica() -> None:
     assert policy.decide(BatcherView(0.0, queue, [ReplicaSlot(0)])) == Dispatch((0,), 0)
 
 
+def test_plans_behind_its_own_batch_in_flight_re_anchored_on_each_answer() -> None:
+    policy = _trained()
+    first = policy.decide(BatcherView(0.0, _queue([0.5] * 4), [ReplicaSlot(0)]))
+    assert first == Dispatch((0, 1, 2, 3), 0)  # planned to run 0..6 ms
+    # The batcher's running average says the replica frees at 3 ms and lets another batch go;
+    # the policy still expects it busy until 6 ms, so one query (3 ms) due at 8 ms cannot make
+    # it behind that batch.
+    pipelined = [ReplicaSlot(0, busy_until=0.003)]
+    urgent = [QueuedQuery(9, 0.001, 0.008)]
+    assert policy.decide(BatcherView(0.001, urgent, pipelined)) == Reject(
+        (9,), "cannot meet deadline"
+    )
+    second = policy.decide(BatcherView(0.001, _queue([0.5] * 2), pipelined))
+    assert second == Dispatch((0, 1), 0)
+    assert second.expected_start == 0.006  # behind the first, by the policy's own plan
+    # The first batch comes back at 4 ms, 2 ms early: the second's plan moves 2 ms earlier
+    # (4..8 ms instead of 6..10), and a query due at 11.5 ms now fits behind it.
+    policy.observe(BatchOutcome(4, 0, 0.0, 0.004, 0.004, True, 0.0))
+    later = [QueuedQuery(10, 0.004, 0.0115)]
+    assert policy.decide(BatcherView(0.004, later, [ReplicaSlot(0, busy_until=0.005)])) == (
+        Dispatch((10,), 0)
+    )
+
+
 def test_waits_when_only_a_busy_replica_could_still_make_it() -> None:
     policy = _trained()
     queue = _queue([0.010])
