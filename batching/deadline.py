@@ -30,9 +30,13 @@ a short window misses, a batch before it that ran long. With ``learn_overrun`` t
 ``overrun_quantile`` of the last ``overrun_window`` overruns (never below zero) is added to every
 estimate, so a noisy machine makes the policy plan with the slack that machine needs instead of
 a hand-set ``margin_ms``. Only batches of sizes measured before count (an unmeasured size's
-estimate says nothing). In a deterministic simulation the overruns are zero. Live, much of the
-overrun comes from pipelined batches, whose planned start (when the batcher expected the
-replica's last batch to be done) is often early, and it is then charged to every batch
+estimate says nothing). In a deterministic simulation the overruns are zero.
+
+Planned starts: a replica may take its next batch while the last one still runs (the batcher's
+``pipeline_depth``; its ``busy_until`` is a running average, early about half the time). The
+policy plans such a batch to start at its own planned finish of the work in flight, and moves
+those plans by how late or early each answer comes back. Planning on the batcher's average
+instead left most of the overrun to be learned, and charged it to every batch
 (``bench/RESULTS.md``, "What the policies learned").
 
 The policy is work-conserving: it dispatches as soon as a replica is free rather than holding
