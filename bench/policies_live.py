@@ -120,27 +120,26 @@ class System:
             return self.handle.predict.remote(x)
         return self.handle.predict.remote(APP, x, slo_ms=self.slo_ms, sent_at=time.time())
 
-    async def batches(self) -> tuple[int, int]:
-        """(batches, queries in them) since the deployment started."""
+    async def state(self) -> tuple[int, int, dict[str, Any]]:
+        """(batches, queries in them) since the deployment started, and raysrv's policy as it
+        stands (settings, learned overrun, plan; {} for the baseline)."""
         if self.name in BASELINES:
             stats = await self.handle.stats.remote()
-            return stats["batches"], stats["items"]
+            return stats["batches"], stats["items"], {}
         model = (await self.handle.models.remote())[0]
-        return model["batches"], model["batched_queries"]
+        return model["batches"], model["batched_queries"], dict(model["batching"])
 
-    async def policy(self) -> dict[str, Any]:
-        """raysrv's policy as it stands (settings, learned overrun, plan); {} for the baseline."""
-        if self.name in BASELINES:
-            return {}
-        return dict((await self.handle.models.remote())[0]["batching"])
-
-    async def replay(self, times: np.ndarray, inputs: list[np.ndarray]) -> tuple[RequestLog, float]:
-        """Replay the arrivals; return the log and the mean batch size over them."""
-        before = await self.batches()
+    async def replay(
+        self, times: np.ndarray, inputs: list[np.ndarray]
+    ) -> tuple[RequestLog, float, dict[str, Any]]:
+        """Replay the arrivals; return the log, the mean batch size over them and the policy's
+        state after them."""
+        before = await self.state()
         log = await replay(HandleClient(self.call, inputs), times)
-        after = await self.batches()
+        after = await self.state()
         batches = after[0] - before[0]
-        return log, (after[1] - before[1]) / batches if batches else float("nan")
+        mean_batch = (after[1] - before[1]) / batches if batches else float("nan")
+        return log, mean_batch, after[2]
 
 
 def point(workload: str, system: str, log: RequestLog, slo_s: float, mean_batch: float) -> Point:
@@ -240,9 +239,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, times in workloads(capacity, slo_s, seconds).items():
             for system_name in args.systems:
                 system = System(system_name, path, args.slo_ms, args.margin_ms, extra)
-                log, mean_batch = asyncio.run(system.replay(times, inputs))
+                log, mean_batch, policy = asyncio.run(system.replay(times, inputs))
                 logs.setdefault(name, {})[system_name] = log
-                policies.setdefault(name, {})[system_name] = asyncio.run(system.policy())
+                policies.setdefault(name, {})[system_name] = policy
                 points.append(point(name, system_name, log, slo_s, mean_batch))
                 print(f"  {name} {system_name} done", file=sys.stderr, flush=True)
     finally:

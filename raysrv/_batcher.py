@@ -267,9 +267,9 @@ class Batcher:
         entries = [e for e in self._take(decision.query_ids) if not e.future.done()]
         if not entries:  # every caller gave up while waiting
             return
-        expected = decision.expected_start
-        if expected is None:
-            expected = self._replicas.view(now)[decision.replica].start_time(now)
+        # A replica takes a batch only once its last one should be done (``can_take`` above), so
+        # unless the policy planned otherwise the batch is expected to start now.
+        expected = now if decision.expected_start is None else decision.expected_start
         self._replicas.sent(decision.replica, len(entries), now)
         task = asyncio.create_task(self._run_batch(entries, decision.replica, now, expected))
         self._running.add(task)

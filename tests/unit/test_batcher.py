@@ -44,7 +44,9 @@ def test_each_outcome_says_when_its_batch_was_expected_to_start() -> None:
     expected to start as it leaves; the policy learns its overruns from that."""
 
     class Recording(batching.FixedPolicy):
-        outcomes: list[batching.BatchOutcome] = []
+        def __init__(self, params: batching.FixedParams, slo_s: float) -> None:
+            super().__init__(params, slo_s)
+            self.outcomes: list[batching.BatchOutcome] = []
 
         def observe(self, outcome: batching.BatchOutcome) -> None:
             self.outcomes.append(outcome)
