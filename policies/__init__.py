@@ -9,11 +9,27 @@ import numpy as np
 
 from raysrv._plugins import resolve
 from raysrv.policies.base import SelectionParams, SelectionPolicy, State
+from raysrv.policies.exp3 import Exp3Params, Exp3Policy
+from raysrv.policies.exp4 import Exp4Params, Exp4Policy
+from raysrv.policies.feedback import FeedbackParams
+from raysrv.policies.means import (
+    EpsilonGreedyParams,
+    EpsilonGreedyPolicy,
+    Ucb1Params,
+    Ucb1Policy,
+)
 from raysrv.policies.single import SingleParams, SinglePolicy
 from raysrv.policies.split import SplitParams, SplitPolicy
 
 __all__ = [
     "POLICIES",
+    "EpsilonGreedyParams",
+    "EpsilonGreedyPolicy",
+    "Exp3Params",
+    "Exp3Policy",
+    "Exp4Params",
+    "Exp4Policy",
+    "FeedbackParams",
     "SelectionParams",
     "SelectionPolicy",
     "SingleParams",
@@ -21,6 +37,8 @@ __all__ = [
     "SplitParams",
     "SplitPolicy",
     "State",
+    "Ucb1Params",
+    "Ucb1Policy",
     "make_policy",
     "policy_class",
 ]
@@ -28,6 +46,10 @@ __all__ = [
 POLICIES: dict[str, type[SelectionPolicy]] = {
     SinglePolicy.name: SinglePolicy,
     SplitPolicy.name: SplitPolicy,
+    Exp3Policy.name: Exp3Policy,
+    Exp4Policy.name: Exp4Policy,
+    EpsilonGreedyPolicy.name: EpsilonGreedyPolicy,
+    Ucb1Policy.name: Ucb1Policy,
 }
 
 

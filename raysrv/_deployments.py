@@ -45,7 +45,7 @@ class Ingress:
         self._server = Server(
             self._spec,
             {name: group.executor() for name, group in self._groups.items()},
-            store=make_store(self._spec.state),
+            store=make_store(self._spec.state, self._metrics),
             metrics=self._metrics,
         )
 

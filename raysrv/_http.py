@@ -43,11 +43,17 @@ class PredictRequest(BaseModel):
 
 class PredictResponse(BaseModel):
     output: Any = Field(description="The (combined) prediction.")
-    models: list[str] = Field(description="Models that answered.")
+    models: list[str] = Field(
+        description="Models asked (see missing for those that did not answer)."
+    )
     cache_hit: bool = Field(description="True when no model evaluation was started for it.")
     query_id: str = Field(description="Quote it in feedback.")
     latency_ms: float = Field(description="Time spent inside raysrv.")
     confidence: float = Field(description="The selection policy's confidence in the output.")
+    missing: list[str] = Field(
+        description="Models asked whose prediction did not arrive by the deadline (or failed)."
+    )
+    default: bool = Field(description="True when the output is the app's default answer.")
 
 
 class FeedbackRequest(BaseModel):

@@ -16,7 +16,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -26,7 +26,7 @@ from raysrv._batcher import Batcher, Execute
 from raysrv._planner import predict as predict_plan
 from raysrv.cache import PredictionCache, cache_key
 from raysrv.config import AppSpec, InputSpec, LiveConfig, ModelSpec, RaysrvSpec
-from raysrv.errors import BadRequest, DeadlineExpired, NotFound, Rejected
+from raysrv.errors import BadRequest, DeadlineExpired, NotFound, RaysrvError, Rejected
 from raysrv.metrics import Metrics
 from raysrv.state import MemoryStore, StateStore
 
@@ -169,7 +169,9 @@ class Server:
         priority: int = 0,
         sent_at: float | None = None,
     ) -> dict[str, Any]:
-        """Answer one query: output, models, cache_hit, query_id, latency_ms, confidence.
+        """Answer one query: output, models, cache_hit, query_id, latency_ms, confidence,
+        missing (models asked that did not answer in time) and default (the output is the app's
+        default answer, given when the confidence is below the app's threshold).
 
         Its deadline is arrival + ``slo_ms`` (else the app's, else the model's SLO); with
         ``best_effort`` it has none, and is answered late rather than refused. ``priority`` 1
@@ -199,25 +201,56 @@ class Server:
         context = "" if context is None else str(context)
         state = await self._store.get_state(app, context) or target.selection.init()
         chosen = target.selection.select(state, x)
-        if len(chosen) == 1:
-            answers = [await self._predict_one(target, chosen[0], x, origin, ask)]
-        else:
-            answers = await asyncio.gather(
-                *(self._predict_one(target, m, x, origin, ask) for m in chosen)
-            )
-        predictions = {m: y for m, (y, _) in zip(chosen, answers, strict=True)}
+        predictions, cache_hit = await self._ask_models(target, chosen, x, origin, ask)
         output, confidence = target.selection.combine(state, x, predictions)
+        default = confidence < target.spec.confidence_threshold
+        if default:
+            output = target.spec.default_output
         query_id = uuid.uuid4().hex
         record = {"app": app, "context": context, "input": x, "predictions": predictions}
         await self._store.put_prediction(query_id, record)
         return {
             "output": output,
             "models": chosen,
-            "cache_hit": all(hit for _, hit in answers),
+            "cache_hit": cache_hit,
             "query_id": query_id,
             "latency_ms": (self._clock() - start) * 1000.0,
             "confidence": confidence,
+            "missing": [m for m in chosen if m not in predictions],
+            "default": default,
         }
+
+    async def _ask_models(
+        self, app: _App, chosen: list[str], x: np.ndarray, origin: float, ask: _Ask
+    ) -> tuple[dict[str, Any], bool]:
+        """The predictions of the chosen models that arrive by the deadline, and whether all
+        came from the cache.
+
+        One model: its answer or its error. Several (an ensemble): straggler mitigation, clipper
+        §5.2.2. Each model's wait ends at the query's deadline less the app's
+        ``ensemble_reserve_ms`` (``_by_deadline``), so the ensemble is combined then from the
+        predictions that arrived and answered in time; a model that is late, refused or failed
+        is left out and lowers the confidence. Only when none arrived does the query fail, with
+        the first model's error.
+        """
+        if len(chosen) == 1:
+            value, hit = await self._predict_one(app, chosen[0], x, origin, ask)
+            return {chosen[0]: value}, hit
+        reserve = app.spec.ensemble_reserve_ms / 1000.0
+        ask = replace(ask, trip_back_s=ask.trip_back_s + reserve)
+        answers = await asyncio.gather(
+            *(self._predict_one(app, m, x, origin, ask) for m in chosen), return_exceptions=True
+        )
+        for answer in answers:
+            if isinstance(answer, BaseException) and not isinstance(answer, RaysrvError):
+                raise answer  # a bug or a cancellation, not a straggler
+        arrived = {m: a for m, a in zip(chosen, answers, strict=True) if isinstance(a, tuple)}
+        for model in chosen:
+            if model not in arrived:
+                self._metrics.missing(app.spec.name, model)
+        if not arrived:
+            raise next(a for a in answers if isinstance(a, RaysrvError))
+        return {m: value for m, (value, _) in arrived.items()}, all(h for _, h in arrived.values())
 
     async def _predict_one(
         self, app: _App, model: str, x: np.ndarray, origin: float, ask: _Ask
@@ -283,10 +316,16 @@ class Server:
         if record is None or record["app"] != app:
             raise NotFound(f"no answered query {query_id!r} in app {app!r} (unknown or expired)")
         x = np.asarray(record["input"], dtype=target.input.dtype)
-        context = record["context"]
-        state = await self._store.get_state(app, context) or target.selection.init()
-        state = target.selection.observe(state, x, label, record["predictions"])
-        await self._store.set_state(app, context, state)
+        selection, predictions = target.selection, record["predictions"]
+        try:
+            await self._store.update_state(  # atomic: concurrent feedback loses no update (§5.3)
+                app,
+                record["context"],
+                selection.init,
+                lambda state: selection.observe(state, x, label, predictions),
+            )
+        except ValueError as exc:  # the policy cannot read the label
+            raise BadRequest(f"label {label!r} does not fit app {app!r}: {exc}") from None
         await self._store.put_feedback(query_id, label)
         self._metrics.feedback(app)
         return {"query_id": query_id, "app": app, "accepted": True}

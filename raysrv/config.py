@@ -154,6 +154,22 @@ class AppSpec(_Strict):
         "context", pattern=r"^[A-Za-z_]\w*$", description="Request field holding the context key."
     )
     slo_ms: float | None = Field(None, gt=0.0, description="Overrides the models' default SLO.")
+    confidence_threshold: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Below this confidence the app answers default_output instead (clipper "
+        "§5.2.1), flagged with default: true.",
+    )
+    default_output: Any = Field(
+        None, description="The sensible default answer given when confidence is too low."
+    )
+    ensemble_reserve_ms: float = Field(
+        5.0,
+        ge=0.0,
+        description="An ensemble stops waiting for stragglers this long before the deadline, "
+        "to combine and answer in time (clipper §5.2.2).",
+    )
 
     @field_validator("models")
     @classmethod
@@ -167,6 +183,15 @@ class AppSpec(_Strict):
     def _selection_fits_models(self) -> AppSpec:
         cls = policies.policy_class(self.selection.policy)
         cls.check(self.models, cls.Params.model_validate(self.selection.params))
+        return self
+
+    @model_validator(mode="after")
+    def _default_when_thresholded(self) -> AppSpec:
+        if self.confidence_threshold > 0 and self.default_output is None:
+            raise ValueError(
+                f"confidence_threshold {self.confidence_threshold} needs a default_output to "
+                f"answer when the confidence is lower"
+            )
         return self
 
     @model_validator(mode="after")

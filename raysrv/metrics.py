@@ -43,6 +43,9 @@ class Metrics:
     def feedback(self, app: str) -> None:
         """Selection: one feedback observed."""
 
+    def missing(self, app: str, model: str) -> None:
+        """Selection: ``model``'s prediction missed an ensemble's deadline (or failed)."""
+
     def queue_length(self, model: str, length: int) -> None:
         """Batcher: the model's queue now holds ``length`` queries."""
 
@@ -51,6 +54,9 @@ class Metrics:
 
     def batch(self, model: str, size: int, latency_s: float) -> None:
         """Batcher: one batch of ``size`` answered, ``latency_s`` from dispatch to answer."""
+
+    def store_fallback(self, operation: str) -> None:
+        """State store: one ``operation`` served from memory because Redis was unreachable."""
 
 
 class ServeMetrics(Metrics):
@@ -81,6 +87,11 @@ class ServeMetrics(Metrics):
             "raysrv_selections", "Model chosen by selection.", tag_keys=("app", "model")
         )
         self._feedback = m.Counter("raysrv_feedback", "Feedback observed.", tag_keys=("app",))
+        self._missing = m.Counter(
+            "raysrv_missing_predictions",
+            "Ensemble predictions left out: late at the deadline, refused or failed.",
+            tag_keys=("app", "model"),
+        )
         self._queue = m.Gauge(
             "raysrv_queue_length", "Queries waiting in a batcher.", tag_keys=("model",)
         )
@@ -97,6 +108,11 @@ class ServeMetrics(Metrics):
             "Dispatch to answer of a batch.",
             LATENCY_BOUNDARIES_MS,
             ("model",),
+        )
+        self._store_fallbacks = m.Counter(
+            "raysrv_state_store_fallbacks",
+            "State store operations served from memory while Redis was unreachable.",
+            tag_keys=("operation",),
         )
 
     def request(self, app: str, status: int, latency_s: float | None = None) -> None:
@@ -116,6 +132,9 @@ class ServeMetrics(Metrics):
     def feedback(self, app: str) -> None:
         self._feedback.inc(tags={"app": app})
 
+    def missing(self, app: str, model: str) -> None:
+        self._missing.inc(tags={"app": app, "model": model})
+
     def queue_length(self, model: str, length: int) -> None:
         self._queue.set(length, tags={"model": model})
 
@@ -126,3 +145,6 @@ class ServeMetrics(Metrics):
         tags: Any = {"model": model}
         self._batch_size.observe(size, tags=tags)
         self._batch_latency.observe(latency_s * 1000.0, tags=tags)
+
+    def store_fallback(self, operation: str) -> None:
+        self._store_fallbacks.inc(tags={"operation": operation})

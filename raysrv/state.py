@@ -4,26 +4,48 @@ Feedback arrives after the answer (clipper §4.2: "feedback is likely to return 
 predictions are rendered"), so each answered query is kept for a while under its ``query_id``
 with its input and the predictions of the models that answered it; ``POST .../feedback`` joins
 the label with that record and hands both to the selection policy's ``observe``. Selection
-states are kept per (app, context key), as Clipper's contextualized selection does (§5.3).
+states are kept per (app, context key) in an external store, as Clipper's contextualized
+selection does with Redis (clipper §5.3), so every ingress replica learns into the same state.
+Two feedbacks for one context may race on two replicas: :meth:`StateStore.update_state` applies
+each one atomically, so neither overwrites the other.
 
 ``memory`` keeps the last ``window`` records per process (lost on restart, not shared between
-ingress replicas); a Redis URL shares them between replicas and keeps them for ``ttl_s``.
-Records and states are JSON; a record's input may be a numpy array, kept as is in memory and
-written as nested lists to Redis.
+ingress replicas); a Redis URL shares them between replicas and keeps them for ``ttl_s``, and
+falls back to memory while Redis is unreachable (:class:`FallbackStore`). Records and states
+are JSON; a record's input may be a numpy array, kept as is in memory and written as nested
+lists to Redis.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import time
+import weakref
 from collections import OrderedDict
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-__all__ = ["MemoryStore", "RedisStore", "StateStore", "make_store"]
+from raysrv.errors import Overloaded
+from raysrv.metrics import Metrics
+
+__all__ = ["FallbackStore", "MemoryStore", "RedisStore", "StateStore", "make_store"]
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_WINDOW = 10_000
 DEFAULT_TTL_S = 3600
+DEFAULT_TIMEOUT_S = 0.25
+DEFAULT_MAX_TRIES = 50
+DEFAULT_RETRY_AFTER_S = 1.0
+BACKOFF_S = 0.001
+BACKOFF_CAP_S = 0.05
+
+State = dict[str, Any]
+T = TypeVar("T")
 
 
 class StateStore(Protocol):
@@ -31,8 +53,21 @@ class StateStore(Protocol):
     async def get_prediction(self, query_id: str) -> dict[str, Any] | None: ...
     async def put_feedback(self, query_id: str, label: Any) -> None: ...
     async def get_feedback(self, query_id: str) -> Any: ...
-    async def get_state(self, app: str, context: str) -> dict[str, Any] | None: ...
-    async def set_state(self, app: str, context: str, state: dict[str, Any]) -> None: ...
+    async def get_state(self, app: str, context: str) -> State | None: ...
+    async def set_state(self, app: str, context: str, state: State) -> None: ...
+
+    async def update_state(
+        self, app: str, context: str, init: Callable[[], State], change: Callable[[State], State]
+    ) -> State:
+        """Atomically replace the state (``init()`` when there is none) by ``change(state)``.
+
+        A read then a write would lose one of two updates that race between them; this one
+        does not. ``change`` may run more than once (a store retries when another writer got
+        in first), each time on a freshly read state, so it must be pure: no side effects, and
+        its answer depends on its argument only. Returns the state written.
+        """
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -43,7 +78,7 @@ class MemoryStore:
         self._window = window
         self._predictions: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._feedback: OrderedDict[str, Any] = OrderedDict()
-        self._states: dict[tuple[str, str], dict[str, Any]] = {}
+        self._states: dict[tuple[str, str], State] = {}
 
     def _bounded_put(self, table: OrderedDict[str, Any], key: str, value: Any) -> None:
         table[key] = value
@@ -62,25 +97,68 @@ class MemoryStore:
     async def get_feedback(self, query_id: str) -> Any:
         return self._feedback.get(query_id)
 
-    async def get_state(self, app: str, context: str) -> dict[str, Any] | None:
+    async def get_state(self, app: str, context: str) -> State | None:
         return self._states.get((app, context))
 
-    async def set_state(self, app: str, context: str, state: dict[str, Any]) -> None:
+    async def set_state(self, app: str, context: str, state: State) -> None:
         self._states[(app, context)] = state
+
+    async def update_state(
+        self, app: str, context: str, init: Callable[[], State], change: Callable[[State], State]
+    ) -> State:
+        """Atomic without a lock: nothing between the read and the write yields to the loop."""
+        current = self._states.get((app, context))
+        state = change(init() if current is None else current)
+        self._states[(app, context)] = state
+        return state
 
     async def close(self) -> None:
         return None
 
 
 class RedisStore:
-    """Redis-backed store shared by every ingress replica; records expire after ``ttl_s``."""
+    """Redis-backed store shared by every ingress replica; records expire after ``ttl_s``.
 
-    def __init__(self, url: str, prefix: str = "raysrv", ttl_s: int = DEFAULT_TTL_S) -> None:
+    Connecting and each reply wait at most ``timeout_s`` (Redis answers in about a
+    millisecond, so a longer wait means it is gone), with one immediate reconnect for a pooled
+    connection Redis has closed, rather than redis-py's default of ten tries with backoff that
+    would hold a query for seconds. Query arguments of the URL win over these
+    (``redis://host:6379/0?socket_timeout=1``). ``down_errors`` are the errors that mean Redis
+    cannot be reached, for :class:`FallbackStore`.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        prefix: str = "raysrv",
+        ttl_s: int = DEFAULT_TTL_S,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_tries: int = DEFAULT_MAX_TRIES,
+        rng: np.random.Generator | None = None,
+    ) -> None:
         import redis.asyncio as aioredis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+        from redis.exceptions import ConnectionError, TimeoutError, WatchError
 
-        self._redis = aioredis.Redis.from_url(url)
+        self._redis = aioredis.Redis.from_url(
+            url,
+            socket_connect_timeout=timeout_s,
+            socket_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 1),
+        )
         self._prefix = prefix
         self._ttl_s = ttl_s
+        self._max_tries = max_tries
+        self._rng = rng or np.random.default_rng()
+        self._watch_error = WatchError
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self.down_errors: tuple[type[BaseException], ...] = (
+            ConnectionError,
+            TimeoutError,
+            OSError,
+            asyncio.TimeoutError,
+        )
 
     def _key(self, *parts: str) -> str:
         return ":".join((self._prefix, *parts))
@@ -100,15 +178,160 @@ class RedisStore:
         raw = await self._redis.get(self._key("feedback", query_id))
         return None if raw is None else json.loads(raw)
 
-    async def get_state(self, app: str, context: str) -> dict[str, Any] | None:
+    async def get_state(self, app: str, context: str) -> State | None:
         raw = await self._redis.get(self._key("state", app, context))
         return None if raw is None else json.loads(raw)
 
-    async def set_state(self, app: str, context: str, state: dict[str, Any]) -> None:
+    async def set_state(self, app: str, context: str, state: State) -> None:
         await self._redis.set(self._key("state", app, context), json.dumps(state))
+
+    async def update_state(
+        self, app: str, context: str, init: Callable[[], State], change: Callable[[State], State]
+    ) -> State:
+        """Optimistic transaction: WATCH the key, read, MULTI/EXEC the write, retry on conflict.
+
+        EXEC fails with ``WatchError`` when another client wrote the key after WATCH (or the
+        connection dropped while watching); the read and ``change`` are then redone, at most
+        ``max_tries`` times in all, after which the contention is reported as
+        :class:`~raysrv.errors.Overloaded` (retry later) rather than spinning on. Coroutines of
+        this process take turns on a key (one lock per key, dropped when unused), so a
+        transaction only races those of other processes: without the lock, n feedbacks in
+        flight for one context (every query without a context shares one) would each retry up
+        to n times. Between tries a random wait, up to 1 ms doubling to at most 50 ms, breaks
+        the lockstep in which the same client would lose every round.
+        """
+        key = self._key("state", app, context)
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        async with lock:
+            for tries in range(self._max_tries):
+                state = await self._try_update(key, init, change)
+                if state is not None:
+                    return state
+                await asyncio.sleep(self._rng.uniform(0, min(BACKOFF_CAP_S, BACKOFF_S * 2**tries)))
+        raise Overloaded(
+            f"state of app {app!r} context {context!r} was changed by other writers on each of "
+            f"{self._max_tries} tries; retry later"
+        )
+
+    async def _try_update(
+        self, key: str, init: Callable[[], State], change: Callable[[State], State]
+    ) -> State | None:
+        """One WATCH/GET/MULTI/SET/EXEC round: the state written, or None if another won."""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            try:
+                await pipe.watch(key)
+                raw = await pipe.get(key)
+                state = change(init() if raw is None else json.loads(raw))
+                pipe.multi()
+                pipe.set(key, json.dumps(state))
+                await pipe.execute()
+            except self._watch_error:
+                return None
+            return state
 
     async def close(self) -> None:
         await self._redis.aclose()
+
+
+class FallbackStore:
+    """``primary`` (Redis) while it answers, an in-process :class:`MemoryStore` while it does not.
+
+    A lost Redis must not fail queries: an operation that raises one of ``down_errors`` is served
+    from memory instead, counted by ``metrics.store_fallback`` and logged once per outage. Then
+    for ``retry_after_s`` every operation goes straight to memory, so a dead Redis adds its
+    timeout to one operation per interval instead of to every query; the first operation after
+    the interval probes Redis again (the others keep using memory meanwhile) and Redis serves
+    everything again once it answers.
+
+    What is written during an outage stays in memory as the fallback copy and is not copied to
+    Redis: once Redis is back its copy of a selection state wins, and what was learned from
+    feedback in the outage is lost to it (the next outage starts from the memory copy). A query
+    answered during the outage can still take its feedback afterwards: a prediction Redis does
+    not have is looked up in memory.
+
+    A wrapper rather than a resilient :class:`RedisStore` so that the Redis code stays a plain
+    client and the fallback rules can be tested over any store.
+    """
+
+    def __init__(
+        self,
+        primary: StateStore,
+        down_errors: tuple[type[BaseException], ...],
+        metrics: Metrics | None = None,
+        retry_after_s: float = DEFAULT_RETRY_AFTER_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._primary = primary
+        self._memory = MemoryStore()
+        self._down_errors = down_errors
+        self._metrics = metrics or Metrics()
+        self._retry_after_s = retry_after_s
+        self._clock = clock
+        self._down = False
+        self._retry_at = -float("inf")
+
+    async def _call(self, operation: str, run: Callable[[StateStore], Awaitable[T]]) -> T:
+        now = self._clock()
+        if now < self._retry_at:
+            return await self._fall_back(operation, run)
+        probe = self._down
+        if probe:
+            self._retry_at = now + self._retry_after_s
+        try:
+            result = await run(self._primary)
+        except self._down_errors as exc:
+            self._went_down(exc)
+            return await self._fall_back(operation, run)
+        if probe:
+            self._down, self._retry_at = False, -float("inf")
+            logger.warning("state store answers again; back from memory to it")
+        return result
+
+    async def _fall_back(self, operation: str, run: Callable[[StateStore], Awaitable[T]]) -> T:
+        self._metrics.store_fallback(operation)
+        return await run(self._memory)
+
+    def _went_down(self, exc: BaseException) -> None:
+        self._retry_at = self._clock() + self._retry_after_s
+        if not self._down:
+            self._down = True
+            logger.warning(
+                "state store unreachable (%s: %s); serving from memory, retrying every %.1f s",
+                type(exc).__name__,
+                exc,
+                self._retry_after_s,
+            )
+
+    async def put_prediction(self, query_id: str, record: dict[str, Any]) -> None:
+        await self._call("put_prediction", lambda s: s.put_prediction(query_id, record))
+
+    async def get_prediction(self, query_id: str) -> dict[str, Any] | None:
+        record = await self._call("get_prediction", lambda s: s.get_prediction(query_id))
+        return record if record is not None else await self._memory.get_prediction(query_id)
+
+    async def put_feedback(self, query_id: str, label: Any) -> None:
+        await self._call("put_feedback", lambda s: s.put_feedback(query_id, label))
+
+    async def get_feedback(self, query_id: str) -> Any:
+        return await self._call("get_feedback", lambda s: s.get_feedback(query_id))
+
+    async def get_state(self, app: str, context: str) -> State | None:
+        return await self._call("get_state", lambda s: s.get_state(app, context))
+
+    async def set_state(self, app: str, context: str, state: State) -> None:
+        await self._call("set_state", lambda s: s.set_state(app, context, state))
+
+    async def update_state(
+        self, app: str, context: str, init: Callable[[], State], change: Callable[[State], State]
+    ) -> State:
+        return await self._call(
+            "update_state", lambda s: s.update_state(app, context, init, change)
+        )
+
+    async def close(self) -> None:
+        await self._primary.close()
 
 
 def _jsonable(value: Any) -> Any:
@@ -117,8 +340,9 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"cannot store a {type(value).__name__} as JSON")
 
 
-def make_store(state: str) -> StateStore:
-    """The store a spec's ``state`` names: ``memory`` or a Redis URL."""
+def make_store(state: str, metrics: Metrics | None = None) -> StateStore:
+    """The store a spec's ``state`` names: ``memory``, or a Redis URL with a memory fallback."""
     if state == "memory":
         return MemoryStore()
-    return RedisStore(state)
+    redis = RedisStore(state)
+    return FallbackStore(redis, redis.down_errors, metrics)

@@ -29,6 +29,7 @@ from raysrv.batching import (
 __all__ = [
     "EchoModel",
     "FakeClock",
+    "LabelModel",
     "fake_execute",
     "model_spec",
     "saturated_batch_sizes",
@@ -72,6 +73,19 @@ class EchoModel:
             {"sum": s, "batch_size": len(batch), "batch": self.batches, "pid": os.getpid()}
             for s in sums
         ]
+
+
+class LabelModel:
+    """Answers ``{"label": label}`` for every input after ``delay_s`` per batch: a classifier
+    whose answer (and speed) a test chooses."""
+
+    def __init__(self, label: int = 0, delay_s: float = 0.0) -> None:
+        self.label = label
+        self.delay_s = delay_s
+
+    def predict_batch(self, inputs: Sequence[Any]) -> list[dict[str, Any]]:
+        time.sleep(self.delay_s)
+        return [{"label": self.label} for _ in inputs]
 
 
 def saturated_batch_sizes(

@@ -52,6 +52,7 @@ __all__ = [
     "main",
     "test_split",
     "train_models",
+    "train_split",
 ]
 
 MODEL_NAMES: tuple[str, ...] = ("logreg", "mlp", "cnn")
@@ -93,6 +94,12 @@ def _split() -> tuple[Array, Array, Array, Array]:
         x.astype(np.float32), y.astype(np.int64), test_size=0.25, random_state=SEED, stratify=y
     )
     return x_train, x_test, y_train, y_test
+
+
+def train_split() -> tuple[Array, Array]:
+    """The training set the models were fitted on: ``X_train`` (float32) and ``y_train``."""
+    x_train, _, y_train, _ = _split()
+    return x_train, y_train
 
 
 def test_split() -> tuple[Array, Array]:

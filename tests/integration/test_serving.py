@@ -207,3 +207,36 @@ def test_a_redeploy_with_the_same_models_keeps_answering(
     assert "error" not in before[0]
     assert all("error" not in a for a in after), after
     assert after[4]["output"] == before[0]["output"]
+
+
+def test_an_ensemble_on_serve_answers_by_its_deadline_without_its_straggler(
+    serve_session: RayCluster,
+) -> None:
+    """clipper §5.2.2 on real replicas: the slow model's batch outlives the app's SLO, so the
+    answer comes from the quick one, with the straggler listed as missing; feedback joins."""
+    models = [
+        model_spec("quick", source="raysrv.testing:LabelModel", init_kwargs={"label": 1}),
+        model_spec(
+            "sluggish",
+            source="raysrv.testing:LabelModel",
+            init_kwargs={"label": 2, "delay_s": 3.0},
+        ),
+    ]
+    app = {
+        "name": "vote",
+        "models": ["quick", "sluggish"],
+        "selection": {"policy": "exp4"},
+        "slo_ms": 1000,
+    }
+    handle = serve.run(
+        build_app(spec(models, [app], ingress={"num_cpus": 0.1})),
+        name="raysrv",
+        route_prefix="/raysrv",
+    )
+    handle.predict.remote("vote", [0, 0, 0, 0], best_effort=True).result(timeout_s=60)  # warm
+    answer = handle.predict.remote("vote", [1, 0, 0, 0]).result(timeout_s=60)
+    assert answer["missing"] == ["sluggish"], answer
+    assert answer["output"] == {"label": 1}
+    assert answer["confidence"] == pytest.approx(0.5)
+    ack = handle.feedback.remote("vote", answer["query_id"], 1).result(timeout_s=60)
+    assert ack["accepted"] is True

@@ -3,18 +3,31 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
+import signal
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
 
 from raysrv._server import Server
 from raysrv.config import RaysrvSpec
-from raysrv.state import RedisStore, make_store
-from raysrv.testing import EchoModel, fake_execute, model_spec, spec
-from tests.unit.test_state import round_trip
+from raysrv.errors import Overloaded
+from raysrv.state import FallbackStore, RedisStore, StateStore, make_store
+from raysrv.testing import EchoModel, FakeClock, fake_execute, model_spec, spec
+from tests.conftest import _wait_for_port, free_port
+from tests.unit.test_state import FallbackCounter, count_up, round_trip, zero
 
 
 def test_redis_store_round_trip_is_shared_between_clients(redis_url: str) -> None:
     async def scenario() -> None:
         store = make_store(redis_url)
-        assert isinstance(store, RedisStore)
+        assert isinstance(store, FallbackStore)
         try:
             await round_trip(store)
         finally:
@@ -48,3 +61,135 @@ def test_feedback_reaches_a_second_ingress_through_redis(redis_url: str) -> None
             await second.close()
 
     asyncio.run(scenario())
+
+
+async def racy_count_up(store: StateStore, context: str) -> None:
+    """The read-then-write that ``update_state`` replaces."""
+    state = await store.get_state("race", context) or zero()
+    await store.set_state("race", context, count_up(state))
+
+
+def test_concurrent_updates_from_two_clients_lose_nothing(redis_url: str) -> None:
+    """200 increments racing on one context from two clients (two ingress replicas) all count.
+
+    More than 200 calls of the change show that the clients' transactions did conflict and
+    were redone. The same race through get_state then set_state loses most increments, which
+    shows the race is real: reads are sent before the writes land.
+    """
+    changes: list[dict[str, Any]] = []
+
+    def counted(state: dict[str, Any]) -> dict[str, Any]:
+        changes.append(state)
+        return count_up(state)
+
+    async def scenario() -> None:
+        clients = [RedisStore(redis_url), RedisStore(redis_url)]
+        try:
+            await asyncio.gather(
+                *(
+                    c.update_state("race", "atomic", zero, counted)
+                    for c in clients
+                    for _ in range(100)
+                )
+            )
+            assert await clients[0].get_state("race", "atomic") == {"n": 200}
+            assert len(changes) > 200
+            await asyncio.gather(*(racy_count_up(c, "racy") for c in clients for _ in range(100)))
+            assert (await clients[0].get_state("race", "racy"))["n"] < 200
+        finally:
+            for client in clients:
+                await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_update_state_gives_up_under_endless_contention(redis_url: str) -> None:
+    import redis
+
+    other = redis.Redis.from_url(redis_url)
+    tries: list[dict[str, Any]] = []
+
+    def change_while_another_writes(state: dict[str, Any]) -> dict[str, Any]:
+        tries.append(state)
+        other.incr("contended:state:a:u")
+        return state
+
+    async def scenario() -> None:
+        store = RedisStore(redis_url, prefix="contended", max_tries=3)
+        try:
+            await store.update_state("a", "u", dict, change_while_another_writes)
+        finally:
+            await store.close()
+
+    try:
+        with pytest.raises(Overloaded, match="on each of 3 tries"):
+            asyncio.run(scenario())
+        assert tries == [{}, 1, 2]
+    finally:
+        other.close()
+
+
+@contextmanager
+def private_redis(workdir: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A redis-server of this test's own, which the test may stop or kill; killed at the end."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    port = free_port()
+    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    proc = subprocess.Popen([*args, "--dir", str(workdir)], stdout=subprocess.DEVNULL)
+    try:
+        _wait_for_port(port, proc)
+        yield f"redis://127.0.0.1:{port}/0", proc
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_queries_keep_their_state_when_redis_is_killed(tmp_path: Path) -> None:
+    metrics = FallbackCounter()
+
+    async def scenario(url: str, proc: subprocess.Popen[bytes]) -> None:
+        store = make_store(url, metrics)
+        await store.update_state("a", "u", zero, count_up)
+        proc.kill()
+        proc.wait(timeout=10)
+        start = time.monotonic()
+        await store.put_prediction("q1", {"app": "a"})
+        assert await store.get_prediction("q1") == {"app": "a"}
+        assert await store.update_state("a", "u", zero, count_up) == {"n": 1}
+        assert await store.update_state("a", "u", zero, count_up) == {"n": 2}
+        assert time.monotonic() - start < 1.0
+        await store.close()
+
+    with private_redis(tmp_path) as (url, proc):
+        asyncio.run(scenario(url, proc))
+    assert metrics.fallbacks == Counter(put_prediction=1, get_prediction=1, update_state=2)
+
+
+def test_a_frozen_redis_costs_one_timeout_then_its_copy_wins_again(tmp_path: Path) -> None:
+    """SIGSTOP leaves connections open but unanswered: the read timeout is what detects it."""
+    metrics, clock = FallbackCounter(), FakeClock()
+
+    async def scenario(url: str, proc: subprocess.Popen[bytes]) -> None:
+        redis = RedisStore(url, timeout_s=0.2)
+        store = FallbackStore(redis, redis.down_errors, metrics, retry_after_s=1.0, clock=clock)
+        try:
+            await store.set_state("a", "u", {"n": 5})
+            proc.send_signal(signal.SIGSTOP)
+            start = time.monotonic()
+            assert await store.update_state("a", "u", zero, count_up) == {"n": 1}
+            timed_out = time.monotonic()
+            await store.put_prediction("during", {"app": "a"})
+            assert time.monotonic() - timed_out < 0.1 < timed_out - start
+            proc.send_signal(signal.SIGCONT)
+            clock.advance(1.0)
+            assert await store.update_state("a", "u", zero, count_up) == {"n": 6}
+            assert await store.get_prediction("during") == {"app": "a"}
+        finally:
+            proc.send_signal(signal.SIGCONT)
+            await store.close()
+
+    with private_redis(tmp_path) as (url, proc):
+        asyncio.run(scenario(url, proc))
+    assert metrics.fallbacks == Counter(update_state=1, put_prediction=1)

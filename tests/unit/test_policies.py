@@ -53,7 +53,7 @@ def test_split_rejects_bad_weights(params: dict, message: str) -> None:
 
 
 def test_registry_and_feedback_default() -> None:
-    with pytest.raises(ValueError, match="known: single, split"):
+    with pytest.raises(ValueError, match="known: epsilon_greedy, exp3, exp4, single, split, ucb1"):
         policies.policy_class("exp5")
     policy = policies.make_policy("split", ["a", "b"], {}, _rng())
     state = policy.init()

@@ -1,14 +1,38 @@
-"""State stores: the bounded memory store (Redis is tested in the integration tier)."""
+"""State stores: the bounded memory store and the memory fallback (Redis: integration tier)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 
-from raysrv.state import MemoryStore, RedisStore, StateStore, make_store
+from raysrv.metrics import Metrics
+from raysrv.state import FallbackStore, MemoryStore, StateStore, make_store
+from raysrv.testing import FakeClock
 
-__all__ = ["round_trip"]
+__all__ = ["FallbackCounter", "count_up", "round_trip"]
+
+
+class FallbackCounter(Metrics):
+    """Counts the operations a store served from memory, by operation."""
+
+    def __init__(self) -> None:
+        self.fallbacks: Counter[str] = Counter()
+
+    def store_fallback(self, operation: str) -> None:
+        self.fallbacks[operation] += 1
+
+
+def count_up(state: dict[str, Any]) -> dict[str, Any]:
+    return {**state, "n": state["n"] + 1}
+
+
+def zero() -> dict[str, Any]:
+    return {"n": 0}
 
 
 async def round_trip(store: StateStore) -> None:
@@ -22,6 +46,9 @@ async def round_trip(store: StateStore) -> None:
     await store.set_state("a", "u", {"weights": [0.5, 0.5]})
     assert await store.get_state("a", "u") == {"weights": [0.5, 0.5]}
     assert await store.get_state("a", "other") is None
+    assert await store.update_state("a", "counted", zero, count_up) == {"n": 1}
+    assert await store.update_state("a", "counted", zero, count_up) == {"n": 2}
+    assert await store.get_state("a", "counted") == {"n": 2}
 
 
 def test_memory_storeround_trip_and_window() -> None:
@@ -36,7 +63,123 @@ def test_memory_storeround_trip_and_window() -> None:
     asyncio.run(scenario())
 
 
+def test_memory_update_state_inits_only_when_absent() -> None:
+    inits: list[int] = []
+
+    def init() -> dict[str, Any]:
+        inits.append(1)
+        return {"n": 10}
+
+    async def scenario() -> None:
+        store = MemoryStore()
+        await store.set_state("a", "known", {"n": 3})
+        assert await store.update_state("a", "known", init, count_up) == {"n": 4}
+        assert inits == []
+        assert await store.update_state("a", "new", init, count_up) == {"n": 11}
+        assert inits == [1]
+        assert await store.get_state("a", "new") == {"n": 11}
+        assert await store.get_state("a", "known") == {"n": 4}
+
+    asyncio.run(scenario())
+
+
+class Flaky:
+    """A memory store that refuses connections while ``down``; ``calls`` counts what it got."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryStore()
+        self.down = False
+        self.calls = 0
+
+    def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
+        method = getattr(self.inner, name)
+
+        async def call(*args: Any) -> Any:
+            self.calls += 1
+            if self.down:
+                raise ConnectionRefusedError("nothing listens")
+            return await method(*args)
+
+        return call
+
+
+def fallback_over(primary: Flaky) -> tuple[FallbackStore, FallbackCounter, FakeClock]:
+    metrics, clock = FallbackCounter(), FakeClock()
+    store = FallbackStore(primary, (OSError,), metrics, retry_after_s=1.0, clock=clock)
+    return store, metrics, clock
+
+
+def test_fallback_serves_from_memory_and_tries_primary_once_per_interval(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    primary = Flaky()
+    store, metrics, clock = fallback_over(primary)
+
+    async def scenario() -> None:
+        await store.update_state("a", "u", zero, count_up)
+        assert metrics.fallbacks == Counter()
+        primary.down = True
+        calls = primary.calls
+        await store.put_prediction("q1", {"app": "a"})
+        assert await store.get_prediction("q1") == {"app": "a"}
+        assert await store.update_state("a", "u", zero, count_up) == {"n": 1}
+        assert await store.get_state("a", "u") == {"n": 1}
+        assert primary.calls == calls + 1
+        clock.advance(1.0)
+        await store.put_feedback("q1", 1)
+        assert primary.calls == calls + 2
+        assert await store.get_feedback("q1") == 1
+
+    with caplog.at_level(logging.WARNING, logger="raysrv.state"):
+        asyncio.run(scenario())
+    assert metrics.fallbacks == Counter(
+        put_prediction=1,
+        get_prediction=1,
+        update_state=1,
+        get_state=1,
+        put_feedback=1,
+        get_feedback=1,
+    )
+    assert [r.message for r in caplog.records if "unreachable" in r.message] == [
+        "state store unreachable (ConnectionRefusedError: nothing listens); "
+        "serving from memory, retrying every 1.0 s"
+    ]
+
+
+def test_fallback_returns_to_primary_whose_copy_wins() -> None:
+    primary = Flaky()
+    store, metrics, clock = fallback_over(primary)
+
+    async def scenario() -> None:
+        await store.set_state("a", "u", {"n": 5})
+        primary.down = True
+        await store.put_prediction("during", {"app": "a"})
+        assert await store.update_state("a", "u", zero, count_up) == {"n": 1}
+        primary.down = False
+        assert await store.get_state("a", "u") == {"n": 1}
+        clock.advance(1.0)
+        assert await store.update_state("a", "u", zero, count_up) == {"n": 6}
+        fallbacks = sum(metrics.fallbacks.values())
+        assert await store.get_prediction("during") == {"app": "a"}
+        assert await primary.inner.get_prediction("during") is None
+        assert sum(metrics.fallbacks.values()) == fallbacks
+
+    asyncio.run(scenario())
+
+
+def test_fallback_does_not_hide_other_errors() -> None:
+    primary = Flaky()
+    store, metrics, _ = fallback_over(primary)
+
+    def broken(state: dict[str, Any]) -> dict[str, Any]:
+        raise ValueError("bad state")
+
+    with pytest.raises(ValueError, match="bad state"):
+        asyncio.run(store.update_state("a", "u", zero, broken))
+    assert metrics.fallbacks == Counter()
+
+
 def test_make_store_kinds() -> None:
     assert isinstance(make_store("memory"), MemoryStore)
     pytest.importorskip("redis")
-    assert isinstance(make_store("redis://127.0.0.1:1/0"), RedisStore)
+    assert isinstance(make_store("redis://127.0.0.1:1/0"), FallbackStore)
