@@ -1,6 +1,6 @@
 """Every batching policy and ``@serve.batch``, live, on bursty and overload workloads (issue 4).
 
-    python -m bench.policies_live [--quick] [--slo-ms 600] [--margin-ms 0]
+    python -m bench.policies_live [--quick] [--seconds 20] [--slo-ms 600] [--margin-ms 0]
         [--systems deadline ctmc ...] [--deadline-param overrun_quantile=0.9 ...]
 
 The model is :func:`bench.models.build_mlp`: about 1 GB of weights read three times per batch,
@@ -208,6 +208,9 @@ def measure_capacity(path: Path, inputs: list[np.ndarray], seconds: float) -> di
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="6 s per point instead of 20")
+    parser.add_argument(
+        "--seconds", type=float, default=None, help="seconds per point (default 20, 6 quick)"
+    )
     parser.add_argument("--slo-ms", type=float, default=600.0)
     parser.add_argument("--margin-ms", type=float, default=0.0)
     parser.add_argument("--systems", nargs="*", default=[*RAYSRV, *BASELINES])
@@ -226,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in args.deadline_param)}
     path = build_mlp(MLP_PATH)
     inputs = make_inputs(256, INPUT_SHAPE, seed=0)
-    seconds = 6.0 if args.quick else 20.0
+    seconds = args.seconds or (6.0 if args.quick else 20.0)
     slo_s = args.slo_ms / 1000.0
     start_ray()
     points: list[Point] = []

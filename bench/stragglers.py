@@ -33,6 +33,7 @@ import numpy as np
 
 from bench.selection import labels_of, train_classifier
 from examples.digits import build as digits
+from raysrv._heap import settle
 from raysrv._server import Server
 from raysrv.config import RaysrvSpec
 from raysrv.errors import RaysrvError
@@ -115,6 +116,7 @@ async def _serve(
         m: _execute(classifiers[m], straggle if m == STRAGGLER else 0.0, rng) for m in models
     }
     server = Server(_spec(models), execute)
+    settle()  # as the ingress deployment does once started
     items = rng.integers(len(y_test), size=args.queries)
     gaps = rng.exponential(1.0 / args.rate, size=args.queries)
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from ray import serve
 
+from raysrv._heap import settle
 from raysrv._http import create_http_app
 from raysrv._replicas import ReplicaGroup
 from raysrv._server import Server
@@ -48,6 +49,7 @@ class Ingress:
             store=make_store(self._spec.state, self._metrics),
             metrics=self._metrics,
         )
+        settle()  # start-up's objects out of the collector's full passes
 
     def __serve_build_asgi_app__(self) -> Any:
         return create_http_app(self._server, self._spec.ingress.max_body_bytes, self._metrics)

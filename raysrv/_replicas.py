@@ -29,6 +29,7 @@ import numpy as np
 import ray
 
 from raysrv._batcher import Execute
+from raysrv._heap import settle
 from raysrv.config import ModelSpec
 from raysrv.metrics import LATENCY_BOUNDARIES_MS
 from raysrv.runtimes import load_runtime
@@ -48,6 +49,7 @@ class ModelWorker:
             "raysrv_execution_ms", "Replica run time of a batch.", LATENCY_BOUNDARIES_MS, ("model",)
         )
         self._execution.set_default_tags({"model": self._spec.name})
+        settle()  # the loaded model out of the collector's full passes
 
     def ready(self) -> int:
         """The worker's process id, once its model is loaded."""
