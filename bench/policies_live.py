@@ -92,6 +92,7 @@ class System:
         slo_ms: float,
         margin_ms: float,
         extra: dict[str, Any] | None = None,
+        sent_at: bool = True,
     ) -> None:
         from ray import serve
         from ray.serve.schema import LoggingConfig
@@ -114,10 +115,13 @@ class System:
             params.update(extra or {})
         self.handle = deploy_spec(path, name, params, slo_ms, name="live")
         self.slo_ms = slo_ms
+        self.sent_at = sent_at
 
     def call(self, x: np.ndarray) -> Any:
         if self.name in BASELINES:
             return self.handle.predict.remote(x)
+        if not self.sent_at:
+            return self.handle.predict.remote(APP, x, slo_ms=self.slo_ms)
         return self.handle.predict.remote(APP, x, slo_ms=self.slo_ms, sent_at=time.time())
 
     async def state(self) -> tuple[int, int, dict[str, Any]]:
@@ -221,6 +225,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=JSON",
         help="an extra parameter for deadline and ctmc, e.g. overrun_quantile=0.95",
     )
+    parser.add_argument(
+        "--no-sent-at",
+        action="store_true",
+        help="raysrv's callers send no sent_at: the SLO starts at the ingress and no time is "
+        "kept for the trip back",
+    )
+    parser.add_argument("--workloads", nargs="*", default=None, help="run only these points")
     parser.add_argument("--out", type=Path, default=Path("bench/out/policies_live.json"))
     parser.add_argument("--figures", type=Path, default=FIGURES)
     args = parser.parse_args(argv)
@@ -240,8 +251,11 @@ def main(argv: list[str] | None = None) -> int:
         capacity = measured["capacity"]
         print(f"capacity {capacity:.1f}/s; run times {measured['run_seconds']}", file=sys.stderr)
         for name, times in workloads(capacity, slo_s, seconds).items():
+            if args.workloads is not None and name not in args.workloads:
+                continue
             for system_name in args.systems:
-                system = System(system_name, path, args.slo_ms, args.margin_ms, extra)
+                sent_at = not args.no_sent_at
+                system = System(system_name, path, args.slo_ms, args.margin_ms, extra, sent_at)
                 log, mean_batch, policy = asyncio.run(system.replay(times, inputs))
                 logs.setdefault(name, {})[system_name] = log
                 policies.setdefault(name, {})[system_name] = policy
