@@ -11,6 +11,7 @@ boundary is a batch, never a single query.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import math
 import time
@@ -52,6 +53,31 @@ def coerce_input(value: Any, spec: InputSpec) -> np.ndarray:
 
 
 TRIP_WINDOW = 200  # queries with ``sent_at`` behind the trip-back estimate
+
+
+class _Trips:
+    """The trips here of the last ``TRIP_WINDOW`` queries, also kept sorted: a quantile then
+    costs an insertion per query rather than a numpy quantile over the window (about 25 µs)."""
+
+    def __init__(self) -> None:
+        self._order: collections.deque[float] = collections.deque()
+        self._sorted: list[float] = []
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def add(self, trip: float) -> None:
+        if len(self._order) == TRIP_WINDOW:
+            del self._sorted[bisect.bisect_left(self._sorted, self._order.popleft())]
+        self._order.append(trip)
+        bisect.insort(self._sorted, trip)
+
+    def quantile(self, q: float) -> float:
+        """numpy's default (linear) rule."""
+        position = q * (len(self._sorted) - 1)
+        low = int(position)
+        high = min(low + 1, len(self._sorted) - 1)
+        return self._sorted[low] + (self._sorted[high] - self._sorted[low]) * (position - low)
 
 
 def _in_transit(sent_at: float | None) -> float:
@@ -98,7 +124,7 @@ class Server:
         self._store = store or MemoryStore()
         self._metrics = metrics or Metrics()
         self._clock = clock
-        self._trips: collections.deque[float] = collections.deque(maxlen=TRIP_WINDOW)
+        self._trips = _Trips()
         self._rng = rng or np.random.default_rng(spec.ingress.seed)
         self._models: dict[str, ModelSpec] = {m.name: m for m in spec.models}
         self._slo_ms = {m.name: m.slo_ms for m in spec.models}
@@ -185,7 +211,7 @@ class Server:
         origin = start - trip  # where the SLO starts
         trip_back = 0.0
         if sent_at is not None:
-            self._trips.append(trip)
+            self._trips.add(trip)
             trip_back = self.trip_back()
         target = self._app(app)
         if slo_ms is not None and not (isinstance(slo_ms, (int, float)) and 0 < slo_ms < math.inf):
@@ -278,7 +304,7 @@ class Server:
         of the trips here of the last ``TRIP_WINDOW`` such queries (0 until 20 are seen)."""
         if len(self._trips) < 20:
             return 0.0
-        return float(np.quantile(self._trips, 0.99))
+        return self._trips.quantile(0.99)
 
     async def _by_deadline(self, answer: asyncio.Future[Any], deadline: float, model: str) -> Any:
         """The answer, or an error once the query's deadline passes first: never a late answer.
