@@ -36,7 +36,7 @@ import numpy as np
 from examples.digits import build as digits
 from raysrv import policies
 
-__all__ = ["context_run", "failure_run", "labels_of", "main", "train_classifier"]
+__all__ = ["context_run", "failure_run", "labeler", "main"]
 
 N_QUERIES = 20_000
 FAIL_AT, RECOVER_AT = 5_000, 10_000
@@ -61,22 +61,16 @@ def _onnx_labels(path: Path, x: np.ndarray) -> np.ndarray:
     return np.asarray(labels, dtype=int)
 
 
-def train_classifier(kind: str, x: np.ndarray, y: np.ndarray) -> Any:
-    """A scikit-learn classifier of digits fitted on ``x`` (pixels 0..16), ``y``: Gaussian
-    naive Bayes (``nb``) or the example's ``mlp`` architecture (``mlp``)."""
+def labeler(kind: str, x: np.ndarray, y: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """A digits classifier fitted on ``x`` (pixels 0..16) and ``y``, as a function from images
+    to labels: the example's ``mlp`` recipe (``mlp``) or Gaussian naive Bayes (``nb``)."""
+    if kind == "mlp":
+        model = digits.train_model("mlp", x, y)
+        return lambda images: np.argmax(model.predict_proba(images), axis=1)
     from sklearn.naive_bayes import GaussianNB
-    from sklearn.neural_network import MLPClassifier
 
-    if kind == "nb":
-        return GaussianNB().fit(x, y)
-    mlp = MLPClassifier(hidden_layer_sizes=(64,), max_iter=1000, random_state=0)
-    return mlp.fit(x / 16.0, y)
-
-
-def labels_of(model: Any, x: np.ndarray) -> np.ndarray:
-    """The labels a :func:`train_classifier` model gives the images ``x``."""
-    scale = 16.0 if hasattr(model, "coefs_") else 1.0
-    return np.asarray(model.predict(x / scale), dtype=int)
+    nb = GaussianNB().fit(x, y)
+    return lambda images: np.asarray(nb.predict(images), dtype=int)
 
 
 def failure_models() -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -85,8 +79,8 @@ def failure_models() -> tuple[dict[str, np.ndarray], np.ndarray]:
     paths = digits.build_all(digits.DEFAULT_OUT_DIR)
     labels = {name: _onnx_labels(path, x_test) for name, path in paths.items()}
     subset = np.random.default_rng(0).choice(len(x_train), 150, replace=False)
-    labels["nb"] = labels_of(train_classifier("nb", x_train, y_train), x_test)
-    labels["mlp-150"] = labels_of(train_classifier("mlp", x_train[subset], y_train[subset]), x_test)
+    labels["nb"] = labeler("nb", x_train, y_train)(x_test)
+    labels["mlp-150"] = labeler("mlp", x_train[subset], y_train[subset])(x_test)
     order = ("nb", "logreg", "mlp-150", "mlp", "cnn")
     return {m: labels[m] for m in order}, y_test
 
@@ -169,12 +163,11 @@ def _window(errors: np.ndarray, end: int) -> float:
 def context_models() -> tuple[dict[str, dict[str, np.ndarray]], np.ndarray]:
     """Per view, every model's labels for the test images seen that way; the true labels."""
     (x_train, y_train), (x_test, y_test) = digits.train_split(), digits.test_split()
-    models = {f"{v}-mlp": train_classifier("mlp", f(x_train), y_train) for v, f in VIEWS.items()}
+    models = {f"{v}-mlp": labeler("mlp", f(x_train), y_train) for v, f in VIEWS.items()}
     every = np.concatenate([f(x_train) for f in VIEWS.values()])
-    models["all-views-mlp"] = train_classifier("mlp", every, np.tile(y_train, len(VIEWS)))
+    models["all-views-mlp"] = labeler("mlp", every, np.tile(y_train, len(VIEWS)))
     labels = {
-        view: {m: labels_of(model, f(x_test)) for m, model in models.items()}
-        for view, f in VIEWS.items()
+        view: {m: label(f(x_test)) for m, label in models.items()} for view, f in VIEWS.items()
     }
     return labels, y_test
 

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.selection import labels_of, train_classifier
+from bench.selection import labeler
 from examples.digits import build as digits
 from raysrv._heap import settle
 from raysrv._server import Server
@@ -70,8 +70,7 @@ def classifier(name: str) -> Callable[[np.ndarray], np.ndarray]:
     if name == "mlp-150":
         subset = np.random.default_rng(0).choice(len(x_train), 150, replace=False)
         x_train, y_train = x_train[subset], y_train[subset]
-    model = train_classifier("nb" if name == "nb" else "mlp", x_train, y_train)
-    return lambda x: labels_of(model, x)
+    return labeler("nb" if name == "nb" else "mlp", x_train, y_train)
 
 
 class Classifier:

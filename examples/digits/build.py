@@ -51,6 +51,7 @@ __all__ = [
     "ensure_model",
     "main",
     "test_split",
+    "train_model",
     "train_models",
     "train_split",
 ]
@@ -314,6 +315,12 @@ _TRAINERS: dict[str, Callable[[Array, Array], TrainedModel]] = {
     "mlp": _train_mlp,
     "cnn": _train_cnn,
 }
+
+
+def train_model(name: str, x_train: Array, y_train: Array) -> TrainedModel:
+    """Train one of the models (``MODEL_NAMES``) on the given images and labels: the example's
+    recipe on other data (a subset, or transformed images)."""
+    return _TRAINERS[name](x_train, y_train)
 
 
 def train_models() -> dict[str, TrainedModel]:
