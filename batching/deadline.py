@@ -41,15 +41,16 @@ instead left most of the overrun to be learned, and charged it to every batch
 
 Schedule ahead (clockwork §5.2: "instead of eagerly sending actions to workers, it ensures only a
 minimal amount of work is outstanding on each worker ... Clockwork schedules 5ms into the
-future"): a replica with work in flight gets its next batch only once that work is planned to
-end within ``schedule_ahead_ms``; until then the policy waits, for the answer or for that time.
-A batch chosen behind work still running is planned on that work's p99 finish, so it skips
-queries the answer, once back, would have shown to have time, and it misses the queries that
-arrive meanwhile. On the live benchmark's 80% trace, replayed through the real batcher with a
-sleeping replica, choosing behind the work in flight refused 36-38 queries of 1,933 and choosing
-once it was back 10 (``bench/RESULTS.md``, "Schedule ahead"). The price is the trip of the
-answer back and of the next batch out (about 2 ms per batch here); ``schedule_ahead_ms`` larger
-than a run time restores eager pipelining.
+future"): with ``schedule_ahead_ms`` set, a replica with work in flight gets its next batch only
+once that work is planned to end within it; until then the policy waits, for the answer or for
+that time. A batch chosen behind work still running is planned on that work's p99 finish, so it
+skips queries the answer, once back, would have shown to have time. With no hops (the live
+benchmark's 80% trace replayed through the real batcher with a sleeping replica,
+``bench/RESULTS.md``, "Schedule ahead") 5 ms cut the refusals from 21-24 to 11-14 of 1,933,
+what the simulator gives on that trace. Live on Ray it did not pay: every batch then waits for
+the answer's trip back and its own trip out, and at 150% overload goodput was 89-96% of
+capacity against 94-103% without it, while the 80% point did not improve. So the default (None)
+commits as soon as the batcher offers the replica.
 
 The policy is work-conserving: it dispatches as soon as a replica is free rather than holding
 queries back for a fuller batch; under load the queue, and with it the batch, grows on its own.
@@ -105,12 +106,13 @@ class DeadlineParams(PolicyParams):
     overrun_quantile: float = Field(
         0.99, gt=0.0, le=1.0, description="Quantile of the overruns added to the estimates."
     )
-    schedule_ahead_ms: float = Field(
-        5.0,
+    schedule_ahead_ms: float | None = Field(
+        None,
         ge=0.0,
         le=60_000.0,
-        description="A replica with work in flight gets its next batch only once that work is "
-        "planned to end within this (clockwork §5.2 schedules 5 ms ahead).",
+        description="If set, a replica with work in flight gets its next batch only once that "
+        "work is planned to end within this (clockwork §5.2 schedules 5 ms ahead); None: as "
+        "soon as the batcher offers it.",
     )
 
     @model_validator(mode="after")
@@ -189,9 +191,10 @@ class DeadlinePolicy(BatchingPolicy):
         if not free:
             return Wait()
         slot = min(free, key=lambda r: self._start(r, view.now))
-        ahead = self._start(slot, view.now) - self.params.schedule_ahead_ms / 1000.0
-        if ahead > view.now:
-            return Wait(ahead)  # schedule ahead: no commitment yet behind the work in flight
+        if self.params.schedule_ahead_ms is not None:
+            ahead = self._start(slot, view.now) - self.params.schedule_ahead_ms / 1000.0
+            if ahead > view.now:
+                return Wait(ahead)  # no commitment yet behind the work in flight
         if urgent:
             return self._most_urgent(urgent, slot, view.now)  # step (2)
         return self._fill(view, slot)  # step (3)

@@ -67,7 +67,7 @@ def test_counts_the_work_already_in_flight_on_the_replica() -> None:
 
 
 def test_plans_behind_its_own_batch_in_flight_re_anchored_on_each_answer() -> None:
-    policy = _trained(schedule_ahead_ms=10.0)  # commits behind work ending within 10 ms
+    policy = _trained()
     first = policy.decide(BatcherView(0.0, _queue([0.5] * 4), [ReplicaSlot(0)]))
     assert first == Dispatch((0, 1, 2, 3), 0)  # planned to run 0..6 ms
     # The batcher's running average says the replica frees at 3 ms and lets another batch go;
@@ -91,9 +91,9 @@ def test_plans_behind_its_own_batch_in_flight_re_anchored_on_each_answer() -> No
 
 
 def test_schedules_a_batch_behind_work_in_flight_only_shortly_before_it_ends() -> None:
-    """Clockwork §5.2: 5 ms ahead by default. Offered a replica whose batch is planned to run
-    until 6 ms, the policy waits until 1 ms; offered an idle one too, it takes that one."""
-    policy = _trained()
+    """Clockwork §5.2, 5 ms ahead. Offered a replica whose batch is planned to run until 6 ms,
+    the policy waits until 1 ms; offered an idle one too, it takes that one."""
+    policy = _trained(schedule_ahead_ms=5.0)
     assert policy.decide(BatcherView(0.0, _queue([0.5] * 4), [ReplicaSlot(0)])) == Dispatch(
         (0, 1, 2, 3), 0
     )  # planned to run 0..6 ms
@@ -106,9 +106,12 @@ def test_schedules_a_batch_behind_work_in_flight_only_shortly_before_it_ends() -
     behind = policy.decide(BatcherView(0.001, queue, [pipelined]))
     assert behind == Dispatch((9,), 0)
     assert behind.expected_start == pytest.approx(0.006)
-    eager = _trained(schedule_ahead_ms=0.0)
+    patient = _trained(schedule_ahead_ms=0.0)
+    patient.decide(BatcherView(0.0, _queue([0.5] * 4), [ReplicaSlot(0)]))
+    assert patient.decide(BatcherView(0.0005, queue, [pipelined])) == Wait(0.006)
+    eager = _trained()  # the default: as soon as the batcher offers the replica
     eager.decide(BatcherView(0.0, _queue([0.5] * 4), [ReplicaSlot(0)]))
-    assert eager.decide(BatcherView(0.001, queue, [pipelined])) == Wait(0.006)
+    assert eager.decide(BatcherView(0.0005, queue, [pipelined])) == Dispatch((9,), 0)
 
 
 def test_waits_when_only_a_busy_replica_could_still_make_it() -> None:

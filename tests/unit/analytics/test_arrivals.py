@@ -504,7 +504,7 @@ def test_map2_from_moments_inverts_map_moments(r1: float, r2: float, s1: float, 
     assert fitted.moment(3) == pytest.approx(m.moment(3), rel=2e-3)
 
 
-@pytest.mark.parametrize("r1, r2", [(29.0, 49.0), (28.0, 50.0)])
+@pytest.mark.parametrize(("r1", "r2"), [(29.0, 49.0), (28.0, 50.0)])
 def test_map2_from_moments_beyond_the_slowest_phase_switching_it_fits_comes_close(
     r1: float, r2: float
 ) -> None:
