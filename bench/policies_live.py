@@ -1,18 +1,21 @@
 """Every batching policy and ``@serve.batch``, live, on bursty and overload workloads (issue 4).
 
     python -m bench.policies_live [--quick] [--seconds 20] [--slo-ms 600] [--margin-ms 0]
-        [--systems deadline ctmc ...] [--deadline-param overrun_quantile=0.9 ...]
+        [--max-batch 10] [--capacity 39.3] [--systems deadline ctmc ...]
+        [--deadline-param overrun_quantile=0.9 ...]
 
 The model is :func:`bench.models.build_mlp`: about 1 GB of weights read three times per batch,
 so a batch of 1 costs about 0.1 s and a batch of 8 about twice that (a GPU-like fixed cost per
 batch); the default SLO is about 6x the batch-1 time. It runs on one replica (one CPU, one
 onnxruntime thread) in a local Ray, driven through Serve handles from this process, with
-batches of at most 8 for every system. With that cost the replica, not the serving machinery,
-is what saturates on this 2-core machine.
+batches of at most ``--max-batch`` (default 10, ``@serve.batch``'s own default) for every system.
+With that cost the replica, not the serving machinery, is what saturates on this 2-core machine.
 
 1. **Capacity**: after a warm-up, a closed loop of 64 in flight against raysrv's ``fixed``
-   policy (B 8, no hold, an SLO no answer reaches) for one point's length. Its throughput is the
-   capacity every load is a fraction of, and the yardstick for goodput under overload.
+   policy (B ``--max-batch``, no hold, an SLO no answer reaches) for one point's length. Its
+   throughput is the capacity every load is a fraction of, and the yardstick for goodput under
+   overload. ``--capacity`` skips it and takes a capacity an earlier run measured: the
+   workloads are then that run's very arrival times, to compare variants on the same trace.
 2. **Workloads** (the arrival generators of :mod:`bench.policies_sim`, scaled to that capacity
    and to the SLO): ``mmpp 50%`` and ``mmpp 80%`` (MMPP(2) whose bursts offer 120% of capacity a
    quarter of the time, SLO/4 long on average), ``spiky 54%`` (Poisson at 50% with one second
@@ -20,7 +23,7 @@ is what saturates on this 2-core machine.
 3. **Systems**, each redeployed per point, all seeing the same arrival times and inputs:
    raysrv's ``fixed`` (no hold), ``aimd``, ``quantile``, ``delayed``, ``deadline`` and ``ctmc``,
    and a plain Serve deployment with ``@serve.batch`` at its defaults (B 10, wait 10 ms) and
-   hand-tuned (B 8, wait 5 ms). raysrv gets the SLO with every query (``slo_ms``, and
+   hand-tuned (B ``--max-batch``, wait 5 ms). raysrv gets the SLO with every query (``slo_ms``, and
    ``sent_at`` so that it starts when the query is sent). ``deadline`` and ``ctmc`` learn how
    much later than planned their batches come back (``learn_overrun``); ``--margin-ms`` adds a
    fixed margin on top (default none), ``--deadline-param`` any other of their parameters.
@@ -59,9 +62,9 @@ from raysrv.analytics import Poisson
 __all__ = ["Point", "main"]
 
 APP = "bench"
-MAX_BATCH = 8
+MAX_BATCH = 10  # @serve.batch's default max_batch_size
 RAYSRV = ("fixed", "aimd", "quantile", "delayed", "deadline", "ctmc")
-BASELINES = {"@serve.batch default": (10, 0.010), "@serve.batch tuned": (MAX_BATCH, 0.005)}
+BASELINES = {"@serve.batch default": (10, 0.010), "@serve.batch tuned": (None, 0.005)}
 FIGURES = Path(__file__).parent / "figures"
 
 
@@ -93,6 +96,7 @@ class System:
         margin_ms: float,
         extra: dict[str, Any] | None = None,
         sent_at: bool = True,
+        max_batch: int = MAX_BATCH,
     ) -> None:
         from ray import serve
         from ray.serve.schema import LoggingConfig
@@ -102,12 +106,13 @@ class System:
         self.name = name
         if name in BASELINES:
             batch, wait = BASELINES[name]
+            batch = batch or max_batch
             quiet = LoggingConfig(enable_access_log=False, log_level="WARNING")  # as raysrv's
             app = build_baseline(str(path), INPUT_SHAPE, batch, wait)
             serve.run(app, name="live", logging_config=quiet)
             self.handle = serve.get_app_handle("live")
             return
-        params: dict[str, Any] = {"max_batch_size": MAX_BATCH}
+        params: dict[str, Any] = {"max_batch_size": max_batch}
         if name == "fixed":
             params["timeout_ms"] = 0.0
         if name in ("deadline", "ctmc"):
@@ -199,9 +204,11 @@ def table(points: list[Point]) -> str:
     return "\n".join(lines)
 
 
-def measure_capacity(path: Path, inputs: list[np.ndarray], seconds: float) -> dict[str, Any]:
-    """Closed loop, 64 in flight, ``fixed`` at B 8 with no deadline in reach."""
-    system = System("fixed", path, 60_000.0, 0.0)
+def measure_capacity(
+    path: Path, inputs: list[np.ndarray], seconds: float, max_batch: int
+) -> dict[str, Any]:
+    """Closed loop, 64 in flight, ``fixed`` at B ``max_batch`` with no deadline in reach."""
+    system = System("fixed", path, 60_000.0, 0.0, max_batch=max_batch)
     client = HandleClient(system.call, inputs)
     asyncio.run(closed_loop(client, 64, 3.0))  # warm-up, discarded
     result = asyncio.run(closed_loop(client, 64, seconds))
@@ -217,6 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--slo-ms", type=float, default=600.0)
     parser.add_argument("--margin-ms", type=float, default=0.0)
+    parser.add_argument("--max-batch", type=int, default=MAX_BATCH, help="for every system")
+    parser.add_argument(
+        "--capacity", type=float, default=None, help="skip measuring it; use this (queries/s)"
+    )
     parser.add_argument("--systems", nargs="*", default=[*RAYSRV, *BASELINES])
     parser.add_argument(
         "--deadline-param",
@@ -247,7 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     logs: dict[str, dict[str, RequestLog]] = {}
     policies: dict[str, dict[str, dict[str, Any]]] = {}  # each policy's state after its point
     try:
-        measured = measure_capacity(path, inputs, seconds)
+        if args.capacity is None:
+            measured = measure_capacity(path, inputs, seconds, args.max_batch)
+        else:
+            measured = {"capacity": args.capacity, "run_seconds": {}}
         capacity = measured["capacity"]
         print(f"capacity {capacity:.1f}/s; run times {measured['run_seconds']}", file=sys.stderr)
         for name, times in workloads(capacity, slo_s, seconds).items():
@@ -255,7 +269,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             for system_name in args.systems:
                 sent_at = not args.no_sent_at
-                system = System(system_name, path, args.slo_ms, args.margin_ms, extra, sent_at)
+                system = System(
+                    system_name, path, args.slo_ms, args.margin_ms, extra, sent_at, args.max_batch
+                )
                 log, mean_batch, policy = asyncio.run(system.replay(times, inputs))
                 logs.setdefault(name, {})[system_name] = log
                 policies.setdefault(name, {})[system_name] = policy
@@ -272,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         **measured,
         "slo_ms": args.slo_ms,
         "margin_ms": args.margin_ms,
+        "max_batch": args.max_batch,
         "points": [asdict(p) for p in points],
         "policies": policies,
         "logs": {w: {s: asdict(log) for s, log in per.items()} for w, per in logs.items()},
