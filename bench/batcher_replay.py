@@ -2,7 +2,7 @@
 
     python -m bench.batcher_replay [--capacity 39.3] [--seconds 60] [--runs 3]
         [--systems deadline ctmc] [--workloads "mmpp 80%"] [--pipeline-depth 2]
-        [--param schedule_ahead_ms=1000 ...] [--sigma 0.05]
+        [--param schedule_ahead_ms=5 ...] [--sigma 0.05]
 
 What :mod:`bench.policies_live` replays through Ray Serve, replayed here through the real
 ``Server`` and ``Batcher`` with one sleeping replica instead of the model: no Ray, no hops, no
