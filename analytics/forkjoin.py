@@ -137,8 +137,11 @@ class EMG:
         return self._quantile(log_p, math.log(-math.expm1(log_p)))
 
     def expected_max(self, n: int) -> float:
-        """``E[max of n i.i.d. delays]`` by eq. (4), numeric integration (seconds)."""
+        """``E[max of n i.i.d. delays]`` by eq. (4), numeric integration (seconds); the mean
+        itself for n = 1 (the integral of a sharply bent F can miss it by 1e-5)."""
         n = _check_n(n)
+        if n == 1:
+            return self.mean
         lo, hi = self.max_percentile(_EPS, n), self.max_percentile(1 - _EPS, n)
 
         def exceed(x: float) -> float:  # 1 - F(x)^n, without cancellation near F = 1

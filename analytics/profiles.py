@@ -168,11 +168,18 @@ def _solve(X: Array, y: Array, relative: bool) -> _Solve | None:
 
 
 def _pick_degree(candidates: dict[int, _Solve]) -> int:
-    scores = {d: float(np.mean(s.loo_ape)) for d, s in candidates.items()}
-    best = min(scores.values())
-    if not math.isfinite(best):
+    """The lowest degree within ``_AUTO_SLACK`` of the best mean LOO error, compared over the
+    points every candidate can leave out (a point that alone pins a fit, such as one measured
+    far faster than the rest under relative weighting, has no LOO error at any degree)."""
+    usable = {d: s for d, s in candidates.items() if np.isfinite(s.loo_ape).any()}
+    if not usable:
         n = len(next(iter(candidates.values())).ape)
         raise ValueError(f"degree='auto' needs more points than features, batch_sizes has {n}")
+    shared = np.logical_and.reduce([np.isfinite(s.loo_ape) for s in usable.values()])
+    if not shared.any():
+        return min(usable)
+    scores = {d: float(np.mean(s.loo_ape[shared])) for d, s in usable.items()}
+    best = min(scores.values())
     return min(d for d, v in scores.items() if v <= best * (1 + _AUTO_SLACK) + 1e-12)
 
 

@@ -192,6 +192,17 @@ def test_service_times_are_positive_and_non_decreasing_for_any_fit(
     assert np.all(np.diff(times) >= 0)
 
 
+def test_auto_degree_fits_a_grid_with_one_point_far_faster_than_the_rest() -> None:
+    """Found by the property test above: under relative weighting the 0.1 ms point pins every
+    fit (no leave-one-out error at any degree); the degree is chosen on the other points."""
+    seconds = [2.0, *[1.0] * 8, 2.0, 2.0, 3.0, 4.0, 5.0, 5.0, 5.0, 8.0, 10.0, 10.0, 1e-4]
+    bs, rs = _grid(np.array([1, 2, 4, 8, 16]), np.array([1.0, 2.0, 4.0, 8.0]))
+    profile = ServiceProfile.fit(bs, rs, seconds, degree="auto")
+    times = profile.service_times(16, 1.0)
+    assert np.all(times >= profile.floor_s)
+    assert np.all(np.diff(times) >= 0)
+
+
 # ----------------------------------------------------------------------------- TableProfile
 
 
