@@ -168,17 +168,20 @@ def _solve(X: Array, y: Array, relative: bool) -> _Solve | None:
 
 
 def _pick_degree(candidates: dict[int, _Solve]) -> int:
-    """The lowest degree within ``_AUTO_SLACK`` of the best mean LOO error, compared over the
-    points every candidate can leave out (a point that alone pins a fit, such as one measured
-    far faster than the rest under relative weighting, has no LOO error at any degree)."""
-    usable = {d: s for d, s in candidates.items() if np.isfinite(s.loo_ape).any()}
-    if not usable:
-        n = len(next(iter(candidates.values())).ape)
-        raise ValueError(f"degree='auto' needs more points than features, batch_sizes has {n}")
-    shared = np.logical_and.reduce([np.isfinite(s.loo_ape) for s in usable.values()])
-    if not shared.any():
-        return min(usable)
-    scores = {d: float(np.mean(s.loo_ape[shared])) for d, s in usable.items()}
+    """The lowest degree within ``_AUTO_SLACK`` of the best mean LOO error. A fit with a point it
+    cannot leave out (leverage 1) is passed over; only when every fit has one (a point that
+    alone pins them all, such as one far faster than the rest under relative weighting) are the
+    degrees compared over the points every fit can leave out."""
+    finite = {d: np.isfinite(s.loo_ape) for d, s in candidates.items()}
+    whole = [d for d, ok in finite.items() if ok.all()]
+    if whole:
+        scores = {d: float(np.mean(candidates[d].loo_ape)) for d in whole}
+    else:
+        shared = np.logical_and.reduce(list(finite.values()))
+        if not shared.any():
+            n = len(next(iter(candidates.values())).ape)
+            raise ValueError(f"degree='auto' needs more points than features, batch_sizes has {n}")
+        scores = {d: float(np.mean(s.loo_ape[shared])) for d, s in candidates.items()}
     best = min(scores.values())
     return min(d for d, v in scores.items() if v <= best * (1 + _AUTO_SLACK) + 1e-12)
 
