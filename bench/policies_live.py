@@ -64,6 +64,7 @@ __all__ = ["Point", "main"]
 APP = "bench"
 MAX_BATCH = 10  # @serve.batch's default max_batch_size
 RAYSRV = ("fixed", "aimd", "quantile", "delayed", "deadline", "ctmc")
+# (max_batch_size, batch_wait_timeout_s); None: the run's --max-batch
 BASELINES = {"@serve.batch default": (10, 0.010), "@serve.batch tuned": (None, 0.005)}
 FIGURES = Path(__file__).parent / "figures"
 
