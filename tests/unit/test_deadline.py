@@ -90,6 +90,25 @@ def test_plans_behind_its_own_batch_in_flight_re_anchored_on_each_answer() -> No
     )
 
 
+def test_re_anchors_the_plans_behind_a_batch_that_was_itself_moved() -> None:
+    """A comes back late, which moves B's plan; B's answer must then move C's."""
+    policy = _trained()
+    queue = _queue([0.5] * 4)
+    assert policy.decide(BatcherView(0.0, queue, [ReplicaSlot(0)])) == Dispatch((0, 1, 2, 3), 0)
+    b = policy.decide(BatcherView(0.001, queue[:2], [ReplicaSlot(0, busy_until=0.003)]))
+    assert b.expected_start == pytest.approx(0.006)  # planned 6..10 ms
+    policy.observe(BatchOutcome(4, 0, 0.0, 0.008, 0.008, True, 0.0))  # A ran 2 ms long
+    c = policy.decide(BatcherView(0.009, queue[:1], [ReplicaSlot(0, busy_until=0.010)]))
+    assert c.expected_start == pytest.approx(0.012)  # behind B, now planned 8..12 ms
+    policy.observe(BatchOutcome(2, 0, 0.001, 0.011, 0.003, True, 0.006))  # B: 1 ms early
+    # C is now planned 11..14 ms, so a query of 3 ms due at 17.5 ms fits behind it.
+    d = policy.decide(
+        BatcherView(0.0115, [QueuedQuery(9, 0.0115, 0.0175)], [ReplicaSlot(0, busy_until=0.013)])
+    )
+    assert d == Dispatch((9,), 0)
+    assert d.expected_start == pytest.approx(0.014)
+
+
 def test_schedules_a_batch_behind_work_in_flight_only_shortly_before_it_ends() -> None:
     """Clockwork §5.2, 5 ms ahead. Offered a replica whose batch is planned to run until 6 ms,
     the policy waits until 1 ms; offered an idle one too, it takes that one."""
@@ -150,8 +169,44 @@ def test_learns_how_much_later_than_planned_batches_come_back() -> None:
     assert policy.decide(BatcherView(0.0, queue, [ReplicaSlot(0)])) == Reject(
         (0,), "cannot meet deadline"
     )
-    _late_by(policy, -0.001, batches=50)  # early answers: the window forgets, never below 0
+    _late_by(policy, -0.001, batches=200)  # early answers: the window forgets, never below 0
     assert policy.describe()["learned_overrun_ms"] == 0.0
+
+
+def test_adds_the_overrun_once_to_a_plan_not_to_each_batch_in_flight_ahead_of_it() -> None:
+    """The overruns are measured against plans that chain the batches in flight at their
+    planned run times, so how a late batch delays the next is already in them."""
+    policy = _trained()
+    _late_by(policy, 0.004)
+    first = policy.decide(BatcherView(0.0, _queue([0.5] * 4), [ReplicaSlot(0)]))
+    assert first == Dispatch((0, 1, 2, 3), 0)  # planned to run 0..6 ms, back by 10 ms
+    pipelined = [ReplicaSlot(0, busy_until=0.003)]
+    # One query behind it: starts at 6 ms, runs 3 ms, plus the 4 ms overrun once: 13 ms.
+    too_soon = [QueuedQuery(9, 0.001, 0.0125)]
+    assert policy.decide(BatcherView(0.001, too_soon, pipelined)) == Reject(
+        (9,), "cannot meet deadline"
+    )
+    behind = policy.decide(BatcherView(0.001, [QueuedQuery(10, 0.001, 0.0135)], pipelined))
+    assert behind == Dispatch((10,), 0)
+    assert behind.expected_start == pytest.approx(0.006)
+
+
+def test_a_rare_pause_does_not_set_the_overrun() -> None:
+    """One of the last 121 batches came back 150 ms late (the machine paused): under 1% of
+    them, so the 99th percentile planned for stays that of the others."""
+    policy = _trained()
+    _late_by(policy, 0.002, batches=100)
+    _late_by(policy, 0.150, batches=1)
+    _late_by(policy, 0.002, batches=20)
+    assert policy.describe()["learned_overrun_ms"] == pytest.approx(2.0)
+
+
+def test_a_slow_run_is_learned_as_run_time_not_as_overrun() -> None:
+    policy = _trained()
+    for k in range(10):  # batches of 4 that ran 9 ms instead of 6, and came straight back
+        policy.observe(BatchOutcome(4, 0, float(k), k + 0.009, 0.009, True, float(k)))
+    assert policy.describe()["learned_overrun_ms"] == pytest.approx(0.0, abs=1e-9)
+    assert policy.estimate(4) == pytest.approx(0.009)
 
 
 def test_the_overrun_quantile_is_a_parameter() -> None:
