@@ -157,6 +157,16 @@ class BatchingPolicy(ABC):
     def observe(self, outcome: BatchOutcome) -> None:  # noqa: B027 - optional hook
         """Learn from a finished batch (default: nothing)."""
 
+    def profile_sizes(self) -> tuple[int, ...]:
+        """Batch sizes, smallest first, to run on every replica before the first query
+        (clockwork §4: "a brief profiling step to produce a seed estimate for model execution
+        times"); each measured run time reaches :meth:`seed`. Default: none, and the model is
+        not profiled."""
+        return ()
+
+    def seed(self, size: int, duration: float) -> None:  # noqa: B027 - optional hook
+        """A run time of a batch of ``size`` measured by the profiling step (default: ignored)."""
+
     def plan_request(self, now: float) -> Callable[[], object] | None:
         """A planning job due now, or None (default: never).
 

@@ -35,9 +35,10 @@ hand-set ``margin_ms``. Each source of lateness is learned once, by what forgets
     not charged to it again, and the slack is added once to a plan, not to each batch in flight
     ahead of it;
   - a window of 200 keeps one pause of the machine (one late batch) out of the 99th percentile.
-Measured against the whole plan instead, with a window of 50, one pause of 100-140 ms set the
-slack for the next 50 batches, doubled in every chain; at 50% load the policy then refused
-queries on arrival that the baseline answered in 190-640 ms (``bench/RESULTS.md``, run 11).
+Measured against the whole plan instead, with a window of 50, one pause of the machine set the
+slack to 137-148 ms for the next 50 batches, doubled in every chain; at 50% load the policy then
+refused 43 queries on arrival with 562-582 ms left before their deadline (``bench/RESULTS.md``,
+run 11).
 Only batches of sizes measured before count (an unmeasured size's estimate says nothing). In a
 deterministic simulation the overruns are zero.
 
@@ -63,8 +64,11 @@ commits as soon as the batcher offers the replica.
 
 The policy is work-conserving: it dispatches as soon as a replica is free rather than holding
 queries back for a fuller batch; under load the queue, and with it the batch, grows on its own.
-Before any run time is measured the estimates are zero: the first batches go out optimistically
-and teach the profile. Cost per step: O(n log n) in the queue length (the sort), plus
+Before the first query the model is profiled (clockwork §4, "a brief profiling step to produce a
+seed estimate"): batches of the smallest and largest size and the powers of two between run on
+every replica, and their run times seed the windows. Without it (a policy swapped in live, or a
+batcher nobody profiled) the estimates are zero until measured: the first batches go out
+optimistically and teach the profile. Cost per step: O(n log n) in the queue length (the sort), plus
 O(s log n) over the s batch sizes.
 """
 
@@ -182,6 +186,16 @@ class DeadlinePolicy(BatchingPolicy):
             self._slack = max(0.0, slack)
         self._runs.observe(outcome.size, outcome.duration)
         self._estimates = None  # recomputed at the next step
+
+    def profile_sizes(self) -> tuple[int, ...]:
+        smallest, largest = self._sizes[-1], self._sizes[0]
+        return tuple(
+            s for s in reversed(self._sizes) if s in (smallest, largest) or s & (s - 1) == 0
+        )
+
+    def seed(self, size: int, duration: float) -> None:
+        self._runs.observe(size, duration)
+        self._estimates = None
 
     def describe(self) -> dict[str, object]:
         return {**super().describe(), "learned_overrun_ms": self._slack * 1000.0}

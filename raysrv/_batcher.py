@@ -40,9 +40,10 @@ from raysrv.batching import (
 from raysrv.errors import ModelFailed, Overloaded, Rejected
 from raysrv.metrics import Metrics
 
-__all__ = ["DURATION_WINDOW", "Batcher", "Execute"]
+__all__ = ["DURATION_WINDOW", "PROFILE_RUNS", "Batcher", "Execute"]
 
 DURATION_WINDOW = 100  # batches per size behind the rolling duration quantiles
+PROFILE_RUNS = 3  # measured runs per batch size in the profiling step, after one to warm up
 ARRIVAL_WINDOW = 2000  # arrival times kept for the plan view
 LATE_START = "deadline passed before the batch could start"
 
@@ -139,6 +140,33 @@ class Batcher:
             self._loop_task = asyncio.create_task(self._run(), name=f"batcher-{self.model}")
         self._wake.set()
         return future
+
+    async def profile(self, x: np.ndarray) -> None:
+        """Clockwork's profiling step (§4), before the first query: batches of ``x`` repeated,
+        of each size the policy asks for (``profile_sizes``), on one replica after another, so
+        each run is measured alone. A size runs once to warm up (a runtime's first run of a
+        shape allocates), then ``PROFILE_RUNS`` times; those run times seed the policy, the
+        rolling duration quantiles and the pipeline's predictions. If a run fails, profiling
+        stops there (logged) and the model is served with what was measured."""
+        for replica in range(len(self._replicas)):
+            for size in self.policy.profile_sizes():
+                try:
+                    await self._profile_size(np.stack([x] * size), replica)
+                except Exception as exc:
+                    logger.warning(
+                        "profiling %s on a batch of %d failed: %s", self.model, size, exc
+                    )
+                    return
+
+    async def _profile_size(self, batch: np.ndarray, replica: int) -> None:
+        size = len(batch)
+        for run in range(1 + PROFILE_RUNS):
+            outputs, duration = await self._execute(batch, replica, math.inf)
+            if run and outputs is not None:  # the first run warms up
+                self._replicas.profile.observe(size, duration)
+                for rolling in self.durations.values():
+                    rolling.observe(size, duration)
+                self.policy.seed(size, duration)
 
     def withdraw(self, future: asyncio.Future[Any]) -> bool:
         """Take a query out of the queue because its caller stopped waiting (its deadline

@@ -1,7 +1,8 @@
 """The ingress Serve deployment: HTTP and handle methods over one :class:`Server`.
 
 A thin shell (STYLE §4): it builds the model replica groups (plain Ray actors, see
-``_replicas``), waits until every model is loaded, and hands the server one executor per model.
+``_replicas``), waits until every model is loaded, hands the server one executor per model, and
+profiles the models whose batching policy asks before it takes traffic.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class Ingress:
             store=make_store(self._spec.state, self._metrics),
             metrics=self._metrics,
         )
+        await self._server.profile()
         settle()  # start-up's objects out of the collector's full passes
 
     def __serve_build_asgi_app__(self) -> Any:

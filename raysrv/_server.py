@@ -144,6 +144,14 @@ class Server:
         }
         self.apps = {a.name: self._make_app(a) for a in spec.apps}
 
+    async def profile(self) -> None:
+        """Profile, one model after another, every model whose batching policy keeps run times
+        (``Batcher.profile``), on zeros of its declared input shape and dtype. Call it before
+        the first query; the ingress does, before it takes traffic."""
+        for model in self.spec.models:
+            x = np.zeros(model.input.shape, dtype=model.input.dtype)
+            await self.batchers[model.name].profile(x)
+
     def _make_app(self, app: AppSpec) -> _App:
         selection = policies.make_policy(
             app.selection.policy, app.models, app.selection.params, self._rng

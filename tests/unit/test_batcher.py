@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from raysrv import batching
-from raysrv._batcher import Batcher
+from raysrv._batcher import PROFILE_RUNS, Batcher
 from raysrv.errors import ModelFailed, Overloaded
 from raysrv.testing import EchoModel, fake_execute
 
@@ -245,3 +245,54 @@ def test_a_replica_does_not_start_a_batch_whose_deadline_passed_while_it_waited(
         await batcher.close()
 
     asyncio.run(scenario())
+
+
+def test_a_profiling_step_seeds_the_run_times_before_the_first_query() -> None:
+    """clockwork §4: "a brief profiling step to produce a seed estimate". ``deadline`` asks for
+    its smallest and largest batch and the powers of two between; on every replica each runs
+    once to warm up, then ``PROFILE_RUNS`` times measured."""
+
+    async def scenario() -> tuple[list[int], batching.BatchingPolicy, Batcher]:
+        log: list[int] = []
+        policy = batching.make_policy("deadline", {"max_batch_size": 6}, 1.0)
+        execute = fake_execute(EchoModel(), delay_s=0.01, log=log)
+        batcher = Batcher("echo", policy, execute, 2, 1000)
+        assert policy.estimate(6) == 0.0  # nothing measured: optimistic
+        await batcher.profile(np.zeros(4, np.float32))
+        return log, policy, batcher
+
+    log, policy, batcher = asyncio.run(scenario())
+    assert sorted(log) == sorted([6, 4, 2, 1] * (1 + PROFILE_RUNS) * 2)
+    assert isinstance(policy, batching.DeadlinePolicy)
+    assert policy.estimate(6) >= 0.01
+    assert policy.describe()["learned_overrun_ms"] == 0.0  # no plan, so no overrun
+    assert set(batcher.describe()["batch_seconds"]["p50"]) == {"1", "2", "4", "6"}
+    assert batcher.batches == 0  # no query was served
+
+
+def test_policies_that_keep_no_run_times_are_not_profiled() -> None:
+    log: list[int] = []
+    batcher = _batcher(log)
+    asyncio.run(batcher.profile(np.zeros(4, np.float32)))
+    assert log == []
+
+
+def test_a_model_that_fails_while_profiled_is_served_with_what_was_measured(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    calls: list[int] = []
+
+    async def fails_on_big_batches(
+        inputs: np.ndarray, replica: int, latest_start: float
+    ) -> tuple[list[Any], float]:
+        calls.append(len(inputs))
+        if len(inputs) > 2:
+            raise ValueError("out of memory")
+        return [0] * len(inputs), 0.01 * len(inputs)
+
+    policy = batching.make_policy("deadline", {"max_batch_size": 4}, 1.0)
+    batcher = Batcher("big", policy, fails_on_big_batches, 1, 1000)
+    asyncio.run(batcher.profile(np.zeros(4, np.float32)))
+    assert calls == [1] * 4 + [2] * 4 + [4]  # smallest first; nothing after the failure
+    assert "profiling big on a batch of 4 failed: out of memory" in caplog.text
+    assert policy.estimate(2) == pytest.approx(0.02)

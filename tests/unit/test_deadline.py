@@ -270,3 +270,32 @@ def test_batch_clients_through_the_server_wait_for_idle_time() -> None:
 
     asyncio.run(scenario())
     assert order == [0.0, 2.0, 1.0]  # the later latency-sensitive query went first
+
+
+def test_the_server_profiles_the_models_whose_policy_asks_on_their_own_input() -> None:
+    import asyncio
+
+    from raysrv._batcher import PROFILE_RUNS
+    from raysrv._server import Server
+    from raysrv.config import RaysrvSpec
+    from raysrv.testing import EchoModel, fake_execute, model_spec, spec
+
+    planned = model_spec(
+        "planned", batching={"policy": "deadline", "params": {"max_batch_size": 2}}
+    )
+    parsed = RaysrvSpec.model_validate(
+        spec([planned, model_spec("plain")], [{"name": "one", "models": ["planned", "plain"]}])
+    )
+    logs: dict[str, list[int]] = {"planned": [], "plain": []}
+    shapes: list[tuple[int, ...]] = []
+
+    class Shapes(EchoModel):
+        def predict_batch(self, inputs: np.ndarray) -> list[object]:
+            shapes.append(inputs.shape)
+            return super().predict_batch(inputs)
+
+    execute = {name: fake_execute(Shapes(), log=log) for name, log in logs.items()}
+    asyncio.run(Server(parsed, execute).profile())
+    assert sorted(logs["planned"]) == sorted([1, 2] * (1 + PROFILE_RUNS))
+    assert logs["plain"] == []  # ``fixed`` keeps no run times
+    assert set(shapes) == {(1, 4), (2, 4)}  # the model's input shape [4], batched
