@@ -431,6 +431,11 @@ class RollingQuantile:
         per_model = self._windows.get(model, {})
         return {k: len(per_model[k]) for k in sorted(per_model)}
 
+    def samples(self, model: Hashable = None) -> dict[int, tuple[float, ...]]:
+        """The durations each measured batch size of ``model`` holds now, oldest first."""
+        per_model = self._windows.get(model, {})
+        return {k: tuple(per_model[k]) for k in sorted(per_model)}
+
     def models(self) -> tuple[Hashable, ...]:
         """Models with at least one measurement, in first-seen order."""
         return tuple(self._windows)

@@ -66,10 +66,11 @@ The policy is work-conserving: it dispatches as soon as a replica is free rather
 queries back for a fuller batch; under load the queue, and with it the batch, grows on its own.
 Before the first query the model is profiled (clockwork §4, "a brief profiling step to produce a
 seed estimate"): batches of the smallest and largest size and the powers of two between run on
-every replica, and their run times seed the windows. Without it (a policy swapped in live, or a
-batcher nobody profiled) the estimates are zero until measured: the first batches go out
-optimistically and teach the profile. Cost per step: O(n log n) in the queue length (the sort), plus
-O(s log n) over the s batch sizes.
+every replica, and their run times seed the windows; a policy swapped in live is seeded with the
+run times the batcher measured. Without either (a batcher nobody profiled) the estimates are zero
+until measured: the first batches go out optimistically and teach the profile.
+
+Cost per step: O(n log n) in the queue length (the sort), plus O(s log n) over the s batch sizes.
 """
 
 from __future__ import annotations

@@ -119,7 +119,11 @@ class Batcher:
         return len(self._queue)
 
     def set_policy(self, policy: BatchingPolicy) -> None:
-        """Swap the policy live; queued queries stay queued."""
+        """Swap the policy live; queued queries stay queued. The new policy is seeded with the
+        run times measured so far, as the profiling step seeds the first one."""
+        for size, seconds in self.durations[0.5].samples().items():
+            for duration in seconds:
+                policy.seed(size, duration)
         self.policy = policy
         self._wake.set()
 

@@ -296,3 +296,20 @@ def test_a_model_that_fails_while_profiled_is_served_with_what_was_measured(
     assert calls == [1] * 4 + [2] * 4 + [4]  # smallest first; nothing after the failure
     assert "profiling big on a batch of 4 failed: out of memory" in caplog.text
     assert policy.estimate(2) == pytest.approx(0.02)
+
+
+def test_a_policy_swapped_in_live_starts_from_the_run_times_measured() -> None:
+    async def scenario() -> tuple[batching.BatchingPolicy, batching.BatchingPolicy]:
+        first = batching.make_policy("deadline", {"max_batch_size": 4}, 1.0)
+        batcher = Batcher("echo", first, fake_execute(EchoModel(), delay_s=0.01), 1, 1000)
+        await batcher.profile(np.zeros(4, np.float32))
+        swapped = batching.make_policy("deadline", {"max_batch_size": 4}, 1.0)
+        batcher.set_policy(swapped)
+        await batcher.close()
+        return first, swapped
+
+    first, swapped = asyncio.run(scenario())
+    assert isinstance(first, batching.DeadlinePolicy)
+    assert isinstance(swapped, batching.DeadlinePolicy)
+    assert [swapped.estimate(k) for k in (1, 2, 3, 4)] == [first.estimate(k) for k in (1, 2, 3, 4)]
+    assert swapped.estimate(1) >= 0.01
