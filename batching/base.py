@@ -165,7 +165,8 @@ class BatchingPolicy(ABC):
         return ()
 
     def seed(self, size: int, duration: float) -> None:  # noqa: B027 - optional hook
-        """A run time of a batch of ``size`` measured by the profiling step (default: ignored)."""
+        """A run time of a batch of ``size`` measured before this policy served: by the
+        profiling step, or under the policy it replaced live (default: ignored)."""
 
     def plan_request(self, now: float) -> Callable[[], object] | None:
         """A planning job due now, or None (default: never).
