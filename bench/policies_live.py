@@ -165,7 +165,7 @@ def point(
     log: RequestLog,
     slo_s: float,
     mean_batch: float,
-    full_batch_ms: float = float("nan"),
+    full_batch_ms: float,
 ) -> Point:
     status = np.asarray(log.status)
     latency = np.asarray(log.done) - np.asarray(log.scheduled)

@@ -168,9 +168,12 @@ class Batcher:
             outputs, duration = await self._execute(batch, replica, math.inf)
             if run and outputs is not None:  # the first run warms up
                 self._replicas.profile.observe(size, duration)
-                for rolling in self.durations.values():
-                    rolling.observe(size, duration)
+                self._observe_duration(size, duration)
                 self.policy.seed(size, duration)
+
+    def _observe_duration(self, size: int, duration: float) -> None:
+        for rolling in self.durations.values():
+            rolling.observe(size, duration)
 
     def withdraw(self, future: asyncio.Future[Any]) -> bool:
         """Take a query out of the queue because its caller stopped waiting (its deadline
@@ -339,8 +342,7 @@ class Batcher:
             finished = self._clock()
             self._replicas.done(replica, len(entries), duration if ok else None)
             if ok and math.isfinite(duration):
-                for rolling in self.durations.values():
-                    rolling.observe(len(entries), duration)
+                self._observe_duration(len(entries), duration)
             self.batches += 1
             self.batched += len(entries)
             if not ok or not math.isfinite(duration):
