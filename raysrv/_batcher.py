@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import itertools
 import logging
 import math
@@ -273,8 +272,13 @@ class Batcher:
             # A time already past (the policy's or a replica's opening): yield, then decide again.
             await asyncio.sleep(0)
             return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout)
+        # Not ``asyncio.wait_for``: before Python 3.12 it drops a cancellation that lands in the
+        # step the wait ends, and the loop would outlive ``close``.
+        woken = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait((woken,), timeout=timeout)
+        finally:
+            woken.cancel()
         self._wake.clear()
 
     def _take(self, query_ids: tuple[int, ...]) -> list[_Entry]:
@@ -340,7 +344,7 @@ class Batcher:
             self._fail(entries, ModelFailed(f"model {self.model!r} failed on a batch: {exc}"))
         finally:
             finished = self._clock()
-            self._replicas.done(replica, len(entries), duration if ok else None)
+            self._replicas.done(replica, len(entries), duration if ok else None, finished)
             if ok and math.isfinite(duration):
                 self._observe_duration(len(entries), duration)
             self.batches += 1

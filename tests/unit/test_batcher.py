@@ -313,3 +313,27 @@ def test_a_policy_swapped_in_live_starts_from_the_run_times_measured() -> None:
     assert isinstance(swapped, batching.DeadlinePolicy)
     assert [swapped.estimate(k) for k in (1, 2, 3, 4)] == [first.estimate(k) for k in (1, 2, 3, 4)]
     assert swapped.estimate(1) >= 0.01
+
+
+def test_closing_stops_a_loop_that_was_woken_in_the_same_step() -> None:
+    """A query arriving while the loop sleeps towards a time wakes it; a close in that same
+    step must still stop it. ``asyncio.wait_for`` (before Python 3.12) returns the finished
+    wait and drops the cancellation then, and the loop slept on, forever."""
+
+    class WaitLong(batching.FixedPolicy):
+        def decide(self, view: batching.BatcherView) -> batching.Decision:
+            return batching.Wait(view.now + 60.0)
+
+    async def scenario() -> None:
+        policy = WaitLong(batching.FixedParams(max_batch_size=2), 1.0)
+        batcher = Batcher("echo", policy, fake_execute(EchoModel()), 1, 1000)
+        first = batcher.submit(np.ones(4, np.float32))
+        await asyncio.sleep(0.01)  # the loop sleeps towards now + 60 s
+        second = batcher.submit(np.ones(4, np.float32))  # wakes it
+        await asyncio.sleep(0)  # the wake lands, the loop has not run yet
+        await asyncio.wait_for(batcher.close(), 2.0)
+        for future in (first, second):
+            with pytest.raises(Overloaded, match="shutting down"):
+                future.result()
+
+    asyncio.run(scenario())

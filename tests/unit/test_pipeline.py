@@ -30,7 +30,7 @@ def test_a_busy_replica_is_offered_again_when_its_batch_should_have_run_out() ->
     pipe = ReplicaPipeline(replicas=1, depth=2)
     pipe.sent(0, 4, clock())
     assert not pipe.can_take(0, clock())  # nothing measured yet: wait until idle
-    pipe.done(0, 4, 0.010)
+    pipe.done(0, 4, 0.010, clock())
     assert pipe.busy() == 0
     pipe.sent(0, 4, clock())
     assert pipe.view(clock())[0].busy_since == clock()
@@ -46,10 +46,25 @@ def test_a_busy_replica_is_offered_again_when_its_batch_should_have_run_out() ->
         pipe.sent(0, 1, clock())
 
 
+def test_each_answer_re_anchors_the_work_still_in_flight() -> None:
+    """A late answer moves the batch behind it: the replica is offered again only once that
+    batch should have run from the answer, not from when it was sent. Predicted from its
+    sending, the next batch would go out 20 ms early and wait behind it."""
+    pipe = ReplicaPipeline(replicas=1, depth=2)
+    pipe.profile.observe(4, 0.010)
+    pipe.sent(0, 4, 0.0)
+    pipe.sent(0, 4, 0.010)  # the first should end now
+    pipe.done(0, 4, 0.010, 0.030)  # it came back 20 ms late
+    assert not pipe.can_take(0, 0.030)
+    assert pipe.next_opening(0.030) == pytest.approx(0.040)
+    pipe.done(0, 4, 0.010, 0.036)  # early: idle, free at once
+    assert pipe.can_take(0, 0.036)
+
+
 def test_depth_one_offers_only_idle_replicas() -> None:
     pipe = ReplicaPipeline(replicas=2, depth=1)
     pipe.sent(0, 1, 0.0)
-    pipe.done(0, 1, 0.001)
+    pipe.done(0, 1, 0.001, 0.5)
     pipe.sent(0, 1, 1.0)
     assert not pipe.can_take(0, 5.0)
     assert pipe.can_take(1, 1.0)
