@@ -462,14 +462,24 @@ class RollingQuantile:
         return float(interpolate_batches(list(table), list(table.values()), batch_size))
 
     def service_times(
-        self, model: Hashable, max_batch: int, floor_s: float = DEFAULT_FLOOR_S
+        self,
+        model: Hashable,
+        max_batch: int,
+        floor_s: float = DEFAULT_FLOOR_S,
+        running_max: bool = True,
     ) -> Array | None:
-        """``S_1 .. S_max_batch`` for the latency model, None when ``model`` was never measured."""
+        """``S_1 .. S_max_batch`` for the latency model, None when ``model`` was never measured.
+
+        With ``running_max`` (what the latency models assume) never decreasing in the size;
+        without, each size's own estimate, for a caller that plans one batch size at a time:
+        some runtimes run a larger batch faster than a smaller one."""
         _check_count("max_batch", max_batch)
         table = self.table(model)
         if not table:
             return None
         raw = interpolate_batches(list(table), list(table.values()), np.arange(1, max_batch + 1))
+        if not running_max:
+            return np.maximum(raw, floor_s)
         return monotone_service_times(raw, floor_s)
 
 

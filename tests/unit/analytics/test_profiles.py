@@ -301,6 +301,8 @@ def test_rolling_service_times_are_monotone() -> None:
     rq.observe(("m", 2), 0.03)  # noisier than batch 1: corrected upwards
     rq.observe(("m", 4), 0.08)
     np.testing.assert_allclose(rq.service_times("m", 5), [0.05, 0.05, 0.055, 0.08, 0.10])
+    per_size = rq.service_times("m", 5, running_max=False)  # each size as measured
+    np.testing.assert_allclose(per_size, [0.05, 0.03, 0.055, 0.08, 0.10])
 
 
 @pytest.mark.parametrize(
