@@ -35,7 +35,12 @@ late answers, refusals (429/503: refused before any work), expired queries (504:
 their deadline while their batch ran, the work spent), errors, p50/p99/p99.9 of answered
 latency, the mean batch size, and for raysrv's systems the replica's p50 run time of a full batch
 during the point (the capacity loop's is printed above the table): the machine's speed drifts
-between points, and a point whose batches ran slower offered more than its nominal load.
+between points, and a point whose batches ran slower offered more than its nominal load. Also
+for raysrv's systems, "simulator": what the same policy keeps within the SLO in the simulator on
+the same arrivals, with one replica running each batch size in the p50 time the live one
+measured (over its last 100 batches of that size) and nothing else: no trips, no noise, no Ray.
+It is computed after the last point, so that no point shares the machine with it, and the gap
+to the live figure is what the live system adds.
 Plots: the fraction of offered queries answered within x ms, per system
 (``policies_live_cdf.png``), and goodput per second over time (``policies_live_goodput.png``).
 The JSON output also keeps every request's timing and each raysrv policy's state after its
@@ -60,7 +65,9 @@ from bench.models import INPUT_SHAPE, MLP_PATH, build_mlp
 from bench.plots import attainment_panels, goodput_panels
 from bench.policies_sim import bursty, spiky
 from bench.validate_live import deploy_spec, start_ray
-from raysrv.analytics import Poisson
+from raysrv.analytics import Poisson, simulate
+from raysrv.analytics.profiles import interpolate_batches
+from raysrv.batching import make_policy
 
 __all__ = ["Point", "main"]
 
@@ -88,6 +95,7 @@ class Point:
     p999_ms: float
     mean_batch: float
     full_batch_ms: float  # the replica's p50 run time of a full batch in the point; nan: unknown
+    simulated: float = float("nan")  # within SLO in the simulator, same arrivals and run times
 
 
 class System:
@@ -110,6 +118,7 @@ class System:
 
         self.name = name
         self.max_batch = max_batch
+        self.params: dict[str, Any] | None = None  # raysrv's policy parameters
         if name in BASELINES:
             batch, wait = BASELINES[name]
             batch = batch or max_batch
@@ -124,6 +133,7 @@ class System:
         if name in ("deadline", "ctmc"):
             params["margin_ms"] = margin_ms
             params.update(extra or {})
+        self.params = params
         self.handle = deploy_spec(path, name, params, slo_ms, name="live")
         self.slo_ms = slo_ms
         self.sent_at = sent_at
@@ -135,28 +145,42 @@ class System:
             return self.handle.predict.remote(APP, x, slo_ms=self.slo_ms)
         return self.handle.predict.remote(APP, x, slo_ms=self.slo_ms, sent_at=time.time())
 
-    async def state(self) -> tuple[int, int, dict[str, Any], float]:
+    async def state(self) -> tuple[int, int, dict[str, Any], dict[int, float]]:
         """(batches, queries in them) since the deployment started, raysrv's policy as it
         stands (settings, learned overrun, plan; {} for the baseline) and the replica's p50 run
-        time of its last full batches in ms (nan for the baseline, or before a full batch)."""
+        time per batch size over its last batches of each, in seconds ({} for the baseline)."""
         if self.name in BASELINES:
             stats = await self.handle.stats.remote()
-            return stats["batches"], stats["items"], {}, float("nan")
+            return stats["batches"], stats["items"], {}, {}
         model = (await self.handle.models.remote())[0]
-        full = model["batch_seconds"]["p50"].get(str(self.max_batch), float("nan")) * 1000.0
-        return model["batches"], model["batched_queries"], dict(model["batching"]), full
+        runs = {int(k): v for k, v in model["batch_seconds"]["p50"].items()}
+        return model["batches"], model["batched_queries"], dict(model["batching"]), runs
 
     async def replay(
         self, times: np.ndarray, inputs: list[np.ndarray]
-    ) -> tuple[RequestLog, float, dict[str, Any], float]:
+    ) -> tuple[RequestLog, float, dict[str, Any], dict[int, float]]:
         """Replay the arrivals; return the log, the mean batch size over them, the policy's
-        state after them and the p50 run time of a full batch at the end (ms)."""
+        state after them and the p50 run time per batch size at the end (seconds)."""
         before = await self.state()
         log = await replay(HandleClient(self.call, inputs), times)
         after = await self.state()
         batches = after[0] - before[0]
         mean_batch = (after[1] - before[1]) / batches if batches else float("nan")
         return log, mean_batch, after[2], after[3]
+
+    def simulated(self, times: np.ndarray, runs: dict[int, float], slo_s: float) -> float:
+        """Within SLO in the simulator: this policy on the same arrivals, one replica running
+        each batch size in the point's p50 run time (sizes not seen interpolated), no trips
+        and no noise. nan for the baseline or without run times."""
+        if self.params is None or not runs:
+            return float("nan")
+        sizes = sorted(runs)
+        service = interpolate_batches(
+            sizes, [runs[k] for k in sizes], np.arange(1, self.max_batch + 1)
+        )
+        policy = make_policy(self.name, self.params, slo_s)
+        result = simulate(times, service, policy, replicas=1, slo=slo_s)
+        return float(np.mean(result.latencies <= slo_s))
 
 
 def point(
@@ -166,6 +190,7 @@ def point(
     slo_s: float,
     mean_batch: float,
     full_batch_ms: float,
+    simulated: float,
 ) -> Point:
     status = np.asarray(log.status)
     latency = np.asarray(log.done) - np.asarray(log.scheduled)
@@ -190,6 +215,7 @@ def point(
         float(pct[2]),
         mean_batch,
         full_batch_ms,
+        simulated,
     )
 
 
@@ -208,15 +234,16 @@ def workloads(capacity: float, slo_s: float, seconds: float) -> dict[str, np.nda
 def table(points: list[Point]) -> str:
     lines = [
         "| workload | system | offered | within SLO | goodput/s | late | refused | expired "
-        "| errors | p50 ms | p99 ms | p99.9 ms | mean batch | full batch ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| errors | p50 ms | p99 ms | p99.9 ms | mean batch | full batch ms | simulator |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in points:
         lines.append(
             f"| {p.workload} | {p.system} | {p.offered} | {p.within_slo:.2%} | {p.goodput:.0f} "
             f"| {p.late} | {p.refused} | {p.expired} | {p.errors} | {p.p50_ms:.1f} "
             f"| {p.p99_ms:.1f} | {p.p999_ms:.1f} | {p.mean_batch:.1f} "
-            f"| {'-' if np.isnan(p.full_batch_ms) else f'{p.full_batch_ms:.0f}'} |"
+            f"| {'-' if np.isnan(p.full_batch_ms) else f'{p.full_batch_ms:.0f}'} "
+            f"| {'-' if np.isnan(p.simulated) else f'{p.simulated:.2%}'} |"
         )
     return "\n".join(lines)
 
@@ -272,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     slo_s = args.slo_ms / 1000.0
     start_ray()
     points: list[Point] = []
+    done: list[tuple[str, System, np.ndarray, RequestLog, float, float, dict[int, float]]] = []
     logs: dict[str, dict[str, RequestLog]] = {}
     policies: dict[str, dict[str, dict[str, Any]]] = {}  # each policy's state after its point
     try:
@@ -289,13 +317,17 @@ def main(argv: list[str] | None = None) -> int:
                 system = System(
                     system_name, path, args.slo_ms, args.margin_ms, extra, sent_at, args.max_batch
                 )
-                log, mean_batch, policy, full_ms = asyncio.run(system.replay(times, inputs))
+                log, mean_batch, policy, runs = asyncio.run(system.replay(times, inputs))
                 logs.setdefault(name, {})[system_name] = log
                 policies.setdefault(name, {})[system_name] = policy
-                points.append(point(name, system_name, log, slo_s, mean_batch, full_ms))
+                full_ms = runs.get(args.max_batch, float("nan")) * 1000.0
+                done.append((name, system, times, log, mean_batch, full_ms, runs))
                 print(f"  {name} {system_name} done", file=sys.stderr, flush=True)
     finally:
         serve.shutdown()
+    for name, system, times, log, mean_batch, full_ms, runs in done:  # no CPU work in a point
+        simulated = system.simulated(times, runs, slo_s)
+        points.append(point(name, system.name, log, slo_s, mean_batch, full_ms, simulated))
     full = measured["run_seconds"].get("p50", {}).get(str(args.max_batch))
     speed = "" if full is None else f", a full batch ran {full * 1000:.0f} ms (p50) in that loop"
     print(f"capacity {capacity:.1f}/s{speed}, SLO {args.slo_ms:g} ms\n\n{table(points)}")
