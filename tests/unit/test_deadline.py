@@ -59,7 +59,7 @@ def test_refuses_what_cannot_finish_before_spending_work() -> None:
 def test_plans_each_batch_size_on_its_own_run_times_even_when_a_larger_one_runs_faster() -> None:
     """Some runtimes run a full batch faster than a smaller one (onnxruntime ran this project's
     benchmark model's batches of 8 in 204 ms and of 10 in 183 ms). A running maximum over the
-    sizes would plan every batch of 10 at 8's time, and refuse queries a batch of 10 can serve."""
+    sizes would plan a batch of 10 at 8's time, too late here, and send a batch of 7 instead."""
     policy = DeadlinePolicy(DeadlineParams(max_batch_size=10, learn_overrun=False), 1.0)
     for size, duration in ((1, 0.100), (8, 0.204), (10, 0.183)):
         policy.seed(size, duration)
