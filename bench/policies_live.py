@@ -95,7 +95,7 @@ class Point:
     p999_ms: float
     mean_batch: float
     full_batch_ms: float  # the replica's p50 run time of a full batch in the point; nan: unknown
-    simulated: float = float("nan")  # within SLO in the simulator, same arrivals and run times
+    simulated: float  # within SLO in the simulator, same arrivals and run times; nan: not run
 
 
 class System:
