@@ -188,8 +188,7 @@ class DeadlinePolicy(BatchingPolicy):
             self._overruns.append(outcome.finished - start - outcome.duration)
             slack = float(np.quantile(self._overruns, self.params.overrun_quantile))
             self._slack = max(0.0, slack)
-        self._runs.observe(outcome.size, outcome.duration)
-        self._estimates = None  # recomputed at the next step
+        self.seed(outcome.size, outcome.duration)
 
     def profile_sizes(self) -> tuple[int, ...]:
         smallest, largest = self._sizes[-1], self._sizes[0]
@@ -199,7 +198,7 @@ class DeadlinePolicy(BatchingPolicy):
 
     def seed(self, size: int, duration: float) -> None:
         self._runs.observe(size, duration)
-        self._estimates = None
+        self._estimates = None  # recomputed at the next step
 
     def describe(self) -> dict[str, object]:
         return {**super().describe(), "learned_overrun_ms": self._slack * 1000.0}

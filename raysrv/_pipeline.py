@@ -60,11 +60,14 @@ class DurationProfile:
 
 @dataclass(slots=True)
 class _Replica:
-    sent: int = 0
     open_at: float = -math.inf
-    sizes: collections.deque[int] = field(default_factory=collections.deque)  # in flight
+    sizes: collections.deque[int] = field(default_factory=collections.deque)  # in flight, in order
     busy_since: float | None = None
-    batch_size: int = 0
+
+    @property
+    def sent(self) -> int:
+        """Batches in flight."""
+        return len(self.sizes)
 
 
 class ReplicaPipeline:
@@ -92,7 +95,7 @@ class ReplicaPipeline:
             if self.can_take(i, now):
                 slots.append(ReplicaSlot(i, busy_until=until))
             else:
-                slots.append(ReplicaSlot(i, r.busy_since, r.batch_size, until))
+                slots.append(ReplicaSlot(i, r.busy_since, r.sizes[-1], until))
         return tuple(slots)
 
     def busy(self) -> int:
@@ -112,8 +115,6 @@ class ReplicaPipeline:
             raise RuntimeError(f"replica {replica} cannot take a batch now ({r.sent} in flight)")
         if r.sent == 0:
             r.busy_since = now
-        r.sent += 1
-        r.batch_size = size
         r.sizes.append(size)
         r.open_at = now + self.profile.predict(size)
 
@@ -121,7 +122,6 @@ class ReplicaPipeline:
         """A batch of ``size`` came back at ``now``; ``duration`` is its measured run time if
         it ran. The batches still in flight there are predicted to run from ``now``."""
         r = self._replicas[replica]
-        r.sent -= 1
         r.sizes.remove(size)
         if duration is not None:
             self.profile.observe(size, duration)
