@@ -8,7 +8,7 @@ What :mod:`bench.policies_live` replays through Ray Serve, replayed here through
 ``Server`` and ``Batcher`` with one sleeping replica instead of the model: no Ray, no hops, no
 trip back, so what is left is the batching loop and the policy. The arrivals are those of
 ``bench.policies_live.workloads(capacity, slo, seconds)``: given the capacity a live run
-measured, the very same arrival times. A batch of k sleeps the run time measured live for k
+measured for a workload, that workload's very arrival times. A batch of k sleeps the run time measured live for k
 (interpolated between ``--run-ms`` sizes) times a lognormal factor of ``--sigma``, one batch at a
 time. Each point reports queries answered within the SLO, refused and dropped at the deadline,
 per run, for policies with batches of at most 8 (as run 6 of the live benchmark). Beside each,

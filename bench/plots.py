@@ -82,10 +82,13 @@ def attainment_panels(logs: Mapping[str, Mapping[str, Any]], slo_s: float, path:
 
 
 def goodput_panels(
-    logs: Mapping[str, Mapping[str, Any]], slo_s: float, capacity: float, path: Path
+    logs: Mapping[str, Mapping[str, Any]],
+    slo_s: float,
+    capacities: Mapping[str, float],
+    path: Path,
 ) -> Path:
     """Per workload, per system: answers within the SLO per second, by completion time, with the
-    measured capacity as a dashed line."""
+    capacity measured for that workload as a dashed line."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(logs), figsize=(4 * len(logs), 3.4), squeeze=False)
     for ax, (workload, per_system) in zip(axes[0], logs.items(), strict=True):
@@ -95,7 +98,7 @@ def goodput_panels(
             edges = np.arange(0.0, float(np.ceil(done.max())) + 1.0) if done.size else [0, 1]
             counts, _ = np.histogram(good, bins=edges)
             ax.step(edges[1:], counts, where="pre", label=system)
-        ax.axhline(capacity, color="k", linestyle="--", linewidth=1)
+        ax.axhline(capacities[workload], color="k", linestyle="--", linewidth=1)
         ax.set_title(workload, fontsize=9)
         ax.set_xlabel("time (s)")
     axes[0][0].set_ylabel("goodput (answers within SLO / s)")

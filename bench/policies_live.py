@@ -2,7 +2,8 @@
 
     python -m bench.policies_live [--quick] [--seconds 20] [--slo-ms 600] [--margin-ms 0]
         [--max-batch 10] [--capacity 39.3] [--systems deadline ctmc ...]
-        [--deadline-param overrun_quantile=0.9 ...]
+        [--workloads "mmpp 80%" ...] [--deadline-param overrun_quantile=0.9 ...]
+        [--trip-back-quantile 1.0]
 
 The model is :func:`bench.models.build_mlp`: about 1 GB of weights read three times per batch,
 so a batch of 1 costs about 0.1 s and a batch of 8 about twice that (a GPU-like fixed cost per
@@ -11,35 +12,39 @@ onnxruntime thread) in a local Ray, driven through Serve handles from this proce
 batches of at most ``--max-batch`` (default 10, ``@serve.batch``'s own default) for every system.
 With that cost the replica, not the serving machinery, is what saturates on this 2-core machine.
 
-1. **Capacity**: after a warm-up, a closed loop of 64 in flight against raysrv's ``fixed``
-   policy (B ``--max-batch``, no hold, an SLO no answer reaches) for one point's length. Its
-   throughput is the capacity every load is a fraction of, and the yardstick for goodput under
-   overload. ``--capacity`` skips it and takes a capacity an earlier run measured: the
-   workloads are then that run's very arrival times, to compare variants on the same trace.
-2. **Workloads** (the arrival generators of :mod:`bench.policies_sim`, scaled to that capacity
-   and to the SLO): ``mmpp 50%`` and ``mmpp 80%`` (MMPP(2) whose bursts offer 120% of capacity a
-   quarter of the time, SLO/4 long on average), ``spiky 54%`` (Poisson at 50% with one second
-   in every ten at 90% of capacity) and ``poisson 150%``.
+1. **Capacity**, measured again just before each workload (the machine's speed drifts by up
+   to 15% over a run): after a warm-up, a closed loop of 64 in flight against raysrv's
+   ``fixed`` policy (B ``--max-batch``, no hold, an SLO no answer reaches) for one point's
+   length. Its throughput is the capacity that workload's load is a fraction of, and its
+   yardstick for goodput. ``--capacity`` skips it and takes a capacity an earlier run measured
+   for a workload: that workload's arrivals are then that run's very arrival times, to compare
+   variants on the same trace.
+2. **Workloads** (the arrival generators of :mod:`bench.policies_sim`, scaled to the capacity
+   and to the SLO, each from its own seed): ``mmpp 50%``, ``mmpp 80%`` and ``mmpp 90%``
+   (MMPP(2) whose bursts offer 120% of capacity a quarter of the time, SLO/4 long on average),
+   ``spiky 54%`` (Poisson at 50% with one second in every ten at 90% of capacity) and
+   ``poisson 150%``.
 3. **Systems**, each redeployed per point, all seeing the same arrival times and inputs:
    raysrv's ``fixed`` (no hold), ``aimd``, ``quantile``, ``delayed``, ``deadline`` and ``ctmc``,
    and a plain Serve deployment with ``@serve.batch`` at its defaults (B 10, wait 10 ms) and
    hand-tuned (B ``--max-batch``, wait 5 ms). raysrv gets the SLO with every query (``slo_ms``, and
    ``sent_at`` so that it starts when the query is sent). ``deadline`` and ``ctmc`` learn how
    much later than planned their batches come back (``learn_overrun``); ``--margin-ms`` adds a
-   fixed margin on top (default none), ``--deadline-param`` any other of their parameters.
+   fixed margin on top (default none), ``--deadline-param`` any other of their parameters, and
+   ``--trip-back-quantile`` the ingress's ``trip_back_quantile``.
    ``@serve.batch`` cannot take a deadline.
 
 Reported per point, from the client's side (latency from each query's scheduled arrival): SLO
-attainment (answered within the SLO over offered), goodput (answers within the SLO per second),
-late answers, refusals (429/503: refused before any work), expired queries (504: dropped at
-their deadline while their batch ran, the work spent), errors, p50/p99/p99.9 of answered
-latency, the mean batch size, and for raysrv's systems the replica's p50 run time of a full batch
-during the point (the capacity loop's is printed above the table): the machine's speed drifts
-between points, and a point whose batches ran slower offered more than its nominal load. Also
-for raysrv's systems, "simulator": what the same policy keeps within the SLO in the simulator on
-the same arrivals, with one replica running each batch size in the p50 time the live one
-measured (over its last 100 batches of that size) and nothing else: no trips, no noise, no Ray.
-It is computed after the last point, so that no point shares the machine with it, and the gap
+attainment (answered within the SLO over offered), goodput (answers within the SLO per second, and
+as a share of the workload's capacity), late answers, refusals (429/503: refused before any work),
+expired queries (504: dropped at their deadline while their batch ran, the work spent), errors,
+p50/p99/p99.9 of answered latency, the mean batch size, and for raysrv's systems the replica's p50
+run time of a full batch during the point (each capacity loop's is printed above the table): the
+machine's speed drifts between points, and a point whose batches ran slower offered more than its
+nominal load. Also for raysrv's systems, "simulator": what the same policy keeps within the SLO in
+the simulator on the same arrivals, with one replica running each batch size in the p50 time the
+live one measured (over its last 100 batches of that size) and nothing else: no trips, no noise, no
+Ray. It is computed after the last point, so that no point shares the machine with it, and the gap
 to the live figure is what the live system adds.
 Plots: the fraction of offered queries answered within x ms, per system
 (``policies_live_cdf.png``), and goodput per second over time (``policies_live_goodput.png``).
@@ -110,6 +115,7 @@ class System:
         extra: dict[str, Any] | None = None,
         sent_at: bool = True,
         max_batch: int = MAX_BATCH,
+        ingress: dict[str, Any] | None = None,
     ) -> None:
         from ray import serve
         from ray.serve.schema import LoggingConfig
@@ -134,7 +140,7 @@ class System:
             params["margin_ms"] = margin_ms
             params.update(extra or {})
         self.params = params
-        self.handle = deploy_spec(path, name, params, slo_ms, name="live")
+        self.handle = deploy_spec(path, name, params, slo_ms, "live", ingress)
         self.slo_ms = slo_ms
         self.sent_at = sent_at
 
@@ -219,32 +225,56 @@ def point(
     )
 
 
-def workloads(capacity: float, slo_s: float, seconds: float) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(0)
+WORKLOADS = ("mmpp 50%", "mmpp 80%", "mmpp 90%", "spiky 54%", "poisson 150%")
+
+
+def workload(name: str, capacity: float, slo_s: float, seconds: float) -> np.ndarray:
+    """The arrival times of one of ``WORKLOADS`` over ``seconds``, scaled to ``capacity``, each
+    from its own seeded generator: the same capacity gives the same arrivals."""
+    rng = np.random.default_rng(WORKLOADS.index(name))
     enough = int(1.6 * capacity * seconds) + 100
-    out = {
-        "mmpp 50%": bursty(0.5, capacity, slo_s / 4, enough, rng),
-        "mmpp 80%": bursty(0.8, capacity, slo_s / 4, enough, rng),
-        "spiky 54%": spiky(0.5 * capacity, 1.8, enough, rng),
-        "poisson 150%": Poisson(1.5 * capacity).arrival_times(enough, rng),
-    }
-    return {name: times[times < seconds] for name, times in out.items()}
+    if name.startswith("mmpp"):
+        load = float(name.split()[1].rstrip("%")) / 100.0
+        times = bursty(load, capacity, slo_s / 4, enough, rng)
+    elif name == "spiky 54%":
+        times = spiky(0.5 * capacity, 1.8, enough, rng)
+    else:
+        times = Poisson(1.5 * capacity).arrival_times(enough, rng)
+    return times[times < seconds]
 
 
-def table(points: list[Point]) -> str:
+def workloads(capacity: float, slo_s: float, seconds: float) -> dict[str, np.ndarray]:
+    """Every one of ``WORKLOADS`` at one capacity."""
+    return {name: workload(name, capacity, slo_s, seconds) for name in WORKLOADS}
+
+
+def table(points: list[Point], capacities: dict[str, float]) -> str:
     lines = [
-        "| workload | system | offered | within SLO | goodput/s | late | refused | expired "
-        "| errors | p50 ms | p99 ms | p99.9 ms | mean batch | full batch ms | simulator |",
+        "| workload | system | offered | within SLO | goodput/s (of capacity) | late | refused "
+        "| expired | errors | p50 ms | p99 ms | p99.9 ms | mean batch | full batch ms "
+        "| simulator |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in points:
         lines.append(
-            f"| {p.workload} | {p.system} | {p.offered} | {p.within_slo:.2%} | {p.goodput:.0f} "
+            f"| {p.workload} | {p.system} | {p.offered} | {p.within_slo:.2%} "
+            f"| {p.goodput:.1f} ({p.goodput / capacities[p.workload]:.1%}) "
             f"| {p.late} | {p.refused} | {p.expired} | {p.errors} | {p.p50_ms:.1f} "
             f"| {p.p99_ms:.1f} | {p.p999_ms:.1f} | {p.mean_batch:.1f} "
             f"| {'-' if np.isnan(p.full_batch_ms) else f'{p.full_batch_ms:.0f}'} "
             f"| {'-' if np.isnan(p.simulated) else f'{p.simulated:.2%}'} |"
         )
+    return "\n".join(lines)
+
+
+def capacity_table(capacities: dict[str, dict[str, Any]], max_batch: int) -> str:
+    """Per workload: the capacity measured just before it, and the p50 run time of a full batch
+    in that loop."""
+    lines = ["| workload | capacity/s | full batch ms |", "|---|---|---|"]
+    for name, measured in capacities.items():
+        full = measured["run_seconds"].get("p50", {}).get(str(max_batch))
+        ms = "-" if full is None else f"{full * 1000:.0f}"
+        lines.append(f"| {name} | {measured['capacity']:.1f} | {ms} |")
     return "\n".join(lines)
 
 
@@ -286,7 +316,15 @@ def main(argv: list[str] | None = None) -> int:
         help="raysrv's callers send no sent_at: the SLO starts at the ingress and no time is "
         "kept for the trip back",
     )
-    parser.add_argument("--workloads", nargs="*", default=None, help="run only these points")
+    parser.add_argument(
+        "--trip-back-quantile",
+        type=float,
+        default=None,
+        help="the ingress's trip_back_quantile (default: raysrv's default)",
+    )
+    parser.add_argument(
+        "--workloads", nargs="*", default=None, choices=WORKLOADS, help="run only these"
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/out/policies_live.json"))
     parser.add_argument("--figures", type=Path, default=FIGURES)
     args = parser.parse_args(argv)
@@ -297,26 +335,28 @@ def main(argv: list[str] | None = None) -> int:
     inputs = make_inputs(256, INPUT_SHAPE, seed=0)
     seconds = args.seconds or (6.0 if args.quick else 20.0)
     slo_s = args.slo_ms / 1000.0
+    ingress = {}
+    if args.trip_back_quantile is not None:
+        ingress["trip_back_quantile"] = args.trip_back_quantile
+    options = {"sent_at": not args.no_sent_at, "max_batch": args.max_batch, "ingress": ingress}
     start_ray()
     points: list[Point] = []
     done: list[tuple[str, System, np.ndarray, RequestLog, float, float, dict[int, float]]] = []
     logs: dict[str, dict[str, RequestLog]] = {}
     policies: dict[str, dict[str, dict[str, Any]]] = {}  # each policy's state after its point
+    capacities: dict[str, dict[str, Any]] = {}  # per workload, as measured just before it
     try:
-        if args.capacity is None:
-            measured = measure_capacity(path, inputs, seconds, args.max_batch)
-        else:
-            measured = {"capacity": args.capacity, "run_seconds": {}}
-        capacity = measured["capacity"]
-        print(f"capacity {capacity:.1f}/s; run times {measured['run_seconds']}", file=sys.stderr)
-        for name, times in workloads(capacity, slo_s, seconds).items():
-            if args.workloads is not None and name not in args.workloads:
-                continue
+        for name in args.workloads or WORKLOADS:
+            if args.capacity is None:
+                measured = measure_capacity(path, inputs, seconds, args.max_batch)
+            else:
+                measured = {"capacity": args.capacity, "run_seconds": {}}
+            capacities[name] = measured
+            capacity = measured["capacity"]
+            print(f"{name}: capacity {capacity:.1f}/s", file=sys.stderr, flush=True)
+            times = workload(name, capacity, slo_s, seconds)
             for system_name in args.systems:
-                sent_at = not args.no_sent_at
-                system = System(
-                    system_name, path, args.slo_ms, args.margin_ms, extra, sent_at, args.max_batch
-                )
+                system = System(system_name, path, args.slo_ms, args.margin_ms, extra, **options)
                 log, mean_batch, policy, runs = asyncio.run(system.replay(times, inputs))
                 logs.setdefault(name, {})[system_name] = log
                 policies.setdefault(name, {})[system_name] = policy
@@ -328,18 +368,19 @@ def main(argv: list[str] | None = None) -> int:
     for name, system, times, log, mean_batch, full_ms, runs in done:  # no CPU work in a point
         simulated = system.simulated(times, runs, slo_s)
         points.append(point(name, system.name, log, slo_s, mean_batch, full_ms, simulated))
-    full = measured["run_seconds"].get("p50", {}).get(str(args.max_batch))
-    speed = "" if full is None else f", a full batch ran {full * 1000:.0f} ms (p50) in that loop"
-    print(f"capacity {capacity:.1f}/s{speed}, SLO {args.slo_ms:g} ms\n\n{table(points)}")
+    yardsticks = {name: m["capacity"] for name, m in capacities.items()}
+    print(f"SLO {args.slo_ms:g} ms\n\n{capacity_table(capacities, args.max_batch)}\n")
+    print(table(points, yardsticks))
     args.figures.mkdir(parents=True, exist_ok=True)
     attainment_panels(logs, slo_s, args.figures / "policies_live_cdf.png")
-    goodput_panels(logs, slo_s, capacity, args.figures / "policies_live_goodput.png")
+    goodput_panels(logs, slo_s, yardsticks, args.figures / "policies_live_goodput.png")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     result = {
-        **measured,
+        "capacities": capacities,
         "slo_ms": args.slo_ms,
         "margin_ms": args.margin_ms,
         "max_batch": args.max_batch,
+        "ingress": ingress,
         "points": [asdict(p) for p in points],
         "policies": policies,
         "logs": {w: {s: asdict(log) for s, log in per.items()} for w, per in logs.items()},

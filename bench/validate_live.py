@@ -60,9 +60,15 @@ def start_ray() -> None:
 
 
 def deploy_spec(
-    path: Path, policy: str, params: dict[str, Any], slo_ms: float, name: str = "validate"
+    path: Path,
+    policy: str,
+    params: dict[str, Any],
+    slo_ms: float,
+    name: str = "validate",
+    ingress: dict[str, Any] | None = None,
 ) -> Any:
-    """(Re)deploy raysrv serving the convnet with ``policy(params)``; return its handle."""
+    """(Re)deploy raysrv serving the convnet with ``policy(params)`` and the ingress settings
+    ``ingress`` on top of the defaults; return its handle."""
     from ray import serve
     from ray.serve.schema import LoggingConfig
 
@@ -71,6 +77,7 @@ def deploy_spec(
     spec = raysrv_spec(str(path), INPUT_SHAPE, policy, 1, 0.0)
     spec["models"][0]["batching"] = {"policy": policy, "params": params}
     spec["models"][0]["slo_ms"] = slo_ms
+    spec["ingress"] = {**spec.get("ingress", {}), **(ingress or {})}
     quiet = LoggingConfig(enable_access_log=False, log_level="WARNING")
     serve.run(build_app(spec), name=name, route_prefix=f"/{name}", logging_config=quiet)
     return serve.get_app_handle(name)

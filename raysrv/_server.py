@@ -212,8 +212,7 @@ class Server:
         marks a batch client, which policies that know classes serve in idle time only.
         ``sent_at`` (wall-clock seconds, from the caller) starts the SLO when the query was sent
         rather than when it reached the ingress, so time queued in front of raysrv counts, and
-        the answer's trip back is kept out of the time the batchers may use: the p99 of the
-        trips here of the last queries that carried ``sent_at``."""
+        the answer's trip back is kept out of the time the batchers may use (``trip_back``)."""
         start = self._clock()
         trip = _in_transit(sent_at)
         origin = start - trip  # where the SLO starts
@@ -308,11 +307,12 @@ class Server:
         return value, hit
 
     def trip_back(self) -> float:
-        """Seconds kept for an answer's trip back to a caller that sends ``sent_at``: the p99
-        of the trips here of the last ``TRIP_WINDOW`` such queries (0 until 20 are seen)."""
+        """Seconds kept for an answer's trip back to a caller that sends ``sent_at``: the
+        ingress's ``trip_back_quantile`` (default p99) of the trips here of the last
+        ``TRIP_WINDOW`` such queries (0 until 20 are seen)."""
         if len(self._trips) < 20:
             return 0.0
-        return self._trips.quantile(0.99)
+        return self._trips.quantile(self.spec.ingress.trip_back_quantile)
 
     async def _by_deadline(self, answer: asyncio.Future[Any], deadline: float, model: str) -> Any:
         """The answer, or an error once the query's deadline passes first: never a late answer.
@@ -320,7 +320,9 @@ class Server:
         A query still queued then is withdrawn and refused as the policies refuse it (429,
         "deadline passed while queued"); one already in a running batch is dropped with 504
         ("deadline_expired"), as Clockwork's controller times a request out at its SLO rather
-        than answer it late (clockwork §6.5).
+        than answer it late (clockwork §6.5). So is an answer this process takes up only after
+        the deadline (its loop held up, the answer and the timeout due together): from here it
+        would reach the caller later than the time kept for its trip back allows.
         """
         if not math.isfinite(deadline):
             return await answer
@@ -329,7 +331,7 @@ class Server:
         except asyncio.CancelledError:
             answer.cancel()
             raise
-        if answer.done():
+        if answer.done() and (self._clock() <= deadline or answer.exception() is not None):
             return answer.result()
         queued = self.batchers[model].withdraw(answer)
         answer.cancel()  # a running batch's answer for it is dropped

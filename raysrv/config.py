@@ -214,6 +214,13 @@ class IngressSpec(_Strict):
         description="Requests Serve queues for the ingress before answering 503 (-1: no bound).",
     )
     seed: int = Field(0, description="Seed of the selection policies' random generator.")
+    trip_back_quantile: float = Field(
+        0.99,
+        gt=0.0,
+        le=1.0,
+        description="For callers that send sent_at: the quantile of the last 200 such queries' "
+        "trips here kept back from each deadline for the answer's trip back (1: the longest).",
+    )
 
 
 class RaysrvSpec(_Strict):

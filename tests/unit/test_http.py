@@ -254,6 +254,29 @@ def test_the_trip_back_is_kept_from_the_deadline_as_long_as_the_trips_here_take(
     assert "deadline passed" in responses[-1].json()["message"]
 
 
+def test_a_trip_back_quantile_of_1_keeps_back_the_longest_recent_trip() -> None:
+    """One trip in a hundred takes 150 ms: the default p99 looks past it, 1 keeps it back."""
+    import time
+
+    async def trip_back_after(quantile: float) -> float:
+        raw = spec(
+            [model_spec("a")],
+            [{"name": "one", "models": ["a"]}],
+            ingress={"trip_back_quantile": quantile},
+        )
+        server = Server(RaysrvSpec.model_validate(raw), {"a": fake_execute(EchoModel())})
+        async with await _client(server) as c:
+            for i in range(100):
+                transit = 0.15 if i == 50 else 0.01
+                body = {"input": [i, 0, 0, 0], "slo_ms": 1000, "sent_at": time.time() - transit}
+                response = await c.post("/v1/one/predict", json=body)
+                assert response.status_code == 200, response.text
+        return server.trip_back()
+
+    assert run(trip_back_after(0.99)) == pytest.approx(0.01, abs=0.02)
+    assert 0.15 <= run(trip_back_after(1.0)) < 0.2
+
+
 def test_a_query_whose_batch_outruns_its_deadline_gets_504_at_the_deadline() -> None:
     async def scenario() -> None:
         logs: dict[str, list[int]] = {"a": [], "b": []}
@@ -275,6 +298,32 @@ def test_a_query_whose_batch_outruns_its_deadline_gets_504_at_the_deadline() -> 
         assert sum(logs["a"]) == 3  # the work was spent: the expired query did run
 
     run(scenario())
+
+
+def test_an_answer_taken_up_after_the_deadline_gets_504_not_a_late_200() -> None:
+    """The model's answer comes back while the ingress's loop is held up past the deadline
+    (here: the batch blocks the loop for 80 ms of a 50 ms SLO), so the answer and the timeout
+    are due together: the ingress drops it instead of sending it on late."""
+    import time
+
+    echo = EchoModel()
+
+    async def stalling(inputs: Any, replica: int, latest_start: float = 0.0) -> tuple[Any, float]:
+        time.sleep(0.08)  # holds the loop: no timer can fire meanwhile
+        return echo.predict_batch(inputs), 0.08
+
+    async def scenario() -> tuple[httpx.Response, httpx.Response]:
+        server = Server(SPEC, {"a": stalling, "b": fake_execute(echo)})
+        async with await _client(server) as c:
+            stalled = await c.post("/v1/one/predict", json={"input": [1, 0, 0, 0], "slo_ms": 50})
+            roomy = await c.post("/v1/one/predict", json={"input": [2, 0, 0, 0], "slo_ms": 500})
+        return stalled, roomy
+
+    stalled, roomy = run(scenario())
+    assert stalled.status_code == 504, stalled.text
+    assert stalled.json()["error"] == "deadline_expired"
+    assert roomy.status_code == 200  # the same stall within a roomier SLO is answered
+    assert roomy.json()["output"]["sum"] == 2.0
 
 
 def test_best_effort_queries_are_answered_late_instead_of_refused() -> None:
