@@ -4,18 +4,18 @@
         [--systems deadline ctmc] [--workloads "mmpp 80%"] [--pipeline-depth 2]
         [--param schedule_ahead_ms=5 ...] [--sigma 0.05]
 
-What :mod:`bench.policies_live` replays through Ray Serve, replayed here through the real
-``Server`` and ``Batcher`` with one sleeping replica instead of the model: no Ray, no hops, no
-trip back, so what is left is the batching loop and the policy. The arrivals are those of
-``bench.policies_live.workloads(capacity, slo, seconds)``: given the capacity a live run
-measured for a workload, that workload's very arrival times. A batch of k sleeps the run time measured live for k
-(interpolated between ``--run-ms`` sizes) times a lognormal factor of ``--sigma``, one batch at a
-time. Each point reports queries answered within the SLO, refused and dropped at the deadline,
-per run, for policies with batches of at most 8 (as run 6 of the live benchmark). Beside each,
-the simulator's figure for the same policy, arrivals and run-time model
-(:func:`raysrv.analytics.simulate`, same seed): what the policy alone does on that trace, with
-no batching loop around it. One 60 s point takes a minute of wall-clock time; a run is noisy by
-a few queries (event-loop timing).
+What :mod:`bench.policies_live` replays through Ray Serve, replayed here through the real ``Server``
+and ``Batcher`` with one sleeping replica instead of the model: no Ray, no hops, no trip back, so
+what is left is the batching loop and the policy. The arrivals are those of
+``bench.policies_live.workloads(capacity, slo, seconds)``: given the capacity a live run measured
+for a workload, that workload's very arrival times. A batch of k sleeps the run time measured live
+for k (interpolated between ``--run-ms`` sizes) times a lognormal factor of ``--sigma``, one batch
+at a time. Each point reports queries answered within the SLO, refused and dropped at the deadline,
+per run, for policies with batches of at most ``--run-ms``'s largest size (10 by default, as the
+live benchmark since its run 8). Beside each, the simulator's figure for the same policy, arrivals
+and run-time model (:func:`raysrv.analytics.simulate`, same seed): what the policy alone does on
+that trace, with no batching loop around it. One 60 s point takes a minute of wall-clock time; a run
+is noisy by a few queries (event-loop timing).
 """
 
 from __future__ import annotations
@@ -40,17 +40,19 @@ from raysrv.testing import model_spec, spec
 
 __all__ = ["Setup", "main", "replay_point", "simulated"]
 
-RUN_MS = "1:113,4:163,8:198"  # p50 per batch size, run 6 of bench/RESULTS.md
-MAX_BATCH = 8  # as in run 6
+# p50 per batch size of a live `deadline` point (bench/RESULTS.md, "Run times that fall with
+# the batch size")
+RUN_MS = "1:96,2:118,3:120,4:137,5:148,6:157,7:184,8:204,9:190,10:183"
 
 
 def run_times(table: str) -> dict[int, float]:
-    """Seconds per batch size 1..MAX_BATCH from ``"size:ms,..."``, linear in between."""
+    """Seconds per batch size from ``"size:ms,..."``, from 1 to the largest size given, linear
+    in between."""
     pairs = sorted(
         (int(k), float(v) / 1000.0) for k, v in (kv.split(":") for kv in table.split(","))
     )
     sizes, seconds = zip(*pairs, strict=True)
-    return {k: float(np.interp(k, sizes, seconds)) for k in range(1, MAX_BATCH + 1)}
+    return {k: float(np.interp(k, sizes, seconds)) for k in range(1, sizes[-1] + 1)}
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,8 @@ class Setup:
         return make_policy(self.policy, self.batching()["params"], self.slo_s)
 
     def batching(self) -> dict[str, Any]:
-        return {"policy": self.policy, "params": {"max_batch_size": MAX_BATCH, **self.params}}
+        largest = max(self.run_s)
+        return {"policy": self.policy, "params": {"max_batch_size": largest, **self.params}}
 
     def run_time(self, size: int, noise: np.random.Generator) -> float:
         """Seconds a batch of ``size`` runs: the measured time, times lognormal noise."""
