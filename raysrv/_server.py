@@ -333,7 +333,8 @@ class Server:
             raise
         if answer.done() and (self._clock() <= deadline or answer.exception() is not None):
             return answer.result()
-        queued = self.batchers[model].withdraw(answer)
+        # an answer taken up late is in no queue: no need to look for it there
+        queued = not answer.done() and self.batchers[model].withdraw(answer)
         answer.cancel()  # a running batch's answer for it is dropped
         if queued:
             reason = "deadline passed while queued"

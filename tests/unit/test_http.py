@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -232,7 +233,6 @@ def test_queries_past_their_deadline_get_429_with_the_reason_before_any_work() -
 def test_the_trip_back_is_kept_from_the_deadline_as_long_as_the_trips_here_take() -> None:
     """Callers whose queries take 50 ms to arrive: the answer is expected to take as long to
     go back, so a query with 45 ms of its SLO left on arrival cannot be answered in time."""
-    import time
 
     async def scenario() -> tuple[list[httpx.Response], float]:
         server = _server()
@@ -256,7 +256,6 @@ def test_the_trip_back_is_kept_from_the_deadline_as_long_as_the_trips_here_take(
 
 def test_a_trip_back_quantile_of_1_keeps_back_the_longest_recent_trip() -> None:
     """One trip in a hundred takes 150 ms: the default p99 looks past it, 1 keeps it back."""
-    import time
 
     async def trip_back_after(quantile: float) -> float:
         raw = spec(
@@ -304,8 +303,6 @@ def test_an_answer_taken_up_after_the_deadline_gets_504_not_a_late_200() -> None
     """The model's answer comes back while the ingress's loop is held up past the deadline
     (here: the batch blocks the loop for 80 ms of a 50 ms SLO), so the answer and the timeout
     are due together: the ingress drops it instead of sending it on late."""
-    import time
-
     echo = EchoModel()
 
     async def stalling(inputs: Any, replica: int, latest_start: float = 0.0) -> tuple[Any, float]:
@@ -381,7 +378,6 @@ def test_the_plan_view_shows_the_prediction_and_its_inputs() -> None:
 
 def test_the_slo_starts_when_the_caller_sent_the_query() -> None:
     """A query that spent its whole SLO in front of raysrv is refused, not run."""
-    import time
 
     async def scenario() -> list[httpx.Response]:
         async with await _client(_server()) as c:
