@@ -82,11 +82,15 @@ def build_baseline(
     max_batch_size: int = 16,
     batch_wait_timeout_s: float = 0.001,
     max_ongoing_requests: int = 128,
+    max_queued_requests: int = -1,
 ) -> Application:
-    """The baseline application over the ONNX file at ``path``."""
+    """The baseline application over the ONNX file at ``path``. ``max_queued_requests`` (-1: no
+    limit) bounds the callers' queue in front of the replica: beyond it Serve refuses at once
+    (``BackPressureError``)."""
     return Baseline.options(
         name="baseline",
         num_replicas=1,
         max_ongoing_requests=max_ongoing_requests,
+        max_queued_requests=max_queued_requests,
         ray_actor_options={"num_cpus": 1},
     ).bind(path, tuple(input_shape), max_batch_size, batch_wait_timeout_s)

@@ -23,15 +23,21 @@ With that cost the replica, not the serving machinery, is what saturates on this
    and to the SLO, each from its own seed): ``mmpp 50%``, ``mmpp 80%`` and ``mmpp 90%``
    (MMPP(2) whose bursts offer 120% of capacity a quarter of the time, SLO/4 long on average),
    ``spiky 54%`` (Poisson at 50% with one second in every ten at 90% of capacity) and
-   ``poisson 150%``.
+   ``poisson 150%``. ``mmpp 80% #2`` and ``mmpp 80% #3`` are two more traces of the 80% point,
+   run only when named in ``--workloads``.
 3. **Systems**, each redeployed per point, all seeing the same arrival times and inputs:
    raysrv's ``fixed`` (no hold), ``aimd``, ``quantile``, ``delayed``, ``deadline`` and ``ctmc``,
-   and a plain Serve deployment with ``@serve.batch`` at its defaults (B 10, wait 10 ms) and
-   hand-tuned (B ``--max-batch``, wait 5 ms). raysrv gets the SLO with every query (``slo_ms``, and
-   ``sent_at`` so that it starts when the query is sent). ``deadline`` and ``ctmc`` learn how
-   much later than planned their batches come back (``learn_overrun``); ``--margin-ms`` adds a
-   fixed margin on top (default none), ``--deadline-param`` any other of their parameters, and
-   ``--trip-back-quantile`` the ingress's ``trip_back_quantile``.
+   and a plain Serve deployment with ``@serve.batch`` at its defaults (B 10, wait 10 ms,
+   ``max_ongoing_requests`` 128, callers' queue unbounded) and hand-tuned for the SLO: B
+   ``--max-batch``, wait 5 ms, and admission bounded the way Serve offers, so that overload is
+   refused instead of queued. ``max_ongoing_requests`` is as many full batches as can run one
+   after another within the SLO behind the running one at the workload's measured capacity
+   (:func:`admitted`: 20 at 800 ms and about 47/s), and ``max_queued_requests`` 1, beyond which
+   Serve refuses with ``BackPressureError`` (counted as 503). raysrv gets the SLO with every
+   query (``slo_ms``, and ``sent_at`` so that it starts when the query is sent). ``deadline``
+   and ``ctmc`` learn how much later than planned their batches come back (``learn_overrun``);
+   ``--margin-ms`` adds a fixed margin on top (default none), ``--deadline-param`` any other of
+   their parameters, and ``--trip-back-quantile`` the ingress's ``trip_back_quantile``.
    ``@serve.batch`` cannot take a deadline.
 
 Reported per point, from the client's side (latency from each query's scheduled arrival): SLO
@@ -57,6 +63,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -79,8 +86,11 @@ __all__ = ["Point", "main"]
 APP = "bench"
 MAX_BATCH = 10  # @serve.batch's default max_batch_size
 RAYSRV = ("fixed", "aimd", "quantile", "delayed", "deadline", "ctmc")
-# (max_batch_size, batch_wait_timeout_s); None: the run's --max-batch
-BASELINES = {"@serve.batch default": (10, 0.010), "@serve.batch tuned": (None, 0.005)}
+# (max_batch_size, batch_wait_timeout_s, admission bounded for the SLO); None: --max-batch
+BASELINES = {
+    "@serve.batch default": (10, 0.010, False),
+    "@serve.batch tuned": (None, 0.005, True),
+}
 FIGURES = Path(__file__).parent / "figures"
 
 
@@ -103,6 +113,14 @@ class Point:
     simulated: float  # within SLO in the simulator, same arrivals and run times; nan: not run
 
 
+def admitted(capacity: float, slo_s: float, max_batch: int) -> int:
+    """How many queries the hand-tuned baseline lets into its replica at once: as many full
+    batches as can run one after another within the SLO behind the one running, at the
+    measured capacity (a full batch every ``max_batch / capacity`` seconds); at least one."""
+    behind = math.floor(slo_s * capacity / max_batch) - 1
+    return max_batch * max(1, behind)
+
+
 class System:
     """One deployed system: how to call it and how many batches it ran."""
 
@@ -116,6 +134,7 @@ class System:
         sent_at: bool = True,
         max_batch: int = MAX_BATCH,
         ingress: dict[str, Any] | None = None,
+        capacity: float | None = None,
     ) -> None:
         from ray import serve
         from ray.serve.schema import LoggingConfig
@@ -126,10 +145,18 @@ class System:
         self.max_batch = max_batch
         self.params: dict[str, Any] | None = None  # raysrv's policy parameters
         if name in BASELINES:
-            batch, wait = BASELINES[name]
+            batch, wait, bounded = BASELINES[name]
             batch = batch or max_batch
+            bounds = {}
+            if bounded:
+                if capacity is None:
+                    raise ValueError(f"{name} needs the measured capacity")
+                bounds = {
+                    "max_ongoing_requests": admitted(capacity, slo_ms / 1000.0, batch),
+                    "max_queued_requests": 1,  # Serve's least; beyond it, 503 at once
+                }
             quiet = LoggingConfig(enable_access_log=False, log_level="WARNING")  # as raysrv's
-            app = build_baseline(str(path), INPUT_SHAPE, batch, wait)
+            app = build_baseline(str(path), INPUT_SHAPE, batch, wait, **bounds)
             serve.run(app, name="live", logging_config=quiet)
             self.handle = serve.get_app_handle("live")
             return
@@ -226,12 +253,17 @@ def point(
 
 
 WORKLOADS = ("mmpp 50%", "mmpp 80%", "mmpp 90%", "spiky 54%", "poisson 150%")
+# More traces of the 80% point, each from its own seed, run only when named: one 60 s trace
+# offers about 2,300 queries, and a single burst of a few seconds can decide whether 1% of them
+# is lost, so the 80% target is also judged over these.
+MORE_80 = ("mmpp 80% #2", "mmpp 80% #3")
 
 
 def workload(name: str, capacity: float, slo_s: float, seconds: float) -> np.ndarray:
-    """The arrival times of one of ``WORKLOADS`` over ``seconds``, scaled to ``capacity``, each
-    from its own seeded generator: the same capacity gives the same arrivals."""
-    rng = np.random.default_rng(WORKLOADS.index(name))
+    """The arrival times of one of ``WORKLOADS`` or ``MORE_80`` over ``seconds``, scaled to
+    ``capacity``, each from its own seeded generator: the same capacity gives the same
+    arrivals."""
+    rng = np.random.default_rng((*WORKLOADS, *MORE_80).index(name))
     enough = int(1.6 * capacity * seconds) + 100
     if name.startswith("mmpp"):
         load = float(name.split()[1].rstrip("%")) / 100.0
@@ -323,7 +355,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the ingress's trip_back_quantile (default: raysrv's default)",
     )
     parser.add_argument(
-        "--workloads", nargs="*", default=None, choices=WORKLOADS, help="run only these"
+        "--workloads",
+        nargs="*",
+        default=None,
+        choices=(*WORKLOADS, *MORE_80),
+        help="run only these (default: every one but the extra 80%% traces)",
     )
     parser.add_argument("--out", type=Path, default=Path("bench/out/policies_live.json"))
     parser.add_argument("--figures", type=Path, default=FIGURES)
@@ -356,7 +392,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: capacity {capacity:.1f}/s", file=sys.stderr, flush=True)
             times = workload(name, capacity, slo_s, seconds)
             for system_name in args.systems:
-                system = System(system_name, path, args.slo_ms, args.margin_ms, extra, **options)
+                system = System(
+                    system_name,
+                    path,
+                    args.slo_ms,
+                    args.margin_ms,
+                    extra,
+                    capacity=capacity,
+                    **options,
+                )
                 log, mean_batch, policy, runs = asyncio.run(system.replay(times, inputs))
                 logs.setdefault(name, {})[system_name] = log
                 policies.setdefault(name, {})[system_name] = policy
