@@ -16,9 +16,12 @@ With that cost the replica, not the serving machinery, is what saturates on this
    to 15% over a run): after a warm-up, a closed loop of 64 in flight against raysrv's
    ``fixed`` policy (B ``--max-batch``, no hold, an SLO no answer reaches) for one point's
    length. Its throughput is the capacity that workload's load is a fraction of, and its
-   yardstick for goodput. ``--capacity`` skips it and takes a capacity an earlier run measured
-   for a workload: that workload's arrivals are then that run's very arrival times, to compare
-   variants on the same trace.
+   yardstick for goodput. With ``--capacity-each-point`` it is measured again before every
+   system's point, and each point's arrivals (same seed) are scaled to its own measurement:
+   the machine can slow by a fifth within the minutes one workload's points take, and a point
+   run long after its workload's capacity loop then pays that as extra load. ``--capacity``
+   skips it and takes a capacity an earlier run measured for a workload: that workload's
+   arrivals are then that run's very arrival times, to compare variants on the same trace.
 2. **Workloads** (the arrival generators of :mod:`bench.policies_sim`, scaled to the capacity
    and to the SLO, each from its own seed): ``mmpp 50%``, ``mmpp 80%`` and ``mmpp 90%``
    (MMPP(2) whose bursts offer 120% of capacity a quarter of the time, SLO/4 long on average),
@@ -111,6 +114,7 @@ class Point:
     mean_batch: float
     full_batch_ms: float  # the replica's p50 run time of a full batch in the point; nan: unknown
     simulated: float  # within SLO in the simulator, same arrivals and run times; nan: not run
+    capacity: float  # queries/s measured before the point: its load and goodput are shares of it
 
 
 def admitted(capacity: float, slo_s: float, max_batch: int) -> int:
@@ -224,6 +228,7 @@ def point(
     mean_batch: float,
     full_batch_ms: float,
     simulated: float,
+    capacity: float,
 ) -> Point:
     status = np.asarray(log.status)
     latency = np.asarray(log.done) - np.asarray(log.scheduled)
@@ -249,6 +254,7 @@ def point(
         mean_batch,
         full_batch_ms,
         simulated,
+        capacity,
     )
 
 
@@ -280,7 +286,7 @@ def workloads(capacity: float, slo_s: float, seconds: float) -> dict[str, np.nda
     return {name: workload(name, capacity, slo_s, seconds) for name in WORKLOADS}
 
 
-def table(points: list[Point], capacities: dict[str, float]) -> str:
+def table(points: list[Point]) -> str:
     lines = [
         "| workload | system | offered | within SLO | goodput/s (of capacity) | late | refused "
         "| expired | errors | p50 ms | p99 ms | p99.9 ms | mean batch | full batch ms "
@@ -290,7 +296,7 @@ def table(points: list[Point], capacities: dict[str, float]) -> str:
     for p in points:
         lines.append(
             f"| {p.workload} | {p.system} | {p.offered} | {p.within_slo:.2%} "
-            f"| {p.goodput:.1f} ({p.goodput / capacities[p.workload]:.1%}) "
+            f"| {p.goodput:.1f} ({p.goodput / p.capacity:.1%}) "
             f"| {p.late} | {p.refused} | {p.expired} | {p.errors} | {p.p50_ms:.1f} "
             f"| {p.p99_ms:.1f} | {p.p999_ms:.1f} | {p.mean_batch:.1f} "
             f"| {'-' if np.isnan(p.full_batch_ms) else f'{p.full_batch_ms:.0f}'} "
@@ -300,8 +306,8 @@ def table(points: list[Point], capacities: dict[str, float]) -> str:
 
 
 def capacity_table(capacities: dict[str, dict[str, Any]], max_batch: int) -> str:
-    """Per workload: the capacity measured just before it, and the p50 run time of a full batch
-    in that loop."""
+    """Per workload (or per point, with ``--capacity-each-point``): the capacity measured just
+    before it, and the p50 run time of a full batch in that loop."""
     lines = ["| workload | capacity/s | full batch ms |", "|---|---|---|"]
     for name, measured in capacities.items():
         full = measured["run_seconds"].get("p50", {}).get(str(max_batch))
@@ -333,6 +339,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch", type=int, default=MAX_BATCH, help="for every system")
     parser.add_argument(
         "--capacity", type=float, default=None, help="skip measuring it; use this (queries/s)"
+    )
+    parser.add_argument(
+        "--capacity-each-point",
+        action="store_true",
+        help="measure the capacity again before every system's point, not once per workload",
     )
     parser.add_argument("--systems", nargs="*", default=[*RAYSRV, *BASELINES])
     parser.add_argument(
@@ -377,21 +388,25 @@ def main(argv: list[str] | None = None) -> int:
     options = {"sent_at": not args.no_sent_at, "max_batch": args.max_batch, "ingress": ingress}
     start_ray()
     points: list[Point] = []
-    done: list[tuple[str, System, np.ndarray, RequestLog, float, float, dict[int, float]]] = []
+    done: list[tuple[str, System, np.ndarray, RequestLog, float, float, dict[int, float], float]]
+    done = []
     logs: dict[str, dict[str, RequestLog]] = {}
     policies: dict[str, dict[str, dict[str, Any]]] = {}  # each policy's state after its point
-    capacities: dict[str, dict[str, Any]] = {}  # per workload, as measured just before it
+    # per workload as measured just before it, or per point ("workload / system")
+    capacities: dict[str, dict[str, Any]] = {}
     try:
         for name in args.workloads or WORKLOADS:
-            if args.capacity is None:
-                measured = measure_capacity(path, inputs, seconds, args.max_batch)
-            else:
-                measured = {"capacity": args.capacity, "run_seconds": {}}
-            capacities[name] = measured
-            capacity = measured["capacity"]
-            print(f"{name}: capacity {capacity:.1f}/s", file=sys.stderr, flush=True)
-            times = workload(name, capacity, slo_s, seconds)
-            for system_name in args.systems:
+            for i, system_name in enumerate(args.systems):
+                if i == 0 or args.capacity_each_point:
+                    if args.capacity is None:
+                        measured = measure_capacity(path, inputs, seconds, args.max_batch)
+                    else:
+                        measured = {"capacity": args.capacity, "run_seconds": {}}
+                    label = f"{name} / {system_name}" if args.capacity_each_point else name
+                    capacities[label] = measured
+                    capacity = measured["capacity"]
+                    print(f"{label}: capacity {capacity:.1f}/s", file=sys.stderr, flush=True)
+                    times = workload(name, capacity, slo_s, seconds)
                 system = System(
                     system_name,
                     path,
@@ -405,16 +420,20 @@ def main(argv: list[str] | None = None) -> int:
                 logs.setdefault(name, {})[system_name] = log
                 policies.setdefault(name, {})[system_name] = policy
                 full_ms = runs.get(args.max_batch, float("nan")) * 1000.0
-                done.append((name, system, times, log, mean_batch, full_ms, runs))
+                done.append((name, system, times, log, mean_batch, full_ms, runs, capacity))
                 print(f"  {name} {system_name} done", file=sys.stderr, flush=True)
     finally:
         serve.shutdown()
-    for name, system, times, log, mean_batch, full_ms, runs in done:  # no CPU work in a point
+    for name, system, times, log, mean_batch, full_ms, runs, capacity in done:  # after the points
         simulated = system.simulated(times, runs, slo_s)
-        points.append(point(name, system.name, log, slo_s, mean_batch, full_ms, simulated))
-    yardsticks = {name: m["capacity"] for name, m in capacities.items()}
+        points.append(
+            point(name, system.name, log, slo_s, mean_batch, full_ms, simulated, capacity)
+        )
+    yardsticks = {  # per workload, for the plots: the mean of its points' capacities
+        name: float(np.mean([p.capacity for p in points if p.workload == name])) for name in logs
+    }
     print(f"SLO {args.slo_ms:g} ms\n\n{capacity_table(capacities, args.max_batch)}\n")
-    print(table(points, yardsticks))
+    print(table(points))
     args.figures.mkdir(parents=True, exist_ok=True)
     attainment_panels(logs, slo_s, args.figures / "policies_live_cdf.png")
     goodput_panels(logs, slo_s, yardsticks, args.figures / "policies_live_goodput.png")
