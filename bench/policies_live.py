@@ -12,8 +12,8 @@ onnxruntime thread) in a local Ray, driven through Serve handles from this proce
 batches of at most ``--max-batch`` (default 10, ``@serve.batch``'s own default) for every system.
 With that cost the replica, not the serving machinery, is what saturates on this 2-core machine.
 
-1. **Capacity**, measured again just before each workload (the machine's speed drifts by up
-   to 15% over a run): after a warm-up, a closed loop of 64 in flight against raysrv's
+1. **Capacity**, measured again just before each workload (the machine's speed drifts by a
+   fifth and more over a run): after a warm-up, a closed loop of 64 in flight against raysrv's
    ``fixed`` policy (B ``--max-batch``, no hold, an SLO no answer reaches) for one point's
    length. Its throughput is the capacity that workload's load is a fraction of, and its
    yardstick for goodput. With ``--capacity-each-point`` it is measured again before every
@@ -28,14 +28,15 @@ With that cost the replica, not the serving machinery, is what saturates on this
    ``spiky 54%`` (Poisson at 50% with one second in every ten at 90% of capacity) and
    ``poisson 150%``. ``mmpp 80% #2`` and ``mmpp 80% #3`` are two more traces of the 80% point,
    run only when named in ``--workloads``.
-3. **Systems**, each redeployed per point, all seeing the same arrival times and inputs:
+3. **Systems**, each redeployed per point, all seeing the same inputs and, unless
+   ``--capacity-each-point``, the same arrival times:
    raysrv's ``fixed`` (no hold), ``aimd``, ``quantile``, ``delayed``, ``deadline`` and ``ctmc``,
    and a plain Serve deployment with ``@serve.batch`` at its defaults (B 10, wait 10 ms,
    ``max_ongoing_requests`` 128, callers' queue unbounded) and hand-tuned for the SLO: B
    ``--max-batch``, wait 5 ms, and admission bounded the way Serve offers, so that overload is
    refused instead of queued. ``max_ongoing_requests`` is as many full batches as can run one
-   after another within the SLO behind the running one at the workload's measured capacity
-   (:func:`admitted`: 20 at 800 ms and about 47/s), and ``max_queued_requests`` 1, beyond which
+   after another within the SLO behind the running one at the capacity measured for the point
+   (:func:`admitted`: 20 at 800 ms and 37.5-50/s), and ``max_queued_requests`` 1, beyond which
    Serve refuses with ``BackPressureError`` (counted as 503). raysrv gets the SLO with every
    query (``slo_ms``, and ``sent_at`` so that it starts when the query is sent). ``deadline``
    and ``ctmc`` learn how much later than planned their batches come back (``learn_overrun``);
