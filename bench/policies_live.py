@@ -261,7 +261,7 @@ def point(
 
 WORKLOADS = ("mmpp 50%", "mmpp 80%", "mmpp 90%", "spiky 54%", "poisson 150%")
 # More traces of the 80% point, each from its own seed, run only when named: one 60 s trace
-# offers about 2,300 queries, and a single burst of a few seconds can decide whether 1% of them
+# offers 2,000-2,500 queries, and a single burst of a few seconds can decide whether 1% of them
 # is lost, so the 80% target is also judged over these.
 MORE_80 = ("mmpp 80% #2", "mmpp 80% #3")
 
