@@ -12,6 +12,7 @@ requests into the replica for ``@serve.batch`` to form full batches.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,7 @@ from starlette.responses import JSONResponse
 
 from raysrv.runtimes import rows  # the same row split raysrv answers with, so both pay it
 
-__all__ = ["Baseline", "build_baseline"]
+__all__ = ["Baseline", "admitted", "build_baseline"]
 
 
 @serve.deployment
@@ -94,3 +95,11 @@ def build_baseline(
         max_queued_requests=max_queued_requests,
         ray_actor_options={"num_cpus": 1},
     ).bind(path, tuple(input_shape), max_batch_size, batch_wait_timeout_s)
+
+
+def admitted(capacity: float, slo_s: float, max_batch: int) -> int:
+    """How many queries the hand-tuned baseline lets into its replica at once: as many full
+    batches as can run one after another within the SLO behind the one running, at the
+    measured capacity (a full batch every ``max_batch / capacity`` seconds); at least one."""
+    behind = math.floor(slo_s * capacity / max_batch) - 1
+    return max_batch * max(1, behind)

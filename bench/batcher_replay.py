@@ -7,7 +7,7 @@
 What :mod:`bench.policies_live` replays through Ray Serve, replayed here through the real ``Server``
 and ``Batcher`` with one sleeping replica instead of the model: no Ray, no hops, no trip back, so
 what is left is the batching loop and the policy. The arrivals are those of
-``bench.policies_live.workloads(capacity, slo, seconds)``: given the capacity a live run measured
+``bench.workloads.workloads(capacity, slo, seconds)``: given the capacity a live run measured
 for a workload, that workload's very arrival times. A batch of k sleeps the run time measured live
 for k (interpolated between ``--run-ms`` sizes) times a lognormal factor of ``--sigma``, one batch
 at a time. Each point reports queries answered within the SLO, refused and dropped at the deadline,
@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.policies_live import workloads
+from bench.workloads import workloads
 from raysrv._server import Server
 from raysrv.analytics import simulate
 from raysrv.batching import BatchingPolicy, make_policy

@@ -1,9 +1,10 @@
 """Every batching policy and ``@serve.batch``, live, on bursty and overload workloads (issue 4).
 
     python -m bench.policies_live [--quick] [--seconds 20] [--slo-ms 600] [--margin-ms 0]
-        [--max-batch 10] [--capacity 39.3] [--systems deadline ctmc ...]
+        [--max-batch 10] [--capacity 39.3] [--capacity-each-point] [--capacity-seconds 60]
+        [--systems deadline ctmc ...]
         [--workloads "mmpp 80%" ...] [--deadline-param overrun_quantile=0.9 ...]
-        [--trip-back-quantile 1.0]
+        [--trip-back-quantile 1.0] [--trace day.csv]
 
 The model is :func:`bench.models.build_mlp`: about 1 GB of weights read three times per batch,
 so a batch of 1 costs about 0.1 s and a batch of 8 about twice that (a GPU-like fixed cost per
@@ -15,19 +16,17 @@ With that cost the replica, not the serving machinery, is what saturates on this
 1. **Capacity**, measured again just before each workload (the machine's speed drifts by a
    fifth and more over a run): after a warm-up, a closed loop of 64 in flight against raysrv's
    ``fixed`` policy (B ``--max-batch``, no hold, an SLO no answer reaches) for one point's
-   length. Its throughput is the capacity that workload's load is a fraction of, and its
-   yardstick for goodput. With ``--capacity-each-point`` it is measured again before every
-   system's point, and each point's arrivals (same seed) are scaled to its own measurement:
-   the machine can slow by a fifth within the minutes one workload's points take, and a point
-   run long after its workload's capacity loop then pays that as extra load. ``--capacity``
-   skips it and takes a capacity an earlier run measured for a workload: that workload's
-   arrivals are then that run's very arrival times, to compare variants on the same trace.
-2. **Workloads** (the arrival generators of :mod:`bench.policies_sim`, scaled to the capacity
-   and to the SLO, each from its own seed): ``mmpp 50%``, ``mmpp 80%`` and ``mmpp 90%``
-   (MMPP(2) whose bursts offer 120% of capacity a quarter of the time, SLO/4 long on average),
-   ``spiky 54%`` (Poisson at 50% with one second in every ten at 90% of capacity) and
-   ``poisson 150%``. ``mmpp 80% #2`` and ``mmpp 80% #3`` are two more traces of the 80% point,
-   run only when named in ``--workloads``.
+   length, or ``--capacity-seconds``. Its throughput is the capacity that workload's load is a
+   fraction of, and its yardstick for goodput. With ``--capacity-each-point`` it is measured
+   again before every system's point, and each point's arrivals (same seed) are scaled to its
+   own measurement: the machine can slow by a fifth within the minutes one workload's points
+   take, and a point run long after its workload's capacity loop then pays that as extra load.
+   ``--capacity`` skips it and takes a capacity an earlier run measured for a workload: that
+   workload's arrivals are then that run's very arrival times, to compare variants on the same
+   trace.
+2. **Workloads**: :mod:`bench.workloads`, scaled to the capacity and to the SLO: by default
+   ``mmpp 50%``, ``mmpp 80%``, ``mmpp 90%``, ``trace 50%`` (``--trace`` replays another file in
+   the Azure Functions trace's format than the one shipped) and ``poisson 150%``.
 3. **Systems**, each redeployed per point, all seeing the same inputs and, unless
    ``--capacity-each-point``, the same arrival times:
    raysrv's ``fixed`` (no hold), ``aimd``, ``quantile``, ``delayed``, ``deadline`` and ``ctmc``,
@@ -36,13 +35,13 @@ With that cost the replica, not the serving machinery, is what saturates on this
    ``--max-batch``, wait 5 ms, and admission bounded the way Serve offers, so that overload is
    refused instead of queued. ``max_ongoing_requests`` is as many full batches as can run one
    after another within the SLO behind the running one at the capacity measured for the point
-   (:func:`admitted`: 20 at 800 ms and 37.5-50/s), and ``max_queued_requests`` 1, beyond which
-   Serve refuses with ``BackPressureError`` (counted as 503). raysrv gets the SLO with every
-   query (``slo_ms``, and ``sent_at`` so that it starts when the query is sent). ``deadline``
-   and ``ctmc`` learn how much later than planned their batches come back (``learn_overrun``);
-   ``--margin-ms`` adds a fixed margin on top (default none), ``--deadline-param`` any other of
-   their parameters, and ``--trip-back-quantile`` the ingress's ``trip_back_quantile``.
-   ``@serve.batch`` cannot take a deadline.
+   (:func:`bench.baseline.admitted`: 20 at 800 ms and 37.5-50/s), and ``max_queued_requests``
+   1, beyond which Serve refuses with ``BackPressureError`` (counted as 503). raysrv gets the
+   SLO with every query (``slo_ms``, and ``sent_at`` so that it starts when the query is sent).
+   ``deadline`` and ``ctmc`` learn how much later than planned their batches come back
+   (``learn_overrun``); ``--margin-ms`` adds a fixed margin on top (default none),
+   ``--deadline-param`` any other of their parameters, and ``--trip-back-quantile`` the
+   ingress's ``trip_back_quantile``. ``@serve.batch`` cannot take a deadline.
 
 Reported per point, from the client's side (latency from each query's scheduled arrival): SLO
 attainment (answered within the SLO over offered), goodput (answers within the SLO per second, and
@@ -51,11 +50,13 @@ expired queries (504: dropped at their deadline while their batch ran, the work 
 p50/p99/p99.9 of answered latency, the mean batch size, and for raysrv's systems the replica's p50
 run time of a full batch during the point (each capacity loop's is printed above the table): the
 machine's speed drifts between points, and a point whose batches ran slower offered more than its
-nominal load. Also for raysrv's systems, "simulator": what the same policy keeps within the SLO in
-the simulator on the same arrivals, with one replica running each batch size in the p50 time the
-live one measured (over its last 100 batches of that size) and nothing else: no trips, no noise, no
-Ray. It is computed after the last point, so that no point shares the machine with it, and the gap
-to the live figure is what the live system adds.
+nominal load. "At its speed" scales the point's capacity by how much faster or slower its full
+batches ran than its capacity loop's, and gives goodput's share of that. Also for raysrv's
+systems, "simulator": what the same policy keeps within the SLO in the simulator on the same
+arrivals, with one replica running each batch size in the p50 time the live one measured (over
+its last 100 batches of that size) and nothing else: no trips, no noise, no Ray. It is computed
+after the last point, so that no point shares the machine with it, and the gap to the live
+figure is what the live system adds.
 Plots: the fraction of offered queries answered within x ms, per system
 (``policies_live_cdf.png``), and goodput per second over time (``policies_live_goodput.png``).
 The JSON output also keeps every request's timing and each raysrv policy's state after its
@@ -67,7 +68,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -79,9 +79,10 @@ import numpy as np
 from bench.loadgen import HandleClient, RequestLog, closed_loop, make_inputs, replay
 from bench.models import INPUT_SHAPE, MLP_PATH, build_mlp
 from bench.plots import attainment_panels, goodput_panels
-from bench.policies_sim import bursty, spiky
+from bench.traces import PERIODIC_SPIKES
 from bench.validate_live import deploy_spec, start_ray
-from raysrv.analytics import Poisson, simulate
+from bench.workloads import MORE, WORKLOADS, workload
+from raysrv.analytics import simulate
 from raysrv.analytics.profiles import interpolate_batches
 from raysrv.batching import make_policy
 
@@ -116,14 +117,9 @@ class Point:
     full_batch_ms: float  # the replica's p50 run time of a full batch in the point; nan: unknown
     simulated: float  # within SLO in the simulator, same arrivals and run times; nan: not run
     capacity: float  # queries/s measured before the point: its load and goodput are shares of it
-
-
-def admitted(capacity: float, slo_s: float, max_batch: int) -> int:
-    """How many queries the hand-tuned baseline lets into its replica at once: as many full
-    batches as can run one after another within the SLO behind the one running, at the
-    measured capacity (a full batch every ``max_batch / capacity`` seconds); at least one."""
-    behind = math.floor(slo_s * capacity / max_batch) - 1
-    return max_batch * max(1, behind)
+    # the capacity scaled by how much faster or slower the point's full batches ran than its
+    # capacity loop's (nan: either run time unknown): what the machine could serve meanwhile
+    capacity_at_speed: float
 
 
 class System:
@@ -144,7 +140,7 @@ class System:
         from ray import serve
         from ray.serve.schema import LoggingConfig
 
-        from bench.baseline import build_baseline
+        from bench.baseline import admitted, build_baseline
 
         self.name = name
         self.max_batch = max_batch
@@ -230,6 +226,7 @@ def point(
     full_batch_ms: float,
     simulated: float,
     capacity: float,
+    loop_full_batch_ms: float,
 ) -> Point:
     status = np.asarray(log.status)
     latency = np.asarray(log.done) - np.asarray(log.scheduled)
@@ -256,51 +253,27 @@ def point(
         full_batch_ms,
         simulated,
         capacity,
+        capacity * loop_full_batch_ms / full_batch_ms,
     )
-
-
-WORKLOADS = ("mmpp 50%", "mmpp 80%", "mmpp 90%", "spiky 54%", "poisson 150%")
-# More traces of the 80% point, each from its own seed, run only when named: one 60 s trace
-# offers 2,000-2,500 queries, and a single burst of a few seconds can decide whether 1% of them
-# is lost, so the 80% target is also judged over these.
-MORE_80 = ("mmpp 80% #2", "mmpp 80% #3")
-
-
-def workload(name: str, capacity: float, slo_s: float, seconds: float) -> np.ndarray:
-    """The arrival times of one of ``WORKLOADS`` or ``MORE_80`` over ``seconds``, scaled to
-    ``capacity``, each from its own seeded generator: the same capacity gives the same
-    arrivals."""
-    rng = np.random.default_rng((*WORKLOADS, *MORE_80).index(name))
-    enough = int(1.6 * capacity * seconds) + 100
-    if name.startswith("mmpp"):
-        load = float(name.split()[1].rstrip("%")) / 100.0
-        times = bursty(load, capacity, slo_s / 4, enough, rng)
-    elif name == "spiky 54%":
-        times = spiky(0.5 * capacity, 1.8, enough, rng)
-    else:
-        times = Poisson(1.5 * capacity).arrival_times(enough, rng)
-    return times[times < seconds]
-
-
-def workloads(capacity: float, slo_s: float, seconds: float) -> dict[str, np.ndarray]:
-    """Every one of ``WORKLOADS`` at one capacity."""
-    return {name: workload(name, capacity, slo_s, seconds) for name in WORKLOADS}
 
 
 def table(points: list[Point]) -> str:
     lines = [
         "| workload | system | offered | within SLO | goodput/s (of capacity) | late | refused "
         "| expired | errors | p50 ms | p99 ms | p99.9 ms | mean batch | full batch ms "
-        "| simulator |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| at its speed: capacity/s (goodput's share) | simulator |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in points:
+        speed = "-"
+        if not np.isnan(p.capacity_at_speed):
+            speed = f"{p.capacity_at_speed:.1f} ({p.goodput / p.capacity_at_speed:.1%})"
         lines.append(
             f"| {p.workload} | {p.system} | {p.offered} | {p.within_slo:.2%} "
             f"| {p.goodput:.1f} ({p.goodput / p.capacity:.1%}) "
             f"| {p.late} | {p.refused} | {p.expired} | {p.errors} | {p.p50_ms:.1f} "
             f"| {p.p99_ms:.1f} | {p.p999_ms:.1f} | {p.mean_batch:.1f} "
-            f"| {'-' if np.isnan(p.full_batch_ms) else f'{p.full_batch_ms:.0f}'} "
+            f"| {'-' if np.isnan(p.full_batch_ms) else f'{p.full_batch_ms:.0f}'} | {speed} "
             f"| {'-' if np.isnan(p.simulated) else f'{p.simulated:.2%}'} |"
         )
     return "\n".join(lines)
@@ -311,10 +284,16 @@ def capacity_table(capacities: dict[str, dict[str, Any]], max_batch: int) -> str
     before it, and the p50 run time of a full batch in that loop."""
     lines = ["| workload | capacity/s | full batch ms |", "|---|---|---|"]
     for name, measured in capacities.items():
-        full = measured["run_seconds"].get("p50", {}).get(str(max_batch))
-        ms = "-" if full is None else f"{full * 1000:.0f}"
-        lines.append(f"| {name} | {measured['capacity']:.1f} | {ms} |")
+        ms = full_batch_ms(measured, max_batch)
+        ms_text = "-" if np.isnan(ms) else f"{ms:.0f}"
+        lines.append(f"| {name} | {measured['capacity']:.1f} | {ms_text} |")
     return "\n".join(lines)
+
+
+def full_batch_ms(measured: dict[str, Any], max_batch: int) -> float:
+    """The p50 run time of a full batch in one capacity loop, in ms; nan if it ran none."""
+    full = measured["run_seconds"].get("p50", {}).get(str(max_batch))
+    return float("nan") if full is None else full * 1000.0
 
 
 def measure_capacity(
@@ -346,6 +325,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="measure the capacity again before every system's point, not once per workload",
     )
+    parser.add_argument(
+        "--capacity-seconds",
+        type=float,
+        default=None,
+        help="how long each capacity loop runs (default: as long as a point)",
+    )
     parser.add_argument("--systems", nargs="*", default=[*RAYSRV, *BASELINES])
     parser.add_argument(
         "--deadline-param",
@@ -370,8 +355,15 @@ def main(argv: list[str] | None = None) -> int:
         "--workloads",
         nargs="*",
         default=None,
-        choices=(*WORKLOADS, *MORE_80),
-        help="run only these (default: every one but the extra 80%% traces)",
+        choices=(*WORKLOADS, *MORE),
+        help=f"run only these (default: {', '.join(WORKLOADS).replace('%', '%%')})",
+    )
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        default=PERIODIC_SPIKES,
+        help="the trace 'trace 50%%' replays, in the Azure Functions trace's format "
+        "(default: the one shipped, bench/data/periodic_spikes.csv)",
     )
     parser.add_argument("--out", type=Path, default=Path("bench/out/policies_live.json"))
     parser.add_argument("--figures", type=Path, default=FIGURES)
@@ -389,7 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     options = {"sent_at": not args.no_sent_at, "max_batch": args.max_batch, "ingress": ingress}
     start_ray()
     points: list[Point] = []
-    done: list[tuple[str, System, np.ndarray, RequestLog, float, float, dict[int, float], float]]
+    # (workload, system, arrivals, log, mean batch, full batch ms, run times per size,
+    # (capacity, its loop's full batch ms)), one per point
+    done: list[tuple[str, System, np.ndarray, RequestLog, float, float, dict, tuple[float, float]]]
     done = []
     logs: dict[str, dict[str, RequestLog]] = {}
     policies: dict[str, dict[str, dict[str, Any]]] = {}  # each policy's state after its point
@@ -400,14 +394,16 @@ def main(argv: list[str] | None = None) -> int:
             for i, system_name in enumerate(args.systems):
                 if i == 0 or args.capacity_each_point:
                     if args.capacity is None:
-                        measured = measure_capacity(path, inputs, seconds, args.max_batch)
+                        loop_s = args.capacity_seconds or seconds
+                        measured = measure_capacity(path, inputs, loop_s, args.max_batch)
                     else:
                         measured = {"capacity": args.capacity, "run_seconds": {}}
                     label = f"{name} / {system_name}" if args.capacity_each_point else name
                     capacities[label] = measured
                     capacity = measured["capacity"]
+                    loop_ms = full_batch_ms(measured, args.max_batch)
                     print(f"{label}: capacity {capacity:.1f}/s", file=sys.stderr, flush=True)
-                    times = workload(name, capacity, slo_s, seconds)
+                    times = workload(name, capacity, slo_s, seconds, args.trace)
                 system = System(
                     system_name,
                     path,
@@ -421,15 +417,14 @@ def main(argv: list[str] | None = None) -> int:
                 logs.setdefault(name, {})[system_name] = log
                 policies.setdefault(name, {})[system_name] = policy
                 full_ms = runs.get(args.max_batch, float("nan")) * 1000.0
-                done.append((name, system, times, log, mean_batch, full_ms, runs, capacity))
+                loop = (capacity, loop_ms)
+                done.append((name, system, times, log, mean_batch, full_ms, runs, loop))
                 print(f"  {name} {system_name} done", file=sys.stderr, flush=True)
     finally:
         serve.shutdown()
-    for name, system, times, log, mean_batch, full_ms, runs, capacity in done:  # after the points
+    for name, system, times, log, mean_batch, full_ms, runs, loop in done:  # after the points
         simulated = system.simulated(times, runs, slo_s)
-        points.append(
-            point(name, system.name, log, slo_s, mean_batch, full_ms, simulated, capacity)
-        )
+        points.append(point(name, system.name, log, slo_s, mean_batch, full_ms, simulated, *loop))
     yardsticks = {  # per workload, for the plots: the mean of its points' capacities
         name: float(np.mean([p.capacity for p in points if p.workload == name])) for name in logs
     }

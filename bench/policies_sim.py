@@ -12,7 +12,9 @@ at batches of 32), SLO 40 ms (about 9x the batch-1 time). Workloads:
   and 0.4x the mean, so its bursts offer 128% of capacity for longer than any queue can hold
   within the SLO: no scheduler keeps 99% here, the row shows who loses what.
 - ``spiky 54%``: Poisson at 50% with 1.8x the rate (90% of capacity) for one second in every
-  ten (a replayed trace with periodic spikes, cf. clockwork §6.5).
+  ten (periodic spikes generated in place).
+- ``trace 50%``: the trace with periodic spikes of :mod:`bench.traces` replayed at a mean of 50%,
+  a trace minute lasting 2.5 SLOs (100 ms): hourly spikes at about 105-110% of capacity.
 - ``poisson 150%``: overload.
 
 Systems: raysrv's ``fixed`` (B 32, T 0), ``aimd``, ``quantile``, ``delayed``, ``deadline`` and
@@ -36,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.traces import PERIODIC_SPIKES, read_counts, replay_times
+from bench.workloads import TRACE_MINUTE_SLOS, TRACE_START, bursty, spiky
 from raysrv.analytics import MMPP2, Poisson, simulate
 from raysrv.batching import FixedParams, FixedPolicy, make_policy
 from raysrv.batching.base import BatchingPolicy
@@ -46,27 +50,6 @@ SERVICE = 0.004 + 0.0005 * np.arange(1, 65)
 CAPACITY = 32 / float(SERVICE[31])  # queries/s at batches of 32
 SLO = 0.040
 POLICIES = ("fixed", "aimd", "quantile", "delayed", "deadline", "ctmc")
-BURST_PEAK, BURST_SHARE = 1.2, 0.25  # bursts offer 120% of capacity a quarter of the time
-
-
-def spiky(rate: float, factor: float, n: int, rng: np.random.Generator) -> np.ndarray:
-    """Poisson at ``rate`` with ``factor`` x the rate during the first second of every ten."""
-    peak = Poisson(factor * rate).arrival_times(n, rng)
-    base = Poisson(rate).arrival_times(n, rng)
-    in_spike = lambda t: (t % 10.0) < 1.0  # noqa: E731
-    times = np.sort(np.concatenate([base[~in_spike(base)], peak[in_spike(peak)]]))
-    return times[:n]
-
-
-def bursty(
-    load: float, capacity: float, burst_s: float, n: int, rng: np.random.Generator
-) -> np.ndarray:
-    """MMPP(2) at mean ``load`` x ``capacity`` whose bursts offer 120% of capacity a quarter of
-    the time, ``burst_s`` long on average, and the rest of the time what makes up the mean."""
-    peak, share = BURST_PEAK, BURST_SHARE
-    quiet = (load - peak * share) / (1.0 - share)
-    to_quiet, to_burst = 1.0 / burst_s, share / (burst_s * (1.0 - share))
-    return MMPP2(peak * capacity, quiet * capacity, to_quiet, to_burst).arrival_times(n, rng)
 
 
 def workloads(quick: bool) -> dict[str, np.ndarray]:
@@ -78,6 +61,10 @@ def workloads(quick: bool) -> dict[str, np.ndarray]:
     m = 0.8 * CAPACITY
     out["long bursts 80%"] = MMPP2(1.6 * m, 0.4 * m, 20.0, 20.0).arrival_times(n, rng)
     out["spiky 54%"] = spiky(0.5 * CAPACITY, 1.8, n, rng)
+    rate = 0.5 * CAPACITY
+    minute_s = TRACE_MINUTE_SLOS * SLO
+    counts = read_counts(PERIODIC_SPIKES)
+    out["trace 50%"] = replay_times(counts, rate, n / rate, rng, minute_s, TRACE_START)
     out["poisson 150%"] = Poisson(1.5 * CAPACITY).arrival_times(n, rng)
     return out
 
