@@ -4,7 +4,7 @@
         [--max-batch 10] [--capacity 39.3] [--capacity-each-point] [--capacity-seconds 60]
         [--systems deadline ctmc ...]
         [--workloads "mmpp 80%" ...] [--deadline-param overrun_quantile=0.9 ...]
-        [--trip-back-quantile 1.0] [--trace day.csv]
+        [--trip-back-quantile 1.0] [--trace day.csv] [--tuned-bound 30]
 
 The model is :func:`bench.models.build_mlp`: about 1 GB of weights read three times per batch,
 so a batch of 1 costs about 0.1 s and a batch of 8 about twice that (a GPU-like fixed cost per
@@ -35,13 +35,14 @@ With that cost the replica, not the serving machinery, is what saturates on this
    ``--max-batch``, wait 5 ms, and admission bounded the way Serve offers, so that overload is
    refused instead of queued. ``max_ongoing_requests`` is as many full batches as can run one
    after another within the SLO behind the running one at the capacity measured for the point
-   (:func:`bench.baseline.admitted`: 20 at 800 ms and 37.5-50/s), and ``max_queued_requests``
-   1, beyond which Serve refuses with ``BackPressureError`` (counted as 503). raysrv gets the
-   SLO with every query (``slo_ms``, and ``sent_at`` so that it starts when the query is sent).
-   ``deadline`` and ``ctmc`` learn how much later than planned their batches come back
-   (``learn_overrun``); ``--margin-ms`` adds a fixed margin on top (default none),
-   ``--deadline-param`` any other of their parameters, and ``--trip-back-quantile`` the
-   ingress's ``trip_back_quantile``. ``@serve.batch`` cannot take a deadline.
+   (:func:`bench.baseline.admitted`: 20 at 800 ms and 37.5-50/s; ``--tuned-bound`` sets
+   another), and ``max_queued_requests`` 1, beyond which Serve refuses with
+   ``BackPressureError`` (counted as 503). raysrv gets the SLO with every query (``slo_ms``, and
+   ``sent_at`` so that it starts when the query is sent). ``deadline`` and ``ctmc`` learn how
+   much later than planned their batches come back (``learn_overrun``); ``--margin-ms`` adds a
+   fixed margin on top (default none), ``--deadline-param`` any other of their parameters, and
+   ``--trip-back-quantile`` the ingress's ``trip_back_quantile``. ``@serve.batch`` cannot take
+   a deadline.
 
 Reported per point, from the client's side (latency from each query's scheduled arrival): SLO
 attainment (answered within the SLO over offered), goodput (answers within the SLO per second, and
@@ -136,6 +137,7 @@ class System:
         max_batch: int = MAX_BATCH,
         ingress: dict[str, Any] | None = None,
         capacity: float | None = None,
+        tuned_bound: int | None = None,
     ) -> None:
         from ray import serve
         from ray.serve.schema import LoggingConfig
@@ -153,7 +155,8 @@ class System:
                 if capacity is None:
                     raise ValueError(f"{name} needs the measured capacity")
                 bounds = {
-                    "max_ongoing_requests": admitted(capacity, slo_ms / 1000.0, batch),
+                    "max_ongoing_requests": tuned_bound
+                    or admitted(capacity, slo_ms / 1000.0, batch),
                     "max_queued_requests": 1,  # Serve's least; beyond it, 503 at once
                 }
             quiet = LoggingConfig(enable_access_log=False, log_level="WARNING")  # as raysrv's
@@ -352,6 +355,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the ingress's trip_back_quantile (default: raysrv's default)",
     )
     parser.add_argument(
+        "--tuned-bound",
+        type=int,
+        default=None,
+        help="the hand-tuned @serve.batch's max_ongoing_requests (default: derived from the SLO "
+        "and the capacity measured for the point)",
+    )
+    parser.add_argument(
         "--workloads",
         nargs="*",
         default=None,
@@ -378,7 +388,12 @@ def main(argv: list[str] | None = None) -> int:
     ingress = {}
     if args.trip_back_quantile is not None:
         ingress["trip_back_quantile"] = args.trip_back_quantile
-    options = {"sent_at": not args.no_sent_at, "max_batch": args.max_batch, "ingress": ingress}
+    options = {
+        "sent_at": not args.no_sent_at,
+        "max_batch": args.max_batch,
+        "ingress": ingress,
+        "tuned_bound": args.tuned_bound,
+    }
     start_ray()
     points: list[Point] = []
     # (workload, system, arrivals, log, mean batch, full batch ms, run times per size,
