@@ -38,8 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.traces import PERIODIC_SPIKES, read_counts, replay_times
-from bench.workloads import TRACE_MINUTE_SLOS, TRACE_START, bursty, spiky
+from bench.workloads import bursty, replayed, spiky
 from raysrv.analytics import MMPP2, Poisson, simulate
 from raysrv.batching import FixedParams, FixedPolicy, make_policy
 from raysrv.batching.base import BatchingPolicy
@@ -61,10 +60,7 @@ def workloads(quick: bool) -> dict[str, np.ndarray]:
     m = 0.8 * CAPACITY
     out["long bursts 80%"] = MMPP2(1.6 * m, 0.4 * m, 20.0, 20.0).arrival_times(n, rng)
     out["spiky 54%"] = spiky(0.5 * CAPACITY, 1.8, n, rng)
-    rate = 0.5 * CAPACITY
-    minute_s = TRACE_MINUTE_SLOS * SLO
-    counts = read_counts(PERIODIC_SPIKES)
-    out["trace 50%"] = replay_times(counts, rate, n / rate, rng, minute_s, TRACE_START)
+    out["trace 50%"] = replayed(0.5 * CAPACITY, n / (0.5 * CAPACITY), SLO, rng)
     out["poisson 150%"] = Poisson(1.5 * CAPACITY).arrival_times(n, rng)
     return out
 

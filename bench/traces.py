@@ -40,10 +40,10 @@ def read_counts(path: Path, functions: set[str] | None = None) -> np.ndarray:
             raise ValueError(f"{path}: the header must start with {','.join(KEYS)}")
         total = np.zeros(len(header) - len(KEYS))
         for line, row in enumerate(rows, start=2):
-            if functions is not None and row[2] not in functions:
-                continue
             if len(row) != len(header):
                 raise ValueError(f"{path}:{line}: {len(row)} fields, the header has {len(header)}")
+            if functions is not None and row[2] not in functions:
+                continue
             try:
                 total += np.array(row[len(KEYS) :], dtype=float)
             except ValueError as e:

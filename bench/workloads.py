@@ -4,8 +4,8 @@ measured capacity and to the SLO.
 Each named workload comes from its own seeded generator, so the same capacity gives the same
 arrivals: ``mmpp 50%``, ``mmpp 80%`` and ``mmpp 90%`` (MMPP(2) whose bursts offer 120% of
 capacity a quarter of the time, SLO/4 long on average: :func:`bursty`), ``trace 50%`` (a trace
-with periodic spikes replayed at a mean of 50% of capacity, its hourly spikes at about 110% for
-2.5 SLOs: :mod:`bench.traces`) and ``poisson 150%``; and, run only when named, ``mmpp 80% #2``
+with periodic spikes replayed at a mean of 50% of capacity, its hourly spikes at about 105-110%
+for 2.5 SLOs: :mod:`bench.traces`) and ``poisson 150%``; and, run only when named, ``mmpp 80% #2``
 and ``mmpp 80% #3`` (two more traces of the 80% point) and ``spiky 54%`` (Poisson at 50% with
 one second in every ten at 90% of capacity, the spikes generated: :func:`spiky`).
 """
@@ -19,7 +19,7 @@ import numpy as np
 from bench.traces import PERIODIC_SPIKES, read_counts, replay_times
 from raysrv.analytics import MMPP2, Poisson
 
-__all__ = ["MORE", "WORKLOADS", "bursty", "spiky", "workload", "workloads"]
+__all__ = ["MORE", "WORKLOADS", "bursty", "replayed", "spiky", "workload", "workloads"]
 
 BURST_PEAK, BURST_SHARE = 1.2, 0.25  # bursts offer 120% of capacity a quarter of the time
 
@@ -55,13 +55,25 @@ def bursty(
     return MMPP2(peak * capacity, quiet * capacity, to_quiet, to_burst).arrival_times(n, rng)
 
 
+def replayed(
+    rate: float,
+    seconds: float,
+    slo_s: float,
+    rng: np.random.Generator,
+    trace: Path = PERIODIC_SPIKES,
+) -> np.ndarray:
+    """``trace`` replayed at a mean of ``rate`` queries/s over ``seconds``, from minute
+    ``TRACE_START`` on, each minute ``TRACE_MINUTE_SLOS`` SLOs long."""
+    minute_s = TRACE_MINUTE_SLOS * slo_s
+    return replay_times(read_counts(trace), rate, seconds, rng, minute_s, TRACE_START)
+
+
 def workload(
     name: str, capacity: float, slo_s: float, seconds: float, trace: Path = PERIODIC_SPIKES
 ) -> np.ndarray:
     """The arrival times of one of ``WORKLOADS`` or ``MORE`` over ``seconds``, scaled to
     ``capacity``, each from its own seeded generator: the same capacity gives the same
-    arrivals. ``trace 50%`` replays ``trace`` (minutes from ``TRACE_START`` on, each
-    ``TRACE_MINUTE_SLOS`` long) at a mean of 50% of capacity."""
+    arrivals. ``trace 50%`` replays ``trace`` at a mean of 50% of capacity (:func:`replayed`)."""
     rng = np.random.default_rng(SEEDS.index(name))
     enough = int(1.6 * capacity * seconds) + 100
     if name.startswith("mmpp"):
@@ -70,9 +82,7 @@ def workload(
     elif name == "spiky 54%":
         times = spiky(0.5 * capacity, 1.8, enough, rng)
     elif name == "trace 50%":
-        counts = read_counts(trace)
-        minute_s = TRACE_MINUTE_SLOS * slo_s
-        return replay_times(counts, 0.5 * capacity, seconds, rng, minute_s, TRACE_START)
+        return replayed(0.5 * capacity, seconds, slo_s, rng, trace)
     else:
         times = Poisson(1.5 * capacity).arrival_times(enough, rng)
     return times[times < seconds]

@@ -91,3 +91,9 @@ def test_the_trace_workload_replays_at_half_the_capacity_with_its_spikes() -> No
     spikes = [(m - TRACE_START) * minute_s for m in (60, 120)]  # the hourly ones in the window
     in_spike = np.sum([(times >= t) & (times < t + minute_s) for t in spikes]) / (2 * minute_s)
     assert in_spike / capacity == pytest.approx(1.05, rel=0.2)
+
+
+def test_a_short_row_is_named_even_when_only_some_functions_are_read(tmp_path: Path) -> None:
+    path = _write(tmp_path, f"{HEADER},1,2\nx,y\nx,y,z,http,1,2\n")
+    with pytest.raises(ValueError, match=r"trace.csv:2: 2 fields, the header has 6"):
+        read_counts(path, {"z"})
