@@ -4,12 +4,14 @@
 * The batch buffer's latency distribution, exact and as the paper has it, with finite-server
   bounds (batch §IV eq. 4-15) and eq. 1's cost: :mod:`.buffer`.
 * The cost/latency optimizer (batch eq. 2-3): :mod:`.optimize`.
-* Service-time profiles: polynomial regression (batch §III-A) and rolling p99 per batch size
-  (clockwork §5.3): :mod:`.profiles`.
+* Service-time profiles: polynomial regression (batch §III-A) and measured tables:
+  :mod:`.profiles` (the run times measured live are :mod:`raysrv.batching.profile`).
 * SERF's M/D_interf/c model and configuration table (serf §IV-C): :mod:`.serf`, with its
   referee simulator in :mod:`.interference`.
 * Fork-join transfer delays as an exponentially modified Gaussian (gillis §IV-A): :mod:`.forkjoin`.
-* The discrete-event simulator that runs any :mod:`raysrv.batching` policy: :mod:`.simulate`.
+* The discrete-event simulators: any :mod:`raysrv.batching` policy on one model
+  (:mod:`.simulate`), and a pool of workers serving many models under the live system's own
+  scheduler, with LOADs and UNLOADs (:mod:`.poolsim`).
 
 ``bench/validate_analytics.py`` measures every model against the simulators and the live system.
 """
@@ -19,7 +21,8 @@ from raysrv.analytics.buffer import BatchBufferModel, LatencyBounds, Pricing
 from raysrv.analytics.forkjoin import EMG, fit_emg
 from raysrv.analytics.interference import simulate_interference
 from raysrv.analytics.optimize import BatchingPlan, optimize_batching
-from raysrv.analytics.profiles import RollingQuantile, ServiceProfile, TableProfile
+from raysrv.analytics.poolsim import PoolSimResult, SimModel, simulate_pool
+from raysrv.analytics.profiles import ServiceProfile, TableProfile
 from raysrv.analytics.serf import serf_config_table, serf_latency, serf_predict
 from raysrv.analytics.simulate import SimResult, simulate
 
@@ -33,9 +36,10 @@ __all__ = [
     "LatencyBounds",
     "MapFit",
     "Poisson",
+    "PoolSimResult",
     "Pricing",
-    "RollingQuantile",
     "ServiceProfile",
+    "SimModel",
     "SimResult",
     "TableProfile",
     "fit_emg",
@@ -46,4 +50,5 @@ __all__ = [
     "serf_predict",
     "simulate",
     "simulate_interference",
+    "simulate_pool",
 ]

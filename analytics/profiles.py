@@ -1,15 +1,14 @@
-"""Service-time profiles: S(batch size, resource) in seconds, fitted offline or measured online.
+"""Service-time profiles: S(batch size, resource) in seconds, fitted offline or from a table.
 
-Two sources feed the batch-buffer latency model with ``S_k``, the service time of a batch of k:
+Two sources feed the batch-buffer latency model with ``S_k``, the service time of a batch of k
+(the run times measured live are :class:`raysrv.batching.profile.RunTimes`, Clockwork's action
+profiles, which read the same interpolation):
 
-* :class:`ServiceProfile` follows BATCH (``../shared/papers/batch.md`` §III-A, §VI-B): the
+* :class:`ServiceProfile` follows BATCH (SC'20, §III-A, §VI-B): the
   profiler measures a few (batch size, memory) configurations and fits the rest by multivariable
   polynomial regression; the paper trains on under 3% of the grid and reports a held-out MAPE
   under 2%. Here ``resource`` stands in for Lambda's memory: a replica's threads, CPUs or memory
   in GB. :class:`TableProfile` is the dense counterpart, for sizes that were all measured.
-* :class:`RollingQuantile` follows Clockwork (``../shared/papers/clockwork.md`` §5.3 "action
-  profiles" and §6.5): per (model, batch size) the durations of the last N executions, whose
-  rolling 99th percentile predicts the next one. The paper keeps N = 10, the default here.
 
 Assumptions and caveats:
 
@@ -25,39 +24,36 @@ Assumptions and caveats:
 * :meth:`ServiceProfile.service_times` is what the latency model consumes. It must be positive
   and non-decreasing in k, so predictions are clipped to ``floor_s`` and replaced by their
   running maximum. The correction only ever raises a value: it errs on the slow, safe side.
-* Table and rolling estimates interpolate linearly between measured batch sizes, take the
-  smallest measured size's value below it, and scale proportionally above the largest
-  (``S(b) = S(b_max) * b / b_max``). With a fixed per-batch cost that over-estimates.
-* Nothing here reads a clock; :class:`RollingQuantile` is not thread-safe, and its memory is N
-  floats per key, with keys unbounded.
+* Table estimates interpolate between measured batch sizes (:func:`interpolate_batches`).
 
 Complexity: a fit is one least-squares solve per candidate degree, O(n p^2) for n points and p
-features; a rolling estimate is one O(N) selection (``numpy.quantile`` partitions).
+features.
 """
 
 from __future__ import annotations
 
-import math
-from collections import deque
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from raysrv.batching.profile import (
+    DEFAULT_FLOOR_S,
+    check_floor,
+    interpolate_batches,
+    monotone_service_times,
+)
+
 __all__ = [
     "DEFAULT_FLOOR_S",
-    "RollingQuantile",
     "ServiceProfile",
     "ServiceTimeModel",
     "TableProfile",
     "interpolate_batches",
     "monotone_service_times",
 ]
-
-DEFAULT_FLOOR_S = 1e-6
-"""Smallest service time handed to the latency model, in seconds."""
 
 _AUTO_SLACK = 0.05
 """``degree="auto"`` takes the lowest degree whose LOO MAPE is within 5% of the best one."""
@@ -95,41 +91,6 @@ def _positive_vector(name: str, values: ArrayLike) -> Array:
 def _check_count(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-
-
-def _check_floor(floor_s: float) -> None:
-    if not (math.isfinite(floor_s) and floor_s > 0):
-        raise ValueError(f"floor_s must be positive and finite, got {floor_s!r}")
-
-
-def monotone_service_times(seconds: ArrayLike, floor_s: float = DEFAULT_FLOOR_S) -> Array:
-    """Clip to ``floor_s`` then take the running maximum: positive and non-decreasing in k."""
-    _check_floor(floor_s)
-    arr = np.maximum(np.asarray(seconds, dtype=np.float64), floor_s)
-    return np.maximum.accumulate(arr)
-
-
-def interpolate_batches(sizes: ArrayLike, seconds: ArrayLike, query: ArrayLike) -> Array:
-    """Service time at ``query`` batch sizes from measured ``(sizes, seconds)``, sizes ascending.
-
-    Linear between measured sizes, the smallest measured value below them. Above the largest,
-    the line through the last two measured sizes, kept between the largest measured value
-    (never decreasing) and proportional scaling ``seconds[-1] * query / sizes[-1]`` (never
-    dearer per query than the largest measured batch); proportional from a single size.
-    An affine cost ``a + b k`` is extended exactly, so a batcher that has only seen small
-    batches under light load does not overrate large ones when a burst comes.
-    """
-    xs = np.asarray(sizes, dtype=np.float64)
-    ys = np.asarray(seconds, dtype=np.float64)
-    q = np.asarray(query, dtype=np.float64)
-    inside = np.interp(q, xs, ys)
-    proportional = ys[-1] * q / xs[-1]
-    if xs.size >= 2:
-        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-        beyond = np.clip(ys[-1] + slope * (q - xs[-1]), ys[-1], proportional)
-    else:
-        beyond = proportional
-    return np.where(q > xs[-1], beyond, inside)
 
 
 # ----------------------------------------------------------------------------- regression
@@ -224,7 +185,7 @@ class ServiceProfile:
     ) -> ServiceProfile:
         """Fit by (relative) least squares; ``degree="auto"`` picks 1..max_degree by LOO MAPE."""
         b, r, y = _fit_inputs(batch_sizes, resources, seconds)
-        _check_floor(floor_s)
+        check_floor(floor_s)
         degrees = _degrees(degree, max_degree)
         two_d = r is not None and bool(np.ptp(r) > 0)
         b_scale = float(b.max())
@@ -357,7 +318,7 @@ class TableProfile:
         _positive_vector("seconds", self.seconds)
         if np.any(np.diff(sizes) <= 0):
             raise ValueError(f"batch_sizes must be strictly increasing, got {self.batch_sizes}")
-        _check_floor(self.floor_s)
+        check_floor(self.floor_s)
 
     @classmethod
     def from_mapping(
@@ -381,114 +342,3 @@ class TableProfile:
         _check_count("max_batch", max_batch)
         raw = self.predict(np.arange(1, int(max_batch) + 1), resource)
         return monotone_service_times(raw, self.floor_s)
-
-
-# ----------------------------------------------------------------------------- rolling p99
-
-Key = Hashable
-
-
-class RollingQuantile:
-    """Rolling quantile of the last ``window`` durations per (model, batch size) (clockwork §5.3).
-
-    A key is ``(model, batch_size)`` or a bare ``batch_size`` (then the model is ``None``).
-    """
-
-    def __init__(self, window: int = 10, quantile: float = 0.99) -> None:
-        _check_count("window", window)
-        if not (0.0 <= quantile <= 1.0):
-            raise ValueError(f"quantile must be in [0, 1], got {quantile!r}")
-        self.window = window
-        self.quantile = quantile
-        self._windows: dict[Hashable, dict[int, deque[float]]] = {}
-        self._tables: dict[Hashable, dict[int, float]] = {}  # estimates, per model, kept fresh
-
-    def observe(self, key: Key, seconds: float) -> None:
-        """Record one measured duration; the oldest of a full window is dropped."""
-        if not (math.isfinite(seconds) and seconds >= 0):
-            raise ValueError(f"seconds must be finite and >= 0, got {seconds!r}")
-        model, batch_size = _split_key(key)
-        per_model = self._windows.setdefault(model, {})
-        window = per_model.setdefault(batch_size, deque(maxlen=self.window))
-        window.append(float(seconds))
-        table = self._tables.setdefault(model, {})
-        table[batch_size] = float(np.quantile(window, self.quantile))
-        if len(table) != len(per_model) or list(table) != sorted(table):
-            self._tables[model] = dict(sorted(table.items()))
-
-    def observe_many(self, key: Key, seconds: Sequence[float]) -> None:
-        """Record several durations in order (e.g. the initial profiling runs)."""
-        for s in seconds:
-            self.observe(key, s)
-
-    def count(self, key: Key) -> int:
-        """How many measurements the key's window holds now (at most ``window``)."""
-        model, batch_size = _split_key(key)
-        return len(self._windows.get(model, {}).get(batch_size, ()))
-
-    def counts(self, model: Hashable = None) -> dict[int, int]:
-        """Window lengths per measured batch size of ``model``, ascending."""
-        per_model = self._windows.get(model, {})
-        return {k: len(per_model[k]) for k in sorted(per_model)}
-
-    def samples(self, model: Hashable = None) -> dict[int, tuple[float, ...]]:
-        """The durations each measured batch size of ``model`` holds now, oldest first."""
-        per_model = self._windows.get(model, {})
-        return {k: tuple(per_model[k]) for k in sorted(per_model)}
-
-    def models(self) -> tuple[Hashable, ...]:
-        """Models with at least one measurement, in first-seen order."""
-        return tuple(self._windows)
-
-    def estimate(self, key: Key) -> float | None:
-        """The quantile of the key's window (numpy's linear rule), None if never measured."""
-        model, batch_size = _split_key(key)
-        return self._tables.get(model, {}).get(batch_size)
-
-    def table(self, model: Hashable = None) -> dict[int, float]:
-        """Estimates per measured batch size of ``model``, ascending; empty when unmeasured.
-
-        Each is recomputed when its batch size is observed (O(N)), so reading is O(sizes)."""
-        return dict(self._tables.get(model, {}))
-
-    def estimate_batch(self, model: Hashable, batch_size: int) -> float | None:
-        """Estimate for any size: measured, else :func:`interpolate_batches` over the table."""
-        _check_count("batch_size", batch_size)
-        table = self.table(model)
-        if not table:
-            return None
-        if batch_size in table:
-            return table[batch_size]
-        return float(interpolate_batches(list(table), list(table.values()), batch_size))
-
-    def service_times(
-        self,
-        model: Hashable,
-        max_batch: int,
-        floor_s: float = DEFAULT_FLOOR_S,
-        running_max: bool = True,
-    ) -> Array | None:
-        """``S_1 .. S_max_batch`` for the latency model, None when ``model`` was never measured.
-
-        With ``running_max`` (what the latency models assume) never decreasing in the size;
-        without, each size's own estimate, for a caller that plans one batch size at a time:
-        some runtimes run a larger batch faster than a smaller one."""
-        _check_count("max_batch", max_batch)
-        table = self.table(model)
-        if not table:
-            return None
-        raw = interpolate_batches(list(table), list(table.values()), np.arange(1, max_batch + 1))
-        if not running_max:
-            return np.maximum(raw, floor_s)
-        return monotone_service_times(raw, floor_s)
-
-
-def _split_key(key: Key) -> tuple[Hashable, int]:
-    if isinstance(key, tuple):
-        if len(key) != 2:
-            raise ValueError(f"key must be (model, batch_size) or batch_size, got {key!r}")
-        model, batch_size = key
-    else:
-        model, batch_size = None, key
-    _check_count("batch_size", batch_size)
-    return model, int(batch_size)

@@ -1,18 +1,19 @@
-"""A discrete-event simulator of one model's batcher: the referee for the latency models.
+"""A discrete-event simulator of one model's batching: the referee for the latency models.
 
-It drives any :class:`raysrv.batching.BatchingPolicy` exactly as the live batcher does
-(``raysrv/_batcher.py``): after every arrival, completion or expired wait it asks
-``policy.decide(view)`` until the answer is a wait, acts on dispatches and rejections, and hands
-each finished batch to ``policy.observe``. Time is simulated, so a policy sees the same views it
-would see live, minus the network and the Python overheads.
+Three ways to meet the replicas:
 
-Two ways to meet the replicas:
-
-* ``queue_batches=False`` (raysrv's batcher): the policy sees ``replicas`` slots and cuts a batch
-  only for a free one; ``replicas=None`` gives it a fresh free slot whenever it asks, the
-  infinite-server setting of batch.md §III-B (a serverless function per batch).
-* ``queue_batches=True`` (batch §III-B's buffer in front of finite servers): the policy always
+* ``replicas=k`` (raysrv's own): the model is a dedicated pool of k workers scheduled by the
+  live system's scheduler (:func:`raysrv.analytics.simulate_pool`, which this calls): the
+  policy sees the k workers and cuts a batch only for a free one, exactly as live, minus the
+  network and the Python overheads.
+* ``replicas=None``: the policy is given a fresh free slot whenever it asks, the infinite-server
+  setting of BATCH (SC'20) §III-B (a serverless function per batch).
+* ``queue_batches=True`` (BATCH §III-B's buffer in front of finite servers): the policy always
   sees a free slot, and a cut batch waits FCFS for one of ``replicas`` servers.
+
+In the last two, after every arrival, completion or expired wait the policy is asked
+``decide(view)`` until it waits, and each finished batch goes to ``policy.observe`` and then to
+its run times (``policy.runs``), as the scheduler does.
 
 Per-query deadlines (``slo`` seconds after arrival, or absolute times) are shown to the policy,
 which may reject; the result counts rejections and answers later than their deadline.
@@ -24,12 +25,13 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, overload, runtime_checkable
+from typing import overload
 
 import numpy as np
 
+from raysrv.analytics.poolsim import ServiceFn, ServiceSource, SimModel, service_fn, simulate_pool
 from raysrv.batching.base import (
     BatcherView,
     BatchingPolicy,
@@ -43,18 +45,6 @@ from raysrv.batching.base import (
 
 __all__ = ["ServiceFn", "ServiceSource", "SimResult", "simulate"]
 
-ServiceFn = Callable[[int], float]
-
-
-@runtime_checkable
-class _Predicts(Protocol):
-    """A service-time profile (:class:`raysrv.analytics.profiles.ServiceProfile`,
-    ``TableProfile``): seconds for a batch of k."""
-
-    def predict(self, batch_size: Any, resource: Any = None) -> Any: ...
-
-
-ServiceSource = Sequence[float] | np.ndarray | ServiceFn | _Predicts
 _Event = tuple[float, int, int, tuple[int, ...], float]  # end, seq, replica, query ids, start
 
 
@@ -111,7 +101,7 @@ class _Window(Sequence[QueuedQuery]):
 
 
 class _Run:
-    """State of one simulation; :func:`simulate` is the public entry."""
+    """State of one simulation without a pool (unbounded, or batches queued FCFS for servers)."""
 
     def __init__(
         self,
@@ -121,12 +111,10 @@ class _Run:
         replicas: int | None,
         deadlines: np.ndarray,
         priorities: np.ndarray,
-        queue_batches: bool,
     ) -> None:
         self.arrivals, self.service, self.policy = arrivals, service, policy
         self.deadlines, self.priorities = deadlines, priorities
         self.unbounded = replicas is None
-        self.queue_batches = queue_batches
         n_slots = 0 if replicas is None else replicas
         self.slots: list[ReplicaSlot] = [ReplicaSlot(i) for i in range(n_slots)]
         self.queue: list[QueuedQuery] = []
@@ -167,11 +155,7 @@ class _Run:
         )
 
     def _view(self, now: float) -> BatcherView:
-        if self.unbounded or self.queue_batches:
-            slots: Sequence[ReplicaSlot] = [ReplicaSlot(-1)]
-        else:
-            slots = self.slots
-        return BatcherView(now, _Window(self.queue, self.head), slots)
+        return BatcherView(now, _Window(self.queue, self.head), [ReplicaSlot(-1)])
 
     def _decide(self, now: float) -> None:
         job = self.policy.plan_request(now)
@@ -217,13 +201,8 @@ class _Run:
         if self.unbounded:
             self._start(ids, len(self.sizes), now)
             return
-        if self.queue_batches:
-            self.backlog.append((ids, now))
-            self._start_backlog(now)
-            return
-        if not self.slots[replica].free:
-            raise ValueError(f"policy dispatched to busy replica {replica}")
-        self._start(ids, replica, now)
+        self.backlog.append((ids, now))
+        self._start_backlog(now)
 
     def _start_backlog(self, now: float) -> None:
         for slot in self.slots:
@@ -249,7 +228,8 @@ class _Run:
             self.slots[replica] = ReplicaSlot(replica)
         outcome = BatchOutcome(len(ids), replica, started, end, end - started, True, started)
         self.policy.observe(outcome)
-        if self.queue_batches:
+        self.policy.runs.observe(len(ids), end - started)
+        if not self.unbounded:
             self._start_backlog(now)
 
 
@@ -277,14 +257,17 @@ def simulate(
         raise ValueError(f"replicas must be None or an int >= 1, got {replicas!r}")
     if queue_batches and replicas is None:
         raise ValueError("queue_batches=True needs a finite number of replicas")
+    due = _deadlines(times, slo, deadlines)
+    prio = np.zeros(n, dtype=int) if priorities is None else _per_query("priorities", priorities, n)
+    if replicas is not None and not queue_batches:
+        return _on_a_pool(times, service, policy, int(replicas), due, prio)
     run = _Run(
         times,
-        _service_fn(service),
+        service_fn(service),
         policy,
         None if replicas is None else int(replicas),
-        _deadlines(times, slo, deadlines),
-        np.zeros(n, dtype=int) if priorities is None else _per_query("priorities", priorities, n),
-        queue_batches,
+        due,
+        prio,
     )
     run.run()
     answered = ~run.rejected
@@ -310,21 +293,29 @@ def _check_arrivals(arrivals: Sequence[float] | np.ndarray) -> np.ndarray:
     return times
 
 
-def _service_fn(service: ServiceSource) -> ServiceFn:
-    if isinstance(service, _Predicts):
-        return lambda k: float(service.predict(k))
-    if callable(service):
-        return service
-    table = np.asarray(service, dtype=float)
-    if table.ndim != 1 or table.size == 0 or np.any(table < 0) or not np.all(np.isfinite(table)):
-        raise ValueError(f"service must be finite times >= 0 per batch size, got {table!r}")
-
-    def lookup(k: int) -> float:
-        if k > table.size:
-            raise ValueError(f"a batch of {k} but service times only up to {table.size}")
-        return float(table[k - 1])
-
-    return lookup
+def _on_a_pool(
+    times: np.ndarray,
+    service: ServiceSource,
+    policy: BatchingPolicy,
+    replicas: int,
+    due: np.ndarray,
+    prio: np.ndarray,
+) -> SimResult:
+    """One model pinned on a dedicated pool of ``replicas`` workers, one action at a time."""
+    model = SimModel(policy, service, pinned=True)
+    names = ["model"] * times.size
+    pool = simulate_pool(
+        times, names, {"model": model}, workers=replicas, deadlines=due, priorities=prio
+    )
+    return SimResult(
+        times,
+        pool.latencies,
+        pool.rejected,
+        pool.late,
+        pool.batch_sizes,
+        pool.batch_starts,
+        pool.reasons,
+    )
 
 
 def _deadlines(

@@ -1,14 +1,18 @@
 """The batching policy interface: a pure decision core the batcher loop consults.
 
-A policy sees a snapshot of one model's queue and replica slots (:class:`BatcherView`) and answers
-with one :class:`Decision`: dispatch some queries to a free replica, wait until a time (or the next
-event), or reject queries with a reason. After each batch the batcher hands the measured outcome
-to :meth:`BatchingPolicy.observe`. Policies never read a clock, sleep or call Ray: ``view.now`` is
-the time, which makes every policy testable with a fake clock (STYLE §4-6).
+A policy sees a snapshot of one model's queue and the workers holding the model
+(:class:`BatcherView`) and answers with one :class:`Decision`: dispatch some queries to a free
+worker, wait until a time (or the next event), or reject queries with a reason. After each batch
+the pool's scheduler (:mod:`raysrv.batching.scheduler`) hands the measured outcome to
+:meth:`BatchingPolicy.observe`. Run times are read from ``policy.runs``, the model's one record
+of them (:class:`~raysrv.batching.profile.RunTimes`), which the scheduler writes after the policy
+has observed the outcome; a policy never writes it. Policies never read a clock, sleep or call
+Ray: ``view.now`` is the time, which makes every policy testable with a fake clock.
 
-The batcher calls :meth:`BatchingPolicy.decide` again right after acting on a dispatch or a
-reject, and after every arrival, completion or expired wait, so a policy answers one step at a
-time.
+The scheduler calls :meth:`BatchingPolicy.decide` again right after acting on a dispatch or a
+reject, and after every arrival, completion or expired wait of the model, and whenever a worker
+holding it can take work, so a policy answers one step at a time. A ``Wait`` while a worker is
+free leaves that worker to other models of the pool.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict
+
+from raysrv.batching.profile import RunTimes
 
 __all__ = [
     "BatchOutcome",
@@ -149,6 +155,17 @@ class BatchingPolicy(ABC):
     def __init__(self, params: PolicyParams, slo_s: float) -> None:
         self.params = params
         self.slo_s = slo_s
+        self.runs = RunTimes()
+        self.runs.require(self.run_window())
+
+    def bind(self, runs: RunTimes) -> None:
+        """Read run times from ``runs`` from now on: the scheduler's record of this model."""
+        runs.require(self.run_window())
+        self.runs = runs
+
+    def run_window(self) -> int:
+        """Durations per batch size this policy reads from ``runs`` (default: one)."""
+        return 1
 
     @abstractmethod
     def decide(self, view: BatcherView) -> Decision:
@@ -160,13 +177,9 @@ class BatchingPolicy(ABC):
     def profile_sizes(self) -> tuple[int, ...]:
         """Batch sizes, smallest first, to run on every replica before the first query
         (clockwork §4: "a brief profiling step to produce a seed estimate for model execution
-        times"); each measured run time reaches :meth:`seed`. Default: none, and the model is
-        not profiled."""
+        times"); each measured run time goes to ``runs``. Default: none, and the model is not
+        profiled."""
         return ()
-
-    def seed(self, size: int, duration: float) -> None:  # noqa: B027 - optional hook
-        """A run time of a batch of ``size`` measured before this policy served: by the
-        profiling step, or under the policy it replaced live (default: ignored)."""
 
     def plan_request(self, now: float) -> Callable[[], object] | None:
         """A planning job due now, or None (default: never).

@@ -1,12 +1,13 @@
-"""Clipper's two other batching rules (papers/clipper.md §4.3.1-4.3.2): ``quantile``, ``delayed``.
+"""Clipper's two other batching rules (Clipper, NSDI'17, §4.3.1-4.3.2): ``quantile``, ``delayed``.
 
 ``quantile`` (§4.3.1, the alternative to AIMD): "quantile regression to estimate the
 99th-percentile (P99) latency as a function of batch size and set the maximum batch size
-accordingly". Each finished batch adds (size, duration) to a window; every ``refit_every``
-batches a linear quantile regression duration = a + b * size at ``quantile`` is solved as a
-linear program (pinball loss), and the cap becomes the largest size whose predicted quantile
-meets the objective. Until two sizes have been measured the cap grows by ``step`` after each
-full batch within the objective, as AIMD does, to collect them.
+accordingly". Every ``refit_every`` batches a linear quantile regression duration = a + b * size
+at ``quantile`` is solved as a linear program (pinball loss) over the last ``window`` run times
+of each batch size (the model's ``runs``) and the batch just finished, and the cap becomes the
+largest size whose predicted quantile meets the objective. Until two sizes have been measured
+the cap grows by ``step`` after each full batch within the objective, as AIMD does, to collect
+them.
 
 ``delayed`` (§4.3.2): AIMD's cap, and when fewer queries wait than the cap, hold the batch up to
 ``delay_ms`` past the oldest arrival for more to arrive, "similar to the motivation for Nagle's
@@ -20,13 +21,11 @@ their deadline are refused first. Cost: O(1) per step; a refit is one small LP (
 from __future__ import annotations
 
 import math
-from collections import deque
 
 import numpy as np
 from pydantic import Field, model_validator
 from scipy.optimize import linprog
 
-from raysrv.analytics.profiles import RollingQuantile
 from raysrv.batching.aimd import AIMDParams, AIMDPolicy, CapParams, CappedFifoPolicy
 from raysrv.batching.base import (
     BatcherView,
@@ -46,7 +45,9 @@ __all__ = [
 
 class QuantileParams(CapParams):
     quantile: float = Field(0.99, gt=0.0, lt=1.0, description="Latency quantile regressed.")
-    window: int = Field(500, ge=8, le=1000, description="(size, duration) pairs kept.")
+    window: int = Field(
+        500, ge=8, le=1000, description="Run times per batch size the regression reads."
+    )
     refit_every: int = Field(16, ge=1, description="Batches between two regressions.")
     step: int = Field(1, ge=1, description="Growth of the cap while probing for sizes.")
 
@@ -73,26 +74,28 @@ class QuantilePolicy(CappedFifoPolicy):
 
     def __init__(self, params: QuantileParams, slo_s: float) -> None:
         super().__init__(params, slo_s, 1)
-        self._runs: deque[tuple[int, float]] = deque(maxlen=params.window)
         self._since_fit = 0
         self.line: tuple[float, float] | None = None  # (a, b) of the last regression
+
+    def run_window(self) -> int:
+        return self.params.window
 
     def observe(self, outcome: BatchOutcome) -> None:
         if not outcome.ok:
             return
-        self._runs.append((outcome.size, outcome.duration))
         self._since_fit += 1
-        sizes = {s for s, _ in self._runs}
-        if len(sizes) < 2:  # probe: grow after a full batch within the objective
+        pairs = [(outcome.size, outcome.duration)]
+        for size, seconds in self.runs.samples(self.params.window).items():
+            pairs += [(size, s) for s in seconds]
+        if len({size for size, _ in pairs}) < 2:  # probe: grow after a full batch in time
             cap = self.max_batch_size
             if outcome.size >= cap and outcome.duration <= self._objective_s:
                 self._cap = min(self.params.max_batch_size, cap + self.params.step)
             return
         if self.line is None or self._since_fit >= self.params.refit_every:
-            self._refit()
+            self._refit(np.asarray(pairs, dtype=float))
 
-    def _refit(self) -> None:
-        data = np.asarray(self._runs, dtype=float)
+    def _refit(self, data: np.ndarray) -> None:
         a, b = fit_quantile_line(data[:, 0], data[:, 1], self.params.quantile)
         self.line, self._since_fit = (a, b), 0
         largest = self.params.max_batch_size
@@ -123,19 +126,13 @@ class DelayedPolicy(AIMDPolicy):
     Params = DelayedParams
     params: DelayedParams
 
-    def __init__(self, params: DelayedParams, slo_s: float) -> None:
-        super().__init__(params, slo_s)
-        self._runs = RollingQuantile(window=10, quantile=0.99)
+    def run_window(self) -> int:
+        return 10
 
     def decide(self, view: BatcherView) -> Decision:
         hold = self.params.delay_ms / 1000.0
         if view.queue and math.isfinite(view.queue[0].deadline):
             oldest = view.queue[0]
-            run = self._runs.estimate_batch(None, self.max_batch_size) or 0.0
+            run = self.runs.estimate(self.max_batch_size, 0.99, 10) or 0.0
             hold = max(0.0, min(hold, oldest.deadline - run - oldest.arrival))
         return fifo_step(view, self.max_batch_size, hold)
-
-    def observe(self, outcome: BatchOutcome) -> None:
-        super().observe(outcome)
-        if outcome.ok:
-            self._runs.observe(outcome.size, outcome.duration)

@@ -1,4 +1,4 @@
-"""``ctmc``: BATCH's model-tuned buffer (papers/batch.md §III-IV) with deadline-safe dispatch.
+"""``ctmc``: BATCH's model-tuned buffer (BATCH, SC'20, §III-IV) with deadline-safe dispatch.
 
 The batch size B and timeout T come from :mod:`raysrv.analytics`, as BATCH's performance
 optimizer chooses them (§III-C, eq. 2-3): every ``replan_s`` the policy fits a MAP(2) to the
@@ -153,7 +153,7 @@ class CTMCPolicy(DeadlinePolicy):
     def plan_request(self, now: float) -> Callable[[], object] | None:
         if now < self._next_plan or len(self._times) < self.params.min_arrivals:
             return None
-        service = self._runs.service_times(None, self._largest)
+        service = self.runs.service_times(self._largest, self.params.quantile, self.params.window)
         if service is None:
             return None
         self._next_plan = now + self.params.replan_s

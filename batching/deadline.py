@@ -1,8 +1,9 @@
-"""``deadline``: Clockwork's deadline-driven batching (papers/clockwork.md Appendix B, §5.2, §6.4).
+"""``deadline``: Clockwork's deadline-driven batching (Clockwork, OSDI'20, Appendix B, §5.2, §6.4).
 
-Every query carries a deadline (arrival + SLO). The policy keeps, per batch size, the p99 of the
-last ``window`` run times the replicas measured (clockwork §5.3's action profiles; an unseen size
-is interpolated between measured ones, or scaled from the largest). Each size keeps its own
+Every query carries a deadline (arrival + SLO). The policy plans, per batch size, with the p99 of
+the last ``window`` run times the workers measured (clockwork §5.3's action profiles, read from
+the model's ``runs``; an unseen size is interpolated between measured ones, or scaled from the
+largest). Each size keeps its own
 estimate, with no running maximum over the sizes: onnxruntime ran the live benchmark's model's
 batches of 8 in 204 ms and of 10 in 183 ms (p50), and a maximum planned every full batch at 8's
 time. One step:
@@ -85,7 +86,6 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import Field, model_validator
 
-from raysrv.analytics.profiles import RollingQuantile
 from raysrv.batching.base import (
     BatcherView,
     BatchingPolicy,
@@ -151,10 +151,10 @@ class DeadlinePolicy(BatchingPolicy):
 
     def __init__(self, params: DeadlineParams, slo_s: float) -> None:
         super().__init__(params, slo_s)
-        self._runs = RollingQuantile(window=params.window, quantile=params.quantile)
         self._sizes = strategy_sizes(params)
         self._largest = self._sizes[0]
-        self._estimates: np.ndarray | None = None  # seconds per size, until the next observation
+        self._estimates: np.ndarray | None = None  # seconds per size, as of ``_seen``
+        self._seen: tuple[int, int] | None = None  # the runs' version the estimates are from
         self._overruns: deque[float] = deque(maxlen=params.overrun_window)
         # Per replica, for each batch sent there that has not come back, oldest first: the start
         # it was planned as it left (which names it), then its planned start and finish, both
@@ -172,9 +172,15 @@ class DeadlinePolicy(BatchingPolicy):
         size runs faster), plus the margin and the learned overrun; 0 before any measurement."""
         return self._planned(size) + self._slack
 
+    def run_window(self) -> int:
+        return self.params.window
+
     def _planned(self, size: int) -> float:
-        if self._estimates is None:
-            self._estimates = self._runs.service_times(None, self._largest, running_max=False)
+        if self._seen != self.runs.version:
+            self._estimates = self.runs.service_times(
+                self._largest, self.params.quantile, self.params.window, running_max=False
+            )
+            self._seen = self.runs.version
         measured = 0.0 if self._estimates is None else float(self._estimates[size - 1])
         return measured + self.params.margin_ms / 1000.0
 
@@ -184,21 +190,16 @@ class DeadlinePolicy(BatchingPolicy):
             return
         if start is None:
             start = outcome.expected_start
-        if self.params.learn_overrun and start is not None and self._runs.count(outcome.size):
+        if self.params.learn_overrun and start is not None and self.runs.count(outcome.size):
             self._overruns.append(outcome.finished - start - outcome.duration)
             slack = float(np.quantile(self._overruns, self.params.overrun_quantile))
             self._slack = max(0.0, slack)
-        self.seed(outcome.size, outcome.duration)
 
     def profile_sizes(self) -> tuple[int, ...]:
         smallest, largest = self._sizes[-1], self._sizes[0]
         return tuple(
             s for s in reversed(self._sizes) if s in (smallest, largest) or s & (s - 1) == 0
         )
-
-    def seed(self, size: int, duration: float) -> None:
-        self._runs.observe(size, duration)
-        self._estimates = None  # recomputed at the next step
 
     def describe(self) -> dict[str, object]:
         return {**super().describe(), "learned_overrun_ms": self._slack * 1000.0}

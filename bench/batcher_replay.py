@@ -5,8 +5,8 @@
         [--param schedule_ahead_ms=5 ...] [--sigma 0.05]
 
 What :mod:`bench.policies_live` replays through Ray Serve, replayed here through the real ``Server``
-and ``Batcher`` with one sleeping replica instead of the model: no Ray, no hops, no trip back, so
-what is left is the batching loop and the policy. The arrivals are those of
+and its pool's scheduler with one sleeping worker instead of the model: no Ray, no hops, no trip
+back, so what is left is the scheduling loop and the policy. The arrivals are those of
 ``bench.workloads.workloads(capacity, slo, seconds)``: given the capacity a live run measured
 for a workload, that workload's very arrival times. A batch of k sleeps the run time measured live
 for k (interpolated between ``--run-ms`` sizes) times a lognormal factor of ``--sigma``, one batch
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +35,7 @@ from raysrv.analytics import simulate
 from raysrv.batching import BatchingPolicy, make_policy
 from raysrv.config import RaysrvSpec
 from raysrv.errors import RaysrvError
-from raysrv.testing import model_spec, spec
+from raysrv.testing import LocalWorkers, model_spec, spec
 
 __all__ = ["Setup", "main", "replay_point", "simulated"]
 
@@ -84,19 +83,13 @@ async def replay_point(times: np.ndarray, setup: Setup, depth: int, seed: int) -
     app = {"name": "a", "models": ["m"], "cache_size": 0}  # every query reaches the batcher
     parsed = RaysrvSpec.model_validate(spec([model], [app]))
     noise = np.random.default_rng(seed)
-    one_at_a_time = asyncio.Lock()
 
-    async def execute(
-        inputs: np.ndarray, replica: int, latest_start: float = math.inf
-    ) -> tuple[list[Any] | None, float]:
-        async with one_at_a_time:
-            if time.time() > latest_start:
-                return None, 0.0
-            seconds = setup.run_time(len(inputs), noise)
-            await asyncio.sleep(seconds)
-            return [0] * len(inputs), seconds
+    async def run(inputs: np.ndarray) -> tuple[list[Any], float]:
+        seconds = setup.run_time(len(inputs), noise)
+        await asyncio.sleep(seconds)
+        return [0] * len(inputs), seconds
 
-    server = Server(parsed, {"m": execute})
+    server = Server(parsed, {"m": LocalWorkers(1, run=run)})
     x = np.zeros(4, dtype=np.float32)
 
     async def one(arrival: float, t0: float) -> str:

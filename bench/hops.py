@@ -5,7 +5,7 @@
 From inside a Serve replica (where raysrv's ingress sits), sequential calls carrying one
 3x32x32 float32 input to (a) a Serve deployment through a ``DeploymentHandle`` and (b) a plain
 Ray actor; prints the mean milliseconds per call of each, twice, alternating. raysrv's ingress
-calls its model replicas the second way (``raysrv/_replicas.py``).
+calls its pools' workers the second way (``raysrv/_workers.py``).
 """
 
 from __future__ import annotations

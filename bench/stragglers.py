@@ -10,7 +10,7 @@ mean ``--straggle-ms`` (30 ms) before answering. Open-loop Poisson arrivals at `
 queries/s of digits test images, SLO 50 ms (the example's).
 
 Where it runs:
-- default: raysrv's ingress (:class:`raysrv._server.Server`: selection, batchers, deadlines)
+- default: raysrv's ingress (:class:`raysrv._server.Server`: selection, schedulers, deadlines)
   in this process, each model in a worker thread, the straggler's delay an ``asyncio`` sleep;
 - ``--serve``: ``raysrv.app.build_app`` on a local Ray Serve, each model a replica actor of its
   own (the python runtime over :class:`Classifier`, whose delay blocks its replica as a slow
@@ -45,6 +45,7 @@ from raysrv._heap import settle
 from raysrv._server import Server
 from raysrv.config import RaysrvSpec
 from raysrv.errors import RaysrvError
+from raysrv.testing import LocalWorkers
 
 __all__ = ["Classifier", "classifier", "main"]
 
@@ -163,23 +164,21 @@ def _in_process(models: tuple[str, ...], blocking: bool, args: Any) -> Row:
     rng = np.random.default_rng(1)
     straggle_s = args.straggle_ms / 1000.0
 
-    def execute(name: str) -> Any:
+    def workers(name: str) -> LocalWorkers:
         classify, delay = classifier(name), straggle_s if name == STRAGGLER else 0.0
 
-        async def run(
-            inputs: np.ndarray, replica: int, latest_start: float = float("inf")
-        ) -> tuple[list[Any] | None, float]:
+        async def run(inputs: np.ndarray) -> tuple[list[Any], float]:
             start = time.perf_counter()
             labels = await asyncio.to_thread(classify, np.asarray(inputs, dtype=np.float32))
             if delay:
                 await asyncio.sleep(rng.exponential(delay))
             return [{"label": int(y)} for y in labels], time.perf_counter() - start
 
-        return run
+        return LocalWorkers(1, run=run)
 
     async def scenario() -> Row:
         spec = RaysrvSpec.model_validate(_spec(models, args.straggle_ms))
-        server = Server(spec, {m: execute(m) for m in models})
+        server = Server(spec, {m: workers(m) for m in models})
 
         async def ask(x: np.ndarray, best_effort: bool) -> dict[str, Any] | None:
             try:

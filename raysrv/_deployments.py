@@ -1,21 +1,22 @@
 """The ingress Serve deployment: HTTP and handle methods over one :class:`Server`.
 
-A thin shell (STYLE §4): it builds the model replica groups (plain Ray actors, see
-``_replicas``), waits until every model is loaded, hands the server one executor per model, and
+A thin shell over the Ray-free server: it starts every pool's workers (plain Ray actors, see
+``_workers``), waits until each dedicated model is loaded, hands the server the workers, and
 profiles the models whose batching policy asks before it takes traffic.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from ray import serve
 
 from raysrv._heap import settle
-from raysrv._http import create_http_app
-from raysrv._replicas import ReplicaGroup
+from raysrv._http import MODELS, create_http_app
 from raysrv._server import Server
+from raysrv._workers import RayWorkers
 from raysrv.config import LiveConfig, RaysrvSpec
 from raysrv.errors import RaysrvError
 from raysrv.metrics import ServeMetrics
@@ -27,13 +28,15 @@ __all__ = ["Ingress"]
 @serve.deployment
 @serve.ingress()
 class Ingress:
-    """Ingress, selection, cache and batchers of every app in one spec (see ``_server``).
+    """Ingress, selection, cache and pool schedulers of every app in one spec (see ``_server``).
 
     HTTP routes come from :func:`create_http_app`; Python callers use the same methods through a
     ``DeploymentHandle``: ``await handle.predict.remote(app, input, context=..., slo_ms=...)``.
     """
 
-    async def __init__(self, spec: dict[str, Any]) -> None:
+    async def __init__(self, spec: dict[str, Any], root: str | None = None) -> None:
+        """``spec``: a raysrv spec with its model sets expanded; ``root``: the directory
+        relative sources of models added live are read from."""
         self._spec = RaysrvSpec.model_validate(spec)
         self._metrics = ServeMetrics()
         # Each ingress replica owns its workers: Ray stops an actor with the process that
@@ -41,14 +44,15 @@ class Ingress:
         # this one when that replica is replaced.
         context = serve.get_replica_context()
         scope = f"{context.app_name}:{context.replica_id.unique_id}"
-        self._groups = {m.name: ReplicaGroup(m, scope) for m in self._spec.models}
-        for group in self._groups.values():
-            await group.ready()
+        workers = {p.name: RayWorkers(p, scope) for p in self._spec.resolved_pools()}
+        for pool in workers.values():
+            await pool.ready()
         self._server = Server(
             self._spec,
-            {name: group.executor() for name, group in self._groups.items()},
+            workers,
             store=make_store(self._spec.state, self._metrics),
             metrics=self._metrics,
+            root=None if root is None else Path(root),
         )
         await self._server.profile()
         settle()  # start-up's objects out of the collector's full passes
@@ -92,6 +96,32 @@ class Ingress:
         self._metrics.request(app, 200, time.monotonic() - start)
         return result
 
+    async def predict_model(
+        self,
+        model: str,
+        input: Any,
+        slo_ms: float | None = None,
+        best_effort: bool = False,
+        priority: int = 0,
+        sent_at: float | None = None,
+    ) -> dict[str, Any]:
+        """The handle twin of ``POST /v1/models/{model}/predict`` (errors as result objects)."""
+        start = time.monotonic()
+        try:
+            result = await self._server.predict_model(
+                model,
+                input,
+                slo_ms,
+                best_effort=best_effort,
+                priority=priority,
+                sent_at=sent_at,
+            )
+        except RaysrvError as exc:
+            self._metrics.error(MODELS, exc)
+            return exc.to_json()
+        self._metrics.request(MODELS, 200, time.monotonic() - start)
+        return result
+
     async def feedback(self, app: str, query_id: str, label: Any) -> dict[str, Any]:
         """The handle twin of ``POST /v1/{app}/feedback``; errors come back as objects too."""
         try:
@@ -104,6 +134,9 @@ class Ingress:
 
     async def models(self) -> list[dict[str, Any]]:
         return self._server.describe_models()
+
+    async def pools(self) -> list[dict[str, Any]]:
+        return await self._server.describe_pools()
 
     async def plan(self, model: str) -> dict[str, Any]:
         """The handle twin of ``GET /v1/models/{model}/plan`` (errors as result objects)."""

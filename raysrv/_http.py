@@ -20,7 +20,14 @@ from raysrv._server import Server
 from raysrv.errors import BadRequest, Overloaded, PayloadTooLarge, RaysrvError
 from raysrv.metrics import Metrics
 
-__all__ = ["FeedbackRequest", "PredictRequest", "PredictResponse", "create_http_app"]
+__all__ = [
+    "FeedbackRequest",
+    "ModelPredictRequest",
+    "ModelPredictResponse",
+    "PredictRequest",
+    "PredictResponse",
+    "create_http_app",
+]
 
 
 class PredictRequest(BaseModel):
@@ -56,10 +63,36 @@ class PredictResponse(BaseModel):
     default: bool = Field(description="True when the output is the app's default answer.")
 
 
+class ModelPredictRequest(BaseModel):
+    """Body of ``POST /v1/models/{model}/predict``: one model, no selection, cache or feedback."""
+
+    model_config = ConfigDict(extra="forbid")
+    input: Any = Field(description="One input of the model's shape and dtype, as nested lists.")
+    slo_ms: float | None = Field(None, gt=0, description="Latency objective of this query.")
+    best_effort: bool = Field(
+        False, description="Answer late rather than refuse when the objective cannot be met."
+    )
+    priority: int = Field(
+        0, ge=0, le=1, description="0: latency-sensitive; 1: batch client, fills idle time."
+    )
+    sent_at: float | None = Field(
+        None, description="Wall-clock seconds when the caller sent it: the SLO starts there."
+    )
+
+
+class ModelPredictResponse(BaseModel):
+    output: Any = Field(description="The model's prediction.")
+    model: str = Field(description="The model that answered.")
+    latency_ms: float = Field(description="Time spent inside raysrv.")
+
+
 class FeedbackRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     query_id: str = Field(description="The query_id of an answered query.")
     label: Any = Field(description="The right answer for that query.")
+
+
+MODELS = "/v1/models"  # the app tag of direct model queries: one series for every model
 
 
 def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
@@ -89,15 +122,18 @@ async def _read_json(request: Request, limit: int) -> dict[str, Any]:
     return data
 
 
-def _parse_predict(data: dict[str, Any], context_field: str) -> tuple[Any, dict[str, Any]]:
-    """The input and the keyword arguments of :meth:`Server.predict` from a request body."""
-    allowed = {"input", "slo_ms", "best_effort", "priority", "sent_at", context_field}
+def _parse_predict(data: dict[str, Any], context_field: str | None) -> tuple[Any, dict[str, Any]]:
+    """The input and the keyword arguments of :meth:`Server.predict` from a request body (of
+    :meth:`Server.predict_model` without a ``context_field``)."""
+    allowed = {"input", "slo_ms", "best_effort", "priority", "sent_at"}
+    if context_field is not None:
+        allowed.add(context_field)
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise BadRequest(f"unknown fields {unknown}; expected {sorted(allowed)}")
     if "input" not in data:
         raise BadRequest("missing field 'input'")
-    context = data.get(context_field)
+    context = data.get(context_field) if context_field is not None else None
     if context is not None and not isinstance(context, (str, int)):
         raise BadRequest(f"{context_field} must be a string, got {type(context).__name__}")
     slo_ms = data.get("slo_ms")
@@ -111,12 +147,13 @@ def _parse_predict(data: dict[str, Any], context_field: str) -> tuple[Any, dict[
     if not isinstance(best_effort, bool):
         raise BadRequest(f"best_effort must be true or false, got {best_effort!r}")
     options = {
-        "context": None if context is None else str(context),
         "slo_ms": slo_ms,
         "best_effort": best_effort,
         "priority": data.get("priority", 0),
         "sent_at": data.get("sent_at"),
     }
+    if context_field is not None:
+        options["context"] = None if context is None else str(context)
     return data["input"], options
 
 
@@ -132,7 +169,8 @@ def create_http_app(server: Server, max_body_bytes: int, metrics: Metrics | None
 
     @api.exception_handler(RaysrvError)
     async def _raysrv_error(request: Request, exc: RaysrvError) -> JSONResponse:
-        metrics.error(request.path_params.get("app", ""), exc)
+        where = request.path_params.get("app", MODELS if "model" in request.path_params else "")
+        metrics.error(where, exc)
         return _error_response(exc)
 
     @api.post(
@@ -170,8 +208,32 @@ def create_http_app(server: Server, max_body_bytes: int, metrics: Metrics | None
     async def plan(model: str) -> JSONResponse:
         return JSONResponse(await server.plan(model))
 
+    _model_routes(api, server, max_body_bytes, metrics)
+
     @api.get("/healthz")
     async def healthz() -> JSONResponse:
         return JSONResponse({"status": "ok", "apps": sorted(server.apps)})
 
     return api
+
+
+def _model_routes(api: FastAPI, server: Server, max_body_bytes: int, metrics: Metrics) -> None:
+    """``POST /v1/models/{model}/predict`` and ``GET /v1/pools``."""
+
+    @api.post(
+        "/v1/models/{model}/predict",
+        response_model=ModelPredictResponse,
+        openapi_extra=_body_schema(ModelPredictRequest),
+    )
+    async def predict_model(model: str, request: Request) -> JSONResponse:
+        start = time.monotonic()
+        server.pool_of(model)  # 404 before the body is read
+        data = await _read_json(request, max_body_bytes)
+        value, options = _parse_predict(data, None)
+        result = await server.predict_model(model, value, **options)
+        metrics.request(MODELS, 200, time.monotonic() - start)
+        return JSONResponse(result)
+
+    @api.get("/v1/pools")
+    async def pools() -> JSONResponse:
+        return JSONResponse({"pools": await server.describe_pools()})

@@ -1,11 +1,11 @@
-"""The query path inside the ingress: validate, select, cache, batch, combine, remember.
+"""The query path inside the ingress: validate, select, cache, schedule, combine, remember.
 
-:class:`Server` is Ray-free: it is given one ``execute`` coroutine per model (in production a
-handle call to the model's replica group, in tests a fake) and owns the roles that share the
-ingress process, each its own object: the selection policies, one prediction cache per app, one
-:class:`Batcher` per model and the state store. They share a process because every actor hop
-costs about a millisecond of CPU per call here (DESIGN principle 3): what crosses a process
-boundary is a batch, never a single query.
+:class:`Server` is Ray-free: it is given the workers of each pool (in production Ray actors, in
+tests in-process fakes) and owns the roles that share the ingress process, each its own object:
+the selection policies, one prediction cache per app, one :class:`~raysrv._pool.Pool` (a
+scheduler over a pool's workers) per pool and the state store. They share a process because
+every actor hop costs about a millisecond of CPU per call here: what crosses a process boundary
+is a batch or a LOAD, never a single query.
 """
 
 from __future__ import annotations
@@ -18,13 +18,15 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from raysrv import batching, policies
-from raysrv._batcher import Batcher, Execute
 from raysrv._planner import predict as predict_plan
+from raysrv._pool import Pool
+from raysrv._workers import Workers
 from raysrv.cache import PredictionCache, cache_key
 from raysrv.config import AppSpec, InputSpec, LiveConfig, ModelSpec, RaysrvSpec
 from raysrv.errors import BadRequest, DeadlineExpired, NotFound, RaysrvError, Rejected
@@ -114,43 +116,57 @@ class Server:
     def __init__(
         self,
         spec: RaysrvSpec,
-        execute: Mapping[str, Execute],
+        workers: Mapping[str, Workers],
         store: StateStore | None = None,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: np.random.Generator | None = None,
+        root: Path | None = None,
     ) -> None:
+        """``spec`` with its model sets expanded; ``workers``: each pool's (a dedicated pool is
+        named after its model); ``root``: where relative sources of models added live are."""
         self.spec = spec
         self._store = store or MemoryStore()
         self._metrics = metrics or Metrics()
         self._clock = clock
+        self._root = root or Path.cwd()
         self._trips = _Trips()
         self._rng = rng or np.random.default_rng(spec.ingress.seed)
-        self._models: dict[str, ModelSpec] = {m.name: m for m in spec.models}
-        self._slo_ms = {m.name: m.slo_ms for m in spec.models}
-        self._batching = {m.name: (m.batching, m.slo_ms) for m in spec.models}
-        self.batchers = {
-            m.name: Batcher(
-                m.name,
-                batching.make_policy(m.batching.policy, m.batching.params, m.slo_ms / 1000.0),
-                execute[m.name],
-                m.replicas,
-                m.max_queue,
-                clock,
-                self._metrics,
-                m.pipeline_depth,
-            )
-            for m in spec.models
+        self.pools = {
+            p.name: Pool(p, workers[p.name], clock, self._metrics) for p in spec.resolved_pools()
         }
+        self._models: dict[str, ModelSpec] = {}
+        self._slo_ms: dict[str, float] = {}
+        self._batching: dict[str, tuple[Any, float]] = {}  # (batching spec, SLO) per model
+        self._added: set[str] = set()  # models of the live catalog
+        for model in spec.models:
+            self._add_model(model)
         self.apps = {a.name: self._make_app(a) for a in spec.apps}
 
+    def _add_model(self, model: ModelSpec) -> None:
+        policy = batching.make_policy(
+            model.batching.policy, model.batching.params, model.slo_ms / 1000.0
+        )
+        self._pool(model).add_model(model, policy)
+        self._models[model.name] = model
+        self._slo_ms[model.name] = model.slo_ms
+        self._batching[model.name] = (model.batching, model.slo_ms)
+
+    def _pool(self, model: ModelSpec) -> Pool:
+        return self.pools[model.pool or model.name]
+
+    def pool_of(self, model: str) -> Pool:
+        """The pool serving ``model``, or :class:`NotFound`."""
+        spec = self._models.get(model)
+        if spec is None:
+            raise NotFound(f"unknown model {model!r}; known: {sorted(self._models)[:20]}")
+        return self._pool(spec)
+
     async def profile(self) -> None:
-        """Profile, one model after another, every model whose batching policy keeps run times
-        (``Batcher.profile``), on zeros of its declared input shape and dtype. Call it before
-        the first query; the ingress does, before it takes traffic."""
-        for model in self.spec.models:
-            x = np.zeros(model.input.shape, dtype=model.input.dtype)
-            await self.batchers[model.name].profile(x)
+        """Profile every pool (``Pool.profile``), one after another. Call it before the first
+        query; the ingress does, before it takes traffic."""
+        for pool in self.pools.values():
+            await pool.profile()
 
     def _make_app(self, app: AppSpec) -> _App:
         selection = policies.make_policy(
@@ -160,14 +176,17 @@ class Server:
         return _App(app, model_input, selection, PredictionCache(app.cache_size), app.slo_ms)
 
     def configure(self, live: LiveConfig) -> None:
-        """Apply live knobs (``user_config``): batching, SLOs, selection, cache sizes."""
-        live.check_against(self.spec)
+        """Apply live knobs (``user_config``): the catalog of models on shared pools, then
+        batching, SLOs, selection and cache sizes."""
+        added = live.catalog.expanded(self._root)
+        live.check_against(self.spec, added)
+        self._apply_catalog(added)
         for name, knobs in live.models.items():
             wanted = (knobs.batching or self._batching[name][0], knobs.slo_ms or self._slo_ms[name])
             if wanted != self._batching[name]:  # a new policy only when something changed:
                 spec, slo_ms = wanted  # it would forget what it learned (AIMD's batch size)
                 policy = batching.make_policy(spec.policy, spec.params, slo_ms / 1000.0)
-                self.batchers[name].set_policy(policy)
+                self.pool_of(name).set_policy(name, policy)
                 self._batching[name] = wanted
                 self._slo_ms[name] = slo_ms
         for name, app_knobs in live.apps.items():
@@ -181,6 +200,20 @@ class Server:
                 app.cache.resize(app_knobs.cache_size)
             if app_knobs.slo_ms is not None:
                 app.slo_ms = app_knobs.slo_ms
+
+    def _apply_catalog(self, added: list[ModelSpec]) -> None:
+        """Serve the catalog's models and no other added ones: new ones join their pools,
+        ones no longer listed leave theirs, one changed is served anew; no worker restarts."""
+        wanted = {m.name: m for m in added}
+        for name in sorted(self._added):
+            if wanted.get(name) != self._models[name]:
+                self._pool(self._models.pop(name)).remove_model(name)
+                self._added.discard(name)
+                del self._slo_ms[name], self._batching[name]
+        for name, model in wanted.items():
+            if name not in self._added:
+                self._add_model(model)
+                self._added.add(name)
 
     def context_field(self, app: str) -> str:
         """The request field that holds ``app``'s context key."""
@@ -212,24 +245,10 @@ class Server:
         marks a batch client, which policies that know classes serve in idle time only.
         ``sent_at`` (wall-clock seconds, from the caller) starts the SLO when the query was sent
         rather than when it reached the ingress, so time queued in front of raysrv counts, and
-        the answer's trip back is kept out of the time the batchers may use (``trip_back``)."""
+        the answer's trip back is kept out of the time the scheduler may use (``trip_back``)."""
         start = self._clock()
-        trip = _in_transit(sent_at)
-        origin = start - trip  # where the SLO starts
-        trip_back = 0.0
-        if sent_at is not None:
-            self._trips.add(trip)
-            trip_back = self.trip_back()
         target = self._app(app)
-        if slo_ms is not None and not (isinstance(slo_ms, (int, float)) and 0 < slo_ms < math.inf):
-            raise BadRequest(f"slo_ms must be a positive number, got {slo_ms!r}")
-        if isinstance(priority, bool) or priority not in (0, 1):
-            raise BadRequest(
-                f"priority must be 0 (latency-sensitive) or 1 (batch), got {priority!r}"
-            )
-        if best_effort:
-            slo_ms = math.inf
-        ask = _Ask(slo_ms, priority, trip_back)
+        origin, ask = self._ask(start, slo_ms, best_effort, priority, sent_at)
         x = coerce_input(input, target.input)
         context = "" if context is None else str(context)
         state = await self._store.get_state(app, context) or target.selection.init()
@@ -252,6 +271,52 @@ class Server:
             "missing": [m for m in chosen if m not in predictions],
             "default": default,
         }
+
+    def _ask(
+        self,
+        start: float,
+        slo_ms: float | None,
+        best_effort: bool,
+        priority: int,
+        sent_at: float | None,
+    ) -> tuple[float, _Ask]:
+        """Where a query's SLO starts (``origin``) and what it asks, or :class:`BadRequest`."""
+        trip = _in_transit(sent_at)
+        trip_back = 0.0
+        if sent_at is not None:
+            self._trips.add(trip)
+            trip_back = self.trip_back()
+        if slo_ms is not None and not (isinstance(slo_ms, (int, float)) and 0 < slo_ms < math.inf):
+            raise BadRequest(f"slo_ms must be a positive number, got {slo_ms!r}")
+        if isinstance(priority, bool) or priority not in (0, 1):
+            raise BadRequest(
+                f"priority must be 0 (latency-sensitive) or 1 (batch), got {priority!r}"
+            )
+        if best_effort:
+            slo_ms = math.inf
+        return start - trip, _Ask(slo_ms, priority, trip_back)
+
+    async def predict_model(
+        self,
+        model: str,
+        input: Any,
+        slo_ms: float | None = None,
+        *,
+        best_effort: bool = False,
+        priority: int = 0,
+        sent_at: float | None = None,
+    ) -> dict[str, Any]:
+        """Answer one query of one model, without an app's selection, cache or feedback:
+        ``{"output", "model", "latency_ms"}``. Deadlines as :meth:`predict`'s, from the
+        model's SLO."""
+        start = self._clock()
+        pool = self.pool_of(model)
+        origin, ask = self._ask(start, slo_ms, best_effort, priority, sent_at)
+        x = coerce_input(input, self._models[model].input)
+        deadline = origin + (ask.slo_ms or self._slo_ms[model]) / 1000.0 - ask.trip_back_s
+        answer = pool.submit(model, x, deadline, ask.priority)
+        output = await self._by_deadline(answer, deadline, model)
+        return {"output": output, "model": model, "latency_ms": (self._clock() - start) * 1e3}
 
     async def _ask_models(
         self, app: _App, chosen: list[str], x: np.ndarray, origin: float, ask: _Ask
@@ -291,11 +356,11 @@ class Server:
         self._metrics.selection(app.spec.name, model)
         slo_s = (ask.slo_ms or app.slo_ms or self._slo_ms[model]) / 1000.0
         deadline = origin + slo_s - ask.trip_back_s
-        batcher = self.batchers[model]
+        pool = self.pool_of(model)
 
         async def compute() -> Any:
             return await self._by_deadline(
-                batcher.submit(x, deadline, ask.priority), deadline, model
+                pool.submit(model, x, deadline, ask.priority), deadline, model
             )
 
         if not app.cache.capacity:  # no cache: no key to build, nothing to coalesce
@@ -328,13 +393,14 @@ class Server:
             return await answer
         try:
             await asyncio.wait((answer,), timeout=max(0.0, deadline - self._clock()))
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # the caller left: out of the queue, or dropped
+            self._withdraw(model, answer)
             answer.cancel()
             raise
         if answer.done() and (self._clock() <= deadline or answer.exception() is not None):
             return answer.result()
         # an answer taken up late is in no queue: no need to look for it there
-        queued = not answer.done() and self.batchers[model].withdraw(answer)
+        queued = not answer.done() and self._withdraw(model, answer)
         answer.cancel()  # a running batch's answer for it is dropped
         if queued:
             reason = "deadline passed while queued"
@@ -345,6 +411,10 @@ class Server:
             f"model {model!r} had no answer by the query's deadline; it was dropped "
             f"rather than answered late (pass best_effort to wait for it)"
         )
+
+    def _withdraw(self, model: str, answer: asyncio.Future[Any]) -> bool:
+        spec = self._models.get(model)
+        return spec is not None and self._pool(spec).withdraw(model, answer)
 
     async def feedback(self, app: str, query_id: str, label: Any) -> dict[str, Any]:
         """Join ``label`` with the answered query and let the app's selection policy learn."""
@@ -369,11 +439,15 @@ class Server:
 
     async def plan(self, model: str) -> dict[str, Any]:
         """What the analytic model predicts for ``model``'s batching now, and from what."""
-        if model not in self.batchers:
-            raise NotFound(f"unknown model {model!r}; known: {sorted(self.batchers)}")
-        view = await asyncio.to_thread(predict_plan, self.batchers[model].plan_snapshot())
+        pool = self.pool_of(model)
+        view = await asyncio.to_thread(predict_plan, pool.plan_snapshot(model))
         if view["predicted"] is not None:
             self._metrics.plan(model, view["predicted"]["p99_ms"])
+        view["pool"] = {
+            key: value
+            for key, value in pool.describe_model(model).items()
+            if key not in ("batching", "batch_seconds")
+        }
         return view
 
     def describe_apps(self) -> list[dict[str, Any]]:
@@ -399,14 +473,17 @@ class Server:
                 "name": m.name,
                 "runtime": m.runtime,
                 "version": m.version,
-                "device": m.device,
+                "device": self._pool(m).spec.device,
                 "slo_ms": self._slo_ms[m.name],
                 "input": m.input.model_dump(),
-                **self.batchers[m.name].describe(),
+                **self._pool(m).describe_model(m.name),
             }
             for m in self._models.values()
         ]
 
+    async def describe_pools(self) -> list[dict[str, Any]]:
+        return [await pool.describe() for pool in self.pools.values()]
+
     async def close(self) -> None:
-        await asyncio.gather(*(b.close() for b in self.batchers.values()))
+        await asyncio.gather(*(p.close() for p in self.pools.values()))
         await self._store.close()

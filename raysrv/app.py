@@ -6,8 +6,9 @@
         args: {models: [...], apps: [...]}
 
 Serve validates ``args`` into :class:`RaysrvSpec` (the builder's annotation) before calling it.
-Relative file sources are resolved against the directory ``serve run`` was started in, and a
-model's ``build`` hook runs here, once, when its source file does not exist yet.
+Model sets are listed as their models here, relative file sources are resolved against the
+directory ``serve run`` was started in, and a model's ``build`` hook runs here, once, when its
+source file does not exist yet.
 """
 
 # No ``from __future__ import annotations`` here: Serve reads the builder's parameter annotation
@@ -38,22 +39,25 @@ def _prepare_model(model: ModelSpec, root: Path) -> ModelSpec:
 
 
 def prepare_spec(spec: RaysrvSpec, root: Path | None = None) -> RaysrvSpec:
-    """``spec`` with absolute model paths, after building the missing ones that have a hook."""
+    """``spec`` with its model sets listed and absolute model paths, after building the
+    missing ones that have a hook."""
     base = root or Path.cwd()
-    return spec.model_copy(update={"models": [_prepare_model(m, base) for m in spec.models]})
+    listed = spec.expanded(base)
+    return listed.model_copy(update={"models": [_prepare_model(m, base) for m in listed.models]})
 
 
 def build_app(args: RaysrvSpec) -> Application:
-    """The Serve application of one raysrv spec: the ingress, owning a replica group per model.
+    """The Serve application of one raysrv spec: the ingress, owning the workers of every pool.
 
     Serve passes ``args`` already validated; Python callers may pass the plain dict.
     """
-    spec = prepare_spec(args if isinstance(args, RaysrvSpec) else RaysrvSpec.model_validate(args))
+    given = args if isinstance(args, RaysrvSpec) else RaysrvSpec.model_validate(args)
+    spec = prepare_spec(given)
     return Ingress.options(
         name="ingress",
         num_replicas=spec.ingress.replicas,
         ray_actor_options={"num_cpus": spec.ingress.num_cpus},
         max_ongoing_requests=spec.ingress.max_ongoing_requests,
         max_queued_requests=spec.ingress.max_queued_requests,
-        user_config=spec.live().model_dump(mode="json", exclude_none=True),
-    ).bind(spec.model_dump(mode="json"))
+        user_config=given.live().model_dump(mode="json", exclude_none=True),
+    ).bind(spec.model_dump(mode="json"), str(Path.cwd()))

@@ -2,14 +2,25 @@
 
 Every model forbids unknown keys (Serve itself silently ignores misspelled deployment keys) and
 every field has a description. Cross-field checks name the values they reject. The parts that may
-change while serving (batching parameters, SLOs, cache sizes, selection parameters) also form
-:class:`LiveConfig`, which travels as the ingress deployment's ``user_config`` so that Serve
-applies changes through ``reconfigure`` without restarting any replica.
+change while serving (batching parameters, SLOs, cache sizes, selection parameters, and the
+models served by shared pools) also form :class:`LiveConfig`, which travels as the ingress
+deployment's ``user_config`` so that Serve applies changes through ``reconfigure`` without
+restarting any replica or worker.
+
+Workers come in pools (:class:`PoolSpec`): a model either names a shared pool (``pool: name``),
+whose workers load and unload models on demand within ``memory_mb`` of weights each, or gets a
+dedicated pool of its own from ``replicas``, ``device`` and ``resources``, its model loaded on
+every worker for good. Many models are declared as one entry (:class:`ModelSetSpec`): a glob or
+directory of files and a template.
 """
 
 from __future__ import annotations
 
+import glob
+import os
 import re
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -20,14 +31,20 @@ __all__ = [
     "AppLive",
     "AppSpec",
     "BatchingSpec",
+    "CatalogSpec",
     "IngressSpec",
     "InputSpec",
     "LiveConfig",
     "ModelLive",
+    "ModelSetSpec",
     "ModelSpec",
+    "ModelTemplate",
+    "PoolSpec",
     "RaysrvSpec",
+    "ResolvedPool",
     "ResourcesSpec",
     "SelectionSpec",
+    "resolve_pools",
 ]
 
 _NAME = r"^[a-z][a-z0-9_-]{0,62}$"
@@ -97,14 +114,10 @@ class SelectionSpec(_Strict):
         return self
 
 
-class ModelSpec(_Strict):
-    name: str = Field(pattern=_NAME, description="Unique model name (lowercase, digits, - and _).")
+class ModelTemplate(_Strict):
+    """Everything of a model but its name and source: one model's settings, or a set's."""
+
     runtime: Literal["onnx", "torch", "python"] = Field(description="What executes the model.")
-    source: str = Field(
-        min_length=1,
-        description="onnx: a .onnx file; torch: a TorchScript file or 'pkg.mod:factory' returning "
-        "an nn.Module; python: 'pkg.mod:Class' implementing predict_batch(inputs) -> outputs.",
-    )
     build: str | None = Field(
         None,
         description="'pkg.mod:fn' called as fn(source) when the source file does not exist yet.",
@@ -113,6 +126,23 @@ class ModelSpec(_Strict):
         default_factory=dict, description="Keyword arguments for a factory or class source."
     )
     version: str = Field("1", min_length=1, description="Model version; part of the cache key.")
+    pool: str | None = Field(
+        None,
+        pattern=_NAME,
+        description="A shared pool from `pools` that loads the model on demand; unset: a "
+        "dedicated pool of `replicas` workers with `device` and `resources`.",
+    )
+    group: str | None = Field(
+        None,
+        description="Models with alike run times (one architecture): a model never run yet is "
+        "planned with its group's run times. A model set's models form a group.",
+    )
+    weights_mb: float | None = Field(
+        None,
+        gt=0.0,
+        description="Memory the model's weights take in a worker, in MiB, for sources whose "
+        "size is not a file's (factories, python classes); measured at the first load.",
+    )
     device: Literal["cpu", "gpu"] = Field("cpu", description="Where the replicas run.")
     replicas: int = Field(1, ge=1, le=1024, description="Number of replica actors.")
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Per replica.")
@@ -131,14 +161,96 @@ class ModelSpec(_Strict):
     input: InputSpec = Field(description="Shape and dtype of one input.")
 
     @model_validator(mode="after")
-    def _device_and_resources_agree(self) -> ModelSpec:
+    def _device_and_resources_agree(self) -> ModelTemplate:
         if self.device == "gpu" and self.resources.num_gpus <= 0:
             raise ValueError("device 'gpu' needs resources.num_gpus > 0 (got 0)")
         if self.device == "cpu" and self.resources.num_gpus > 0:
             raise ValueError(f"device 'cpu' with resources.num_gpus={self.resources.num_gpus}")
+        return self
+
+    @model_validator(mode="after")
+    def _pooled_takes_the_pools_workers(self) -> ModelTemplate:
+        worker_keys = ("device", "replicas", "resources", "pipeline_depth")
+        fields = type(self).model_fields
+        clash = [
+            k
+            for k in worker_keys
+            if getattr(self, k) != fields[k].get_default(call_default_factory=True)
+        ]
+        if self.pool is not None and clash:
+            raise ValueError(
+                f"a model in pool {self.pool!r} runs on the pool's workers: {clash} belong to "
+                f"the pool, not to the model"
+            )
+        return self
+
+
+class ModelSpec(ModelTemplate):
+    name: str = Field(pattern=_NAME, description="Unique model name (lowercase, digits, - and _).")
+    source: str = Field(
+        min_length=1,
+        description="onnx: a .onnx file; torch: a TorchScript file or 'pkg.mod:factory' returning "
+        "an nn.Module; python: 'pkg.mod:Class' implementing predict_batch(inputs) -> outputs.",
+    )
+
+    @model_validator(mode="after")
+    def _onnx_is_a_file(self) -> ModelSpec:
         if self.runtime == "onnx" and _is_import_path(self.source):
             raise ValueError(f"onnx source must be a .onnx file, got {self.source!r}")
         return self
+
+    def weight_bytes(self) -> int | None:
+        """The bytes its weights take: ``weights_mb`` if given, else its source file's size;
+        None when neither is known before a load."""
+        if self.weights_mb is not None:
+            return int(self.weights_mb * MIB)
+        if _is_import_path(self.source) or not os.path.isfile(self.source):
+            return None
+        return os.path.getsize(self.source)
+
+
+MIB = 1 << 20
+
+
+class ModelSetSpec(_Strict):
+    """Many models as one entry: every file a glob (or directory) matches, one model each, all
+    with one template. Model names are ``prefix`` + the file's stem."""
+
+    name: str = Field(pattern=_NAME, description="The set's name; its models' group.")
+    source: str = Field(
+        min_length=1,
+        description="A glob ('models/*.onnx') or a directory (every file in it), relative to "
+        "the directory `serve run` starts in.",
+    )
+    prefix: str = Field("", pattern=r"^[a-z0-9_-]{0,32}$", description="Put before each stem.")
+    template: ModelTemplate = Field(description="The settings of every model of the set.")
+
+    def expand(self, root: Path) -> list[ModelSpec]:
+        """One model per matching file, sorted by name; raises naming the set if none match
+        or a name is not a valid model name."""
+        pattern = Path(self.source).expanduser()
+        pattern = pattern if pattern.is_absolute() else root / pattern
+        if pattern.is_dir():
+            pattern = pattern / "*"
+        files = sorted(Path(p) for p in glob.glob(str(pattern)) if Path(p).is_file())
+        if not files:
+            raise ValueError(f"model set {self.name!r}: no file matches {str(pattern)!r}")
+        group = self.template.group or self.name
+        base = self.template.model_dump(exclude_unset=True)
+        models = []
+        for path in files:
+            name = self.prefix + path.stem
+            if not re.match(_NAME, name):
+                raise ValueError(
+                    f"model set {self.name!r}: file {path.name!r} gives the model name {name!r}, "
+                    f"not of the form {_NAME}"
+                )
+            models.append(
+                ModelSpec.model_validate(
+                    {**base, "name": name, "source": str(path), "group": group}
+                )
+            )
+        return models
 
 
 def _is_import_path(source: str) -> bool:
@@ -202,7 +314,7 @@ class AppSpec(_Strict):
 
 
 class IngressSpec(_Strict):
-    replicas: int = Field(1, ge=1, le=64, description="Ingress replicas (each runs its batchers).")
+    replicas: int = Field(1, ge=1, le=64, description="Ingress replicas (each runs its pools).")
     num_cpus: float = Field(0.25, ge=0.0, description="Logical CPUs reserved per ingress replica.")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="Larger request bodies get 413.")
     max_ongoing_requests: int = Field(
@@ -223,11 +335,89 @@ class IngressSpec(_Strict):
     )
 
 
-class RaysrvSpec(_Strict):
-    """The whole spec: models, the apps that serve them, shared state and the ingress."""
+class PoolSpec(_Strict):
+    """A shared pool: ``workers`` identical workers that load the models naming it on demand
+    and unload the least recently used ones to stay within ``memory_mb`` of weights each."""
 
-    models: list[ModelSpec] = Field(min_length=1, description="Every model served.")
-    apps: list[AppSpec] = Field(min_length=1, description="Endpoints, each over some models.")
+    name: str = Field(pattern=_NAME, description="The pool's name, which models give as `pool`.")
+    workers: int = Field(1, ge=1, le=1024, description="Worker actors in the pool.")
+    device: Literal["cpu", "gpu"] = Field("cpu", description="Where the workers run.")
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Per worker.")
+    memory_mb: float = Field(
+        gt=0.0, description="Model weights one worker may hold, in MiB; never exceeded."
+    )
+    pipeline_depth: int = Field(
+        2, ge=1, le=8, description="Actions a worker may have in flight (1 running)."
+    )
+
+    @model_validator(mode="after")
+    def _device_and_resources_agree(self) -> PoolSpec:
+        if (self.device == "gpu") != (self.resources.num_gpus > 0):
+            raise ValueError(
+                f"pool {self.name!r}: device {self.device!r} with resources.num_gpus="
+                f"{self.resources.num_gpus}"
+            )
+        return self
+
+
+@dataclass(frozen=True)
+class ResolvedPool:
+    """A pool as it runs: a shared one from ``pools``, or a model's dedicated one (named after
+    the model, its model pinned on every worker, no capacity)."""
+
+    name: str
+    workers: int
+    device: str
+    resources: ResourcesSpec
+    capacity_bytes: int | None
+    depth: int
+    pinned: tuple[ModelSpec, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        """What run times are recorded under: the device and threads of a worker."""
+        return f"{self.device}/{self.resources.threads}t"
+
+    def worker_model(self, model: ModelSpec) -> ModelSpec:
+        """``model`` as this pool's workers load it: on their device, with their threads."""
+        if model.pool is None:
+            return model
+        resources = model.resources.model_copy(update={"threads": self.resources.threads})
+        return model.model_copy(update={"device": self.device, "resources": resources})
+
+
+def resolve_pools(pools: list[PoolSpec], models: list[ModelSpec]) -> list[ResolvedPool]:
+    """Every pool the models run on: the shared ones, then one dedicated pool per model that
+    names none."""
+    shared = [
+        ResolvedPool(
+            p.name, p.workers, p.device, p.resources, int(p.memory_mb * MIB), p.pipeline_depth
+        )
+        for p in pools
+    ]
+    dedicated = [
+        ResolvedPool(m.name, m.replicas, m.device, m.resources, None, m.pipeline_depth, (m,))
+        for m in models
+        if m.pool is None
+    ]
+    return shared + dedicated
+
+
+class RaysrvSpec(_Strict):
+    """The whole spec: pools, models, the apps that serve them, shared state and the ingress."""
+
+    pools: list[PoolSpec] = Field(
+        default_factory=list, description="Shared worker pools, which models join by name."
+    )
+    models: list[ModelSpec] = Field(default_factory=list, description="Models served.")
+    model_sets: list[ModelSetSpec] = Field(
+        default_factory=list, description="Many models as one entry each: files and a template."
+    )
+    apps: list[AppSpec] = Field(
+        default_factory=list,
+        description="Endpoints over some models (every model also answers at "
+        "POST /v1/models/{name}/predict).",
+    )
     state: str = Field("memory", description="'memory' or a Redis URL (redis://host:port/db).")
     ingress: IngressSpec = Field(default_factory=IngressSpec, description="The HTTP/handle front.")
 
@@ -240,24 +430,34 @@ class RaysrvSpec(_Strict):
 
     @model_validator(mode="after")
     def _names_resolve(self) -> RaysrvSpec:
+        if not self.models and not self.model_sets:
+            raise ValueError("no models: give `models` or `model_sets`")
         _no_duplicates("model", [m.name for m in self.models])
         _no_duplicates("app", [a.name for a in self.apps])
-        models = {m.name: m for m in self.models}
-        for app in self.apps:
-            unknown = [m for m in app.models if m not in models]
-            if unknown:
-                raise ValueError(
-                    f"app {app.name!r} names unknown models {unknown}; known: {sorted(models)}"
-                )
-            inputs = {(models[m].input.shape, models[m].input.dtype) for m in app.models}
-            if len(inputs) > 1:
-                raise ValueError(
-                    f"app {app.name!r} mixes models with different inputs {sorted(inputs)}"
-                )
+        _no_duplicates("pool", [p.name for p in self.pools])
+        _no_duplicates("model set", [s.name for s in self.model_sets])
+        check_pools(self.pools, self.models + [_set_member(s) for s in self.model_sets])
+        if not self.model_sets:  # names from sets are known once their files are listed
+            check_apps(self.apps, self.models)
         return self
+
+    def expanded(self, root: Path) -> RaysrvSpec:
+        """This spec with every model set listed as its models (files matched under ``root``)."""
+        models = list(self.models)
+        for model_set in self.model_sets:
+            models += model_set.expand(root)
+        return RaysrvSpec.model_validate(
+            {
+                **self.model_dump(mode="json", exclude={"models", "model_sets"}),
+                "models": [m.model_dump(mode="json") for m in models],
+            }
+        )
 
     def model(self, name: str) -> ModelSpec:
         return next(m for m in self.models if m.name == name)
+
+    def resolved_pools(self) -> list[ResolvedPool]:
+        return resolve_pools(self.pools, self.models)
 
     def live(self) -> LiveConfig:
         """The live-tunable part of this spec, as the ingress ``user_config`` carries it."""
@@ -268,6 +468,43 @@ class RaysrvSpec(_Strict):
                 for a in self.apps
             },
         )
+
+
+def _set_member(model_set: ModelSetSpec) -> ModelSpec:
+    """A stand-in for a set's models in checks that need only the template."""
+    fields = model_set.template.model_dump(exclude_unset=True)
+    return ModelSpec.model_validate({**fields, "name": f"{model_set.name}-x", "source": "x"})
+
+
+def check_pools(pools: list[PoolSpec], models: list[ModelSpec]) -> None:
+    """Every named pool exists and no dedicated pool (named after its model) shadows one."""
+    names = {p.name for p in pools}
+    for model in models:
+        if model.pool is not None and model.pool not in names:
+            raise ValueError(
+                f"model {model.name!r} names unknown pool {model.pool!r}; pools: {sorted(names)}"
+            )
+        if model.pool is None and model.name in names:
+            raise ValueError(
+                f"model {model.name!r} has a dedicated pool named like the shared pool "
+                f"{model.name!r}: rename one"
+            )
+
+
+def check_apps(apps: list[AppSpec], models: list[ModelSpec]) -> None:
+    """Every app names known models, all with one input."""
+    by_name = {m.name: m for m in models}
+    for app in apps:
+        unknown = [m for m in app.models if m not in by_name]
+        if unknown:
+            raise ValueError(
+                f"app {app.name!r} names unknown models {unknown}; known: {sorted(by_name)[:20]}"
+            )
+        inputs = {(by_name[m].input.shape, by_name[m].input.dtype) for m in app.models}
+        if len(inputs) > 1:
+            raise ValueError(
+                f"app {app.name!r} mixes models with different inputs {sorted(inputs)}"
+            )
 
 
 def _no_duplicates(kind: str, names: list[str]) -> None:
@@ -289,23 +526,62 @@ class AppLive(_Strict):
     slo_ms: float | None = Field(None, gt=0.0, description="New app SLO.")
 
 
+class CatalogSpec(_Strict):
+    """Models served beyond the ``args``, added and removed live; each must join a shared pool
+    (a dedicated pool would need workers of its own: declare such a model in ``args``)."""
+
+    models: list[ModelSpec] = Field(default_factory=list, description="Models added live.")
+    model_sets: list[ModelSetSpec] = Field(
+        default_factory=list, description="Model sets added live."
+    )
+
+    @model_validator(mode="after")
+    def _pooled(self) -> CatalogSpec:
+        _no_duplicates("model", [m.name for m in self.models])
+        members = self.models + [_set_member(s) for s in self.model_sets]
+        unpooled = sorted(m.name for m in members if m.pool is None)
+        if unpooled:
+            raise ValueError(
+                f"models added through user_config must name a shared pool (`pool`): {unpooled}"
+            )
+        return self
+
+    def expanded(self, root: Path) -> list[ModelSpec]:
+        models = list(self.models)
+        for model_set in self.model_sets:
+            models += model_set.expand(root)
+        return models
+
+
 class LiveConfig(_Strict):
     """Knobs applied live through the ingress deployment's ``user_config`` (no restarts).
 
     Entries override the spec in ``args``; fields left out keep their ``args`` values.
+    ``catalog`` lists the models served on shared pools beyond the ``args``: a model listed
+    there is added, one no longer listed is removed, and no worker restarts.
     """
 
     models: dict[str, ModelLive] = Field(default_factory=dict, description="Per model name.")
     apps: dict[str, AppLive] = Field(default_factory=dict, description="Per app name.")
+    catalog: CatalogSpec = Field(
+        default_factory=CatalogSpec, description="Models added live to shared pools."
+    )
 
-    def check_against(self, spec: RaysrvSpec) -> None:
-        """Raise ``ValueError`` if this names models or apps the spec does not have."""
+    def check_against(self, spec: RaysrvSpec, added: list[ModelSpec] | None = None) -> None:
+        """Raise ``ValueError`` if this names models, apps or pools the spec does not have;
+        ``added``: the catalog's models, once expanded."""
+        added = added if added is not None else self.catalog.models
+        check_pools(spec.pools, added)
+        clash = sorted({m.name for m in added} & {m.name for m in spec.models})
+        if clash:
+            raise ValueError(f"user_config.catalog adds models the args already have: {clash}")
         for kind, names, known in (
-            ("models", self.models, {m.name for m in spec.models}),
+            ("models", self.models, {m.name for m in spec.models + added}),
             ("apps", self.apps, {a.name for a in spec.apps}),
         ):
             unknown = sorted(set(names) - known)
             if unknown:
                 raise ValueError(
-                    f"user_config.{kind} names unknown entries {unknown}; known: {sorted(known)}"
+                    f"user_config.{kind} names unknown entries {unknown}; "
+                    f"known: {sorted(known)[:20]}"
                 )

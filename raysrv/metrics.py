@@ -4,7 +4,9 @@ Roles call the :class:`Metrics` methods; :class:`ServeMetrics` turns them into
 ``ray.serve.metrics`` counters, gauges and histograms, exported by Ray as ``ray_raysrv_*`` on the
 node's metrics port (and so into the Ray dashboard and Prometheus). Serve adds the
 ``application``, ``deployment`` and ``replica`` tags itself. Model replicas, plain Ray actors,
-report their run times as ``ray_raysrv_execution_ms`` themselves (``raysrv._replicas``).
+report their run times as ``ray_raysrv_execution_ms`` themselves (``raysrv._workers``). Pools
+count LOADs, UNLOADs (evictions among them), cold starts' latency and each worker's weights,
+tagged by pool and worker, never by model: a pool may hold thousands of models.
 """
 
 from __future__ import annotations
@@ -47,16 +49,28 @@ class Metrics:
         """Selection: ``model``'s prediction missed an ensemble's deadline (or failed)."""
 
     def queue_length(self, model: str, length: int) -> None:
-        """Batcher: the model's queue now holds ``length`` queries."""
+        """Scheduler: the model's queue now holds ``length`` queries."""
 
     def plan(self, model: str, p99_ms: float) -> None:
         """The plan view's predicted p99 latency of ``model``."""
 
     def batch(self, model: str, size: int, latency_s: float) -> None:
-        """Batcher: one batch of ``size`` answered, ``latency_s`` from dispatch to answer."""
+        """Scheduler: one batch of ``size`` answered, ``latency_s`` from dispatch to answer."""
 
     def store_fallback(self, operation: str) -> None:
         """State store: one ``operation`` served from memory because Redis was unreachable."""
+
+    def load(self, pool: str, status: str, seconds: float) -> None:
+        """Pool: one LOAD ended with ``status`` (``ok``, ``late``, ``no_room``, ``failed``)."""
+
+    def unload(self, pool: str, evicted: bool) -> None:
+        """Pool: one UNLOAD, to make room (``evicted``) or for a model removed."""
+
+    def cold_start(self, pool: str, latency_s: float) -> None:
+        """Pool: a query whose model was loaded nowhere when it arrived was answered."""
+
+    def worker_memory(self, pool: str, worker: int, weight_bytes: int) -> None:
+        """Pool: the model weights ``worker`` holds now."""
 
 
 class ServeMetrics(Metrics):
@@ -109,6 +123,26 @@ class ServeMetrics(Metrics):
             LATENCY_BOUNDARIES_MS,
             ("model",),
         )
+        self._loads = m.Counter(
+            "raysrv_loads", "LOADs of models into pool workers.", tag_keys=("pool", "status")
+        )
+        self._load_ms = m.Histogram(
+            "raysrv_load_ms", "Run time of a LOAD.", LATENCY_BOUNDARIES_MS, ("pool",)
+        )
+        self._unloads = m.Counter(
+            "raysrv_unloads", "UNLOADs from pool workers.", tag_keys=("pool", "evicted")
+        )
+        self._cold = m.Histogram(
+            "raysrv_cold_start_latency_ms",
+            "Latency of queries whose model was loaded nowhere when they arrived.",
+            LATENCY_BOUNDARIES_MS,
+            ("pool",),
+        )
+        self._memory = m.Gauge(
+            "raysrv_worker_weights_bytes",
+            "Model weights a pool worker holds.",
+            tag_keys=("pool", "worker"),
+        )
         self._store_fallbacks = m.Counter(
             "raysrv_state_store_fallbacks",
             "State store operations served from memory while Redis was unreachable.",
@@ -148,3 +182,17 @@ class ServeMetrics(Metrics):
 
     def store_fallback(self, operation: str) -> None:
         self._store_fallbacks.inc(tags={"operation": operation})
+
+    def load(self, pool: str, status: str, seconds: float) -> None:
+        self._loads.inc(tags={"pool": pool, "status": status})
+        if status == "ok":
+            self._load_ms.observe(seconds * 1000.0, tags={"pool": pool})
+
+    def unload(self, pool: str, evicted: bool) -> None:
+        self._unloads.inc(tags={"pool": pool, "evicted": str(evicted).lower()})
+
+    def cold_start(self, pool: str, latency_s: float) -> None:
+        self._cold.observe(latency_s * 1000.0, tags={"pool": pool})
+
+    def worker_memory(self, pool: str, worker: int, weight_bytes: int) -> None:
+        self._memory.set(weight_bytes, tags={"pool": pool, "worker": str(worker)})

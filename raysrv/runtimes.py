@@ -1,4 +1,4 @@
-"""Model runtimes behind Clipper's narrow waist (papers/clipper.md §4.4, Listing 1).
+"""Model runtimes behind Clipper's narrow waist (Clipper, NSDI'17, §4.4, Listing 1).
 
 Every runtime implements ``predict_batch(inputs) -> outputs``: ``inputs`` is a sequence of
 inputs (in practice one stacked ``numpy`` array), the result one JSON-ready output per input.
@@ -107,6 +107,11 @@ class TorchRuntime(Runtime):
                 raise TypeError(f"{source} returned {type(module).__name__}, not a torch.nn.Module")
         self.module = module.to(self._device).eval()
 
+    def weight_bytes(self) -> int:
+        """Bytes of the module's parameters and buffers."""
+        tensors = [*self.module.parameters(), *self.module.buffers()]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
     def predict_batch(self, inputs: Sequence[Any]) -> list[Any]:
         torch = self._torch
         with torch.inference_mode():
@@ -126,6 +131,8 @@ class PythonRuntime(Runtime):
         self.model = import_object(source)(**init_kwargs)
         if not callable(getattr(self.model, "predict_batch", None)):
             raise TypeError(f"{source} does not implement predict_batch(inputs) -> outputs")
+        if callable(getattr(self.model, "weight_bytes", None)):
+            self.weight_bytes = self.model.weight_bytes  # what its weights take, if it says
 
     def predict_batch(self, inputs: Sequence[Any]) -> list[Any]:
         return list(self.model.predict_batch(inputs))

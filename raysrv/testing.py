@@ -1,22 +1,23 @@
-"""Test doubles that ship with raysrv (STYLE §8): a fake clock, scripted models, spec builders.
+"""Test doubles that ship with raysrv: a fake clock, scripted models, workers, spec builders.
 
 ``EchoModel`` is a real ``python``-runtime model (it implements ``predict_batch``) whose answers
-say which batch they came from, so a test can see batching from the outside; ``fake_execute``
-stands in for a replica group in Ray-free tests.
+say which batch they came from, so a test can see batching from the outside; ``LocalWorkers``
+(and :func:`fake_workers` for a dedicated pool) stand in for a pool's Ray actors in Ray-free
+tests: each worker runs its actions one at a time, in the order they were submitted.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from raysrv._batcher import Execute
+from raysrv._pool import Pool
+from raysrv._workers import Report, Workers
 from raysrv.batching import (
     BatcherView,
     BatchingPolicy,
@@ -30,10 +31,13 @@ __all__ = [
     "EchoModel",
     "FakeClock",
     "LabelModel",
-    "fake_execute",
+    "LocalWorkers",
+    "fake_workers",
     "model_spec",
+    "one_model_pool",
     "saturated_batch_sizes",
     "spec",
+    "teach",
     "torch_linear",
 ]
 
@@ -88,6 +92,14 @@ class LabelModel:
         return [{"label": self.label} for _ in inputs]
 
 
+def teach(policy: BatchingPolicy, outcome: BatchOutcome) -> None:
+    """Hand ``policy`` a finished batch as the scheduler does: ``observe``, then its run time
+    into the model's run times (``policy.runs``)."""
+    policy.observe(outcome)
+    if outcome.ok:
+        policy.runs.observe(outcome.size, outcome.duration)
+
+
 def saturated_batch_sizes(
     policy: BatchingPolicy, rounds: int, duration: Callable[[int], float], backlog: int = 300
 ) -> list[int]:
@@ -102,39 +114,166 @@ def saturated_batch_sizes(
             raise AssertionError(f"a saturated policy must dispatch, got {decision}")
         size = len(decision.query_ids)
         clock.advance(duration(size))
-        policy.observe(BatchOutcome(size, 0, clock() - duration(size), clock(), duration(size)))
+        teach(policy, BatchOutcome(size, 0, clock() - duration(size), clock(), duration(size)))
         sizes.append(size)
     return sizes
 
 
-def fake_execute(
-    model: Any,
-    delay_s: float = 0.0,
-    log: list[int] | None = None,
-) -> Execute:
-    """An ``Execute`` over an in-process model, sleeping ``delay_s`` (asyncio) per batch.
+class LocalWorkers(Workers):
+    """A pool's workers in this process, for tests (see the module docstring).
 
-    Batch sizes are appended to ``log`` when one is given.
-    """
-    predict: Callable[[Any], list[Any]] = model.predict_batch
+    ``models`` maps a model name to the object (with ``predict_batch``) a LOAD of it brings in;
+    ``dedicated``, if given, is every worker's one model, whatever name it is asked by.
+    ``delay_s`` / ``load_s``: simulated run time of each INFER / LOAD (asyncio sleeps);
+    ``delay_s`` may be a function of the batch size. ``run``, if given, replaces the model:
+    each INFER awaits ``run(inputs)`` for its outputs and the run time to report.
+    ``weight_bytes``: what each model takes against ``capacity_bytes``. Each INFER's batch size
+    is appended to ``log``, and every action to ``actions`` as (worker, kind, model)."""
 
-    async def execute(
-        inputs: np.ndarray, replica: int, latest_start: float = math.inf
-    ) -> tuple[list[Any] | None, float]:
-        if time.time() > latest_start:  # as ModelWorker.run_batch: too late to start
-            return None, 0.0
-        start = time.perf_counter()
-        if log is not None:
-            log.append(len(inputs))
-        if delay_s:
-            await asyncio.sleep(delay_s)
-        return predict(inputs), time.perf_counter() - start
+    def __init__(
+        self,
+        count: int,
+        models: Mapping[str, Any] | None = None,
+        *,
+        dedicated: Any = None,
+        capacity_bytes: int | None = None,
+        weight_bytes: int = 0,
+        delay_s: float | Callable[[int], float] = 0.0,
+        load_s: float = 0.0,
+        log: list[int] | None = None,
+        run: Callable[[np.ndarray], Awaitable[tuple[list[Any], float]]] | None = None,
+    ) -> None:
+        self._models = dict(models or {})
+        self._run = run
+        self._dedicated = dedicated
+        self._capacity = capacity_bytes
+        self._weight = weight_bytes
+        self.delay_s, self.load_s = delay_s, load_s
+        self.log = log if log is not None else []
+        self.actions: list[tuple[int, str, str]] = []
+        self.held: list[dict[str, int]] = [{} for _ in range(count)]
+        self.peak_bytes = [0] * count
+        self._queues: list[asyncio.Queue[Any] | None] = [None] * count
 
-    return execute
+    def __len__(self) -> int:
+        return len(self.held)
+
+    def _submit(self, worker: int, run: Callable[[], Awaitable[Report]]) -> Awaitable[Report]:
+        queue = self._queues[worker]
+        if queue is None:
+            queue = self._queues[worker] = asyncio.Queue()
+            asyncio.get_running_loop().create_task(self._serve(queue))
+        future: asyncio.Future[Report] = asyncio.get_running_loop().create_future()
+        queue.put_nowait((run, future))
+        return future
+
+    @staticmethod
+    async def _serve(queue: asyncio.Queue[Any]) -> None:
+        while True:
+            run, future = await queue.get()
+            try:
+                report = await run()
+            except Exception as exc:
+                if not future.done():
+                    future.set_exception(exc)
+                continue
+            if not future.done():
+                future.set_result(report)
+
+    def _model(self, worker: int, name: str) -> Any:
+        if self._dedicated is not None or self._run is not None:
+            return self._dedicated
+        return self._models[name] if name in self.held[worker] else None
+
+    def infer(
+        self, worker: int, model: str, inputs: np.ndarray, earliest: float, latest: float
+    ) -> Awaitable[Report]:
+        async def run() -> Report:
+            self.actions.append((worker, "infer", model))
+            target = self._model(worker, model)
+            if target is None:
+                return Report("not_loaded", error=f"{model!r} is not loaded")
+            if time.time() > latest:
+                return Report("late")
+            self.log.append(len(inputs))
+            if self._run is not None:
+                outputs, seconds = await self._run(inputs)
+                return Report("ok", seconds, outputs)
+            start = time.perf_counter()
+            delay = self.delay_s(len(inputs)) if callable(self.delay_s) else self.delay_s
+            if delay:
+                await asyncio.sleep(delay)
+            outputs = target.predict_batch(inputs)
+            return Report("ok", time.perf_counter() - start, outputs)
+
+        return self._submit(worker, run)
+
+    def load(
+        self, worker: int, spec: dict[str, Any], earliest: float, latest: float
+    ) -> Awaitable[Report]:
+        name = spec["name"]
+
+        async def run() -> Report:
+            self.actions.append((worker, "load", name))
+            if time.time() > latest:
+                return Report("late")
+            if self._dedicated is None and name not in self._models:
+                return Report("failed", error=f"no model {name!r}")
+            held = self.held[worker]
+            if self._capacity is not None and sum(held.values()) + self._weight > self._capacity:
+                return Report("no_room", error=f"{name!r} does not fit")
+            start = time.perf_counter()
+            if self.load_s:
+                await asyncio.sleep(self.load_s)
+            held[name] = self._weight
+            self.peak_bytes[worker] = max(self.peak_bytes[worker], sum(held.values()))
+            return Report("ok", time.perf_counter() - start, weight_bytes=self._weight)
+
+        return self._submit(worker, run)
+
+    def unload(self, worker: int, model: str) -> Awaitable[Report]:
+        async def run() -> Report:
+            self.actions.append((worker, "unload", model))
+            self.held[worker].pop(model, None)
+            return Report("ok", 0.0)
+
+        return self._submit(worker, run)
+
+    async def ready(self) -> list[dict[str, Any]]:
+        return [{"models": dict(held)} for held in self.held]
+
+
+def fake_workers(
+    model: Any, delay_s: float = 0.0, log: list[int] | None = None, replicas: int = 1
+) -> LocalWorkers:
+    """A dedicated pool of ``replicas`` in-process workers over one model object, each INFER
+    sleeping ``delay_s`` (asyncio); batch sizes are appended to ``log`` when one is given."""
+    return LocalWorkers(replicas, dedicated=model, delay_s=delay_s, log=log)
+
+
+def one_model_pool(
+    policy: BatchingPolicy,
+    workers: Workers,
+    *,
+    name: str = "echo",
+    max_queue: int = 1000,
+    depth: int = 1,
+    clock: Callable[[], float] = time.monotonic,
+) -> Pool:
+    """A dedicated pool of ``workers`` serving one model ``name`` (a :func:`model_spec`) with
+    ``policy``: what a model without ``pool:`` gets."""
+    from raysrv.config import ModelSpec, resolve_pools
+
+    overrides = {"replicas": len(workers), "max_queue": max_queue, "pipeline_depth": depth}
+    model = ModelSpec.model_validate(model_spec(name, **overrides))
+    pool = Pool(resolve_pools([], [model])[0], workers, clock)
+    pool.add_model(model, policy)
+    return pool
 
 
 def model_spec(name: str, **overrides: Any) -> dict[str, Any]:
-    """A ``python``-runtime :class:`EchoModel` spec of input shape [4], for tests."""
+    """A ``python``-runtime :class:`EchoModel` spec of input shape [4], for tests (with
+    ``pool``, without resources of its own)."""
     spec: dict[str, Any] = {
         "name": name,
         "runtime": "python",
@@ -144,6 +283,8 @@ def model_spec(name: str, **overrides: Any) -> dict[str, Any]:
         "slo_ms": 10_000,  # generous: tests check behaviour, not a noisy machine's speed
         "input": {"shape": [4], "dtype": "float32"},
     }
+    if overrides.get("pool") is not None:  # a pool's model runs on the pool's workers
+        del spec["resources"]
     spec.update(overrides)
     return spec
 

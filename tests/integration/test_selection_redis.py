@@ -9,7 +9,7 @@ from typing import Any
 from raysrv._server import Server
 from raysrv.config import RaysrvSpec
 from raysrv.state import make_store
-from raysrv.testing import LabelModel, fake_execute, model_spec, spec
+from raysrv.testing import LabelModel, fake_workers, model_spec, spec
 
 LABELS = {"one": 1, "two": 2, "three": 3}
 
@@ -18,7 +18,7 @@ def _server(redis_url: str) -> Server:
     models = [model_spec(m, source="raysrv.testing:LabelModel") for m in LABELS]
     app = {"name": "pick", "models": list(LABELS), "selection": {"policy": "exp4"}}
     parsed = RaysrvSpec.model_validate(spec(models, [{**app, "cache_size": 0}], state=redis_url))
-    execute = {m: fake_execute(LabelModel(label)) for m, label in LABELS.items()}
+    execute = {m: fake_workers(LabelModel(label)) for m, label in LABELS.items()}
     return Server(parsed, execute, store=make_store(redis_url))
 
 

@@ -18,7 +18,7 @@ from raysrv._server import Server
 from raysrv.config import RaysrvSpec
 from raysrv.errors import Overloaded
 from raysrv.state import FallbackStore, RedisStore, StateStore, make_store
-from raysrv.testing import EchoModel, FakeClock, fake_execute, model_spec, spec
+from raysrv.testing import EchoModel, FakeClock, fake_workers, model_spec, spec
 from tests.conftest import _wait_for_port, free_port
 from tests.unit.test_state import FallbackCounter, count_up, round_trip, zero
 
@@ -48,7 +48,7 @@ def test_feedback_reaches_a_second_ingress_through_redis(redis_url: str) -> None
 
     async def scenario() -> None:
         first, second = (
-            Server(parsed, {"a": fake_execute(EchoModel())}, store=make_store(redis_url))
+            Server(parsed, {"a": fake_workers(EchoModel())}, store=make_store(redis_url))
             for _ in range(2)
         )
         try:

@@ -20,7 +20,7 @@ from raysrv.batching import (
     ReplicaSlot,
     Wait,
 )
-from raysrv.testing import FakeClock, saturated_batch_sizes
+from raysrv.testing import FakeClock, saturated_batch_sizes, teach
 
 
 def _queue(arrivals: list[float]) -> list[QueuedQuery]:
@@ -179,7 +179,7 @@ def _simulate(
             running.remove(done)
             slots[done[1]] = ReplicaSlot(done[1])
             duration = 0.003 + per_item_s * done[2]
-            policy.observe(BatchOutcome(done[2], done[1], done[0] - duration, done[0], duration))
+            teach(policy, BatchOutcome(done[2], done[1], done[0] - duration, done[0], duration))
     assert sorted(answered) == list(range(n)), "a query was lost or answered twice"
     return sizes, n - sum(sizes)
 

@@ -18,7 +18,7 @@ from raysrv.batching import (
     Wait,
 )
 from raysrv.batching.clipper import fit_quantile_line
-from raysrv.testing import saturated_batch_sizes
+from raysrv.testing import saturated_batch_sizes, teach
 
 
 def _queue(arrival: float, n: int, deadline: float = float("inf")) -> list[QueuedQuery]:
@@ -54,7 +54,7 @@ def test_delayed_holds_a_short_batch_briefly_for_more_queries() -> None:
 def test_delayed_never_holds_past_what_the_deadline_allows() -> None:
     params = DelayedParams(initial_batch_size=8, max_batch_size=8, delay_ms=50.0)
     policy = DelayedPolicy(params, slo_s=1.0)
-    policy.observe(BatchOutcome(8, 0, 0.0, 0.02, 0.02))  # a batch of 8 takes 20 ms
+    teach(policy, BatchOutcome(8, 0, 0.0, 0.02, 0.02))  # a batch of 8 takes 20 ms
     decision = policy.decide(BatcherView(0.0, _queue(0.0, 3, deadline=0.03), [ReplicaSlot(0)]))
     assert decision == Wait(pytest.approx(0.01))
 

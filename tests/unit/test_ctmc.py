@@ -19,7 +19,7 @@ from raysrv.batching import (
     Wait,
 )
 from raysrv.batching.ctmc import _PlanJob
-from raysrv.testing import EchoModel, fake_execute
+from raysrv.testing import EchoModel, fake_workers, one_model_pool, teach
 
 SERVICE = 0.002 + 0.001 * np.arange(1, 33)
 
@@ -59,25 +59,23 @@ def test_in_simulation_it_replans_and_answers_nothing_late() -> None:
     assert result.batch_sizes.max() <= CTMCParams().max_batch_size
 
 
-def test_the_live_batcher_plans_off_the_loop_and_adopts_the_plan() -> None:
-    from raysrv._batcher import Batcher
-
+def test_the_live_driver_plans_off_the_loop_and_adopts_the_plan() -> None:
     async def scenario() -> None:
         policy = CTMCPolicy(CTMCParams(min_arrivals=60, replan_s=0.05), slo_s=0.5)
-        batcher = Batcher("echo", policy, fake_execute(EchoModel(), delay_s=0.002), 1, 1000)
+        pool = one_model_pool(policy, fake_workers(EchoModel(), delay_s=0.002))
         loop = asyncio.get_running_loop()
         for i in range(150):
-            await batcher.submit(np.full(4, i, np.float32), deadline=loop.time() + 0.5)
+            await pool.submit("echo", np.full(4, i, np.float32), deadline=loop.time() + 0.5)
         for _ in range(200):  # the plan arrives from a worker thread
             if policy.plan is not None:
                 break
             await asyncio.sleep(0.01)
-            await batcher.submit(np.zeros(4, np.float32), deadline=loop.time() + 0.5)
+            await pool.submit("echo", np.zeros(4, np.float32), deadline=loop.time() + 0.5)
         assert policy.plan is not None
-        described = batcher.describe()["batching"]
+        described = pool.describe_model("echo")["batching"]
         assert described["plan"]["max_batch"] == described["batch_size"]
         assert described["timeout_ms"] == pytest.approx(described["plan"]["timeout"] * 1000)
-        await batcher.close()
+        await pool.close()
 
     asyncio.run(scenario())
 
@@ -87,7 +85,7 @@ def _planned(batch: int, timeout_s: float) -> CTMCPolicy:
     policy = CTMCPolicy(CTMCParams(max_batch_size=16), slo_s=0.5)
     for size in (1, 2, 4, 8, 16):
         duration = 0.002 + 0.001 * size
-        policy.observe(BatchOutcome(size, 0, 0.0, duration, duration))
+        teach(policy, BatchOutcome(size, 0, 0.0, duration, duration))
     policy._apply(batch, timeout_s)
     return policy
 

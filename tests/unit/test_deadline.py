@@ -20,6 +20,7 @@ from raysrv.batching import (
     ReplicaSlot,
     Wait,
 )
+from raysrv.testing import teach
 
 
 def _trained(slo_s: float = 0.05, **params: object) -> DeadlinePolicy:
@@ -27,7 +28,7 @@ def _trained(slo_s: float = 0.05, **params: object) -> DeadlinePolicy:
     policy = DeadlinePolicy(DeadlineParams(**params), slo_s)
     for size in (1, 2, 4, 8):
         duration = 0.002 + 0.001 * size
-        policy.observe(BatchOutcome(size, 0, 0.0, duration, duration))
+        teach(policy, BatchOutcome(size, 0, 0.0, duration, duration))
     return policy
 
 
@@ -62,7 +63,7 @@ def test_plans_each_batch_size_on_its_own_run_times_even_when_a_larger_one_runs_
     sizes would plan a batch of 10 at 8's time, too late here, and send a batch of 7 instead."""
     policy = DeadlinePolicy(DeadlineParams(max_batch_size=10, learn_overrun=False), 1.0)
     for size, duration in ((1, 0.100), (8, 0.204), (10, 0.183)):
-        policy.seed(size, duration)
+        policy.runs.observe(size, duration)
     assert policy.estimate(10) == pytest.approx(0.183)
     assert policy.estimate(9) == pytest.approx((0.204 + 0.183) / 2)
     queue = _queue([0.190] * 10)
@@ -97,7 +98,7 @@ def test_plans_behind_its_own_batch_in_flight_re_anchored_on_each_answer() -> No
     assert second.expected_start == 0.006  # behind the first, by the policy's own plan
     # The first batch comes back at 4 ms, 2 ms early: the second's plan moves 2 ms earlier
     # (4..8 ms instead of 6..10), and a query due at 11.5 ms now fits behind it.
-    policy.observe(BatchOutcome(4, 0, 0.0, 0.004, 0.004, True, 0.0))
+    teach(policy, BatchOutcome(4, 0, 0.0, 0.004, 0.004, True, 0.0))
     later = [QueuedQuery(10, 0.004, 0.0115)]
     assert policy.decide(BatcherView(0.004, later, [ReplicaSlot(0, busy_until=0.005)])) == (
         Dispatch((10,), 0)
@@ -111,10 +112,10 @@ def test_re_anchors_the_plans_behind_a_batch_that_was_itself_moved() -> None:
     assert policy.decide(BatcherView(0.0, queue, [ReplicaSlot(0)])) == Dispatch((0, 1, 2, 3), 0)
     b = policy.decide(BatcherView(0.001, queue[:2], [ReplicaSlot(0, busy_until=0.003)]))
     assert b.expected_start == pytest.approx(0.006)  # planned 6..10 ms
-    policy.observe(BatchOutcome(4, 0, 0.0, 0.008, 0.008, True, 0.0))  # A ran 2 ms long
+    teach(policy, BatchOutcome(4, 0, 0.0, 0.008, 0.008, True, 0.0))  # A ran 2 ms long
     c = policy.decide(BatcherView(0.009, queue[:1], [ReplicaSlot(0, busy_until=0.010)]))
     assert c.expected_start == pytest.approx(0.012)  # behind B, now planned 8..12 ms
-    policy.observe(BatchOutcome(2, 0, 0.001, 0.011, 0.003, True, 0.006))  # B: 1 ms early
+    teach(policy, BatchOutcome(2, 0, 0.001, 0.011, 0.003, True, 0.006))  # B: 1 ms early
     # C is now planned 11..14 ms, so a query of 3 ms due at 17.5 ms fits behind it.
     d = policy.decide(
         BatcherView(0.0115, [QueuedQuery(9, 0.0115, 0.0175)], [ReplicaSlot(0, busy_until=0.013)])
@@ -169,7 +170,7 @@ def _late_by(policy: DeadlinePolicy, seconds: float, batches: int = 20) -> None:
     for k in range(batches):
         start = float(k)
         planned = start + policy.estimate(4) - policy.describe()["learned_overrun_ms"] / 1000
-        policy.observe(BatchOutcome(4, 0, start, planned + seconds, 0.006, True, start))
+        teach(policy, BatchOutcome(4, 0, start, planned + seconds, 0.006, True, start))
 
 
 def test_learns_how_much_later_than_planned_batches_come_back() -> None:
@@ -218,7 +219,7 @@ def test_a_rare_pause_does_not_set_the_overrun() -> None:
 def test_a_slow_run_is_learned_as_run_time_not_as_overrun() -> None:
     policy = _trained()
     for k in range(10):  # batches of 4 that ran 9 ms instead of 6, and came straight back
-        policy.observe(BatchOutcome(4, 0, float(k), k + 0.009, 0.009, True, float(k)))
+        teach(policy, BatchOutcome(4, 0, float(k), k + 0.009, 0.009, True, float(k)))
     assert policy.describe()["learned_overrun_ms"] == pytest.approx(0.0, abs=1e-9)
     assert policy.estimate(4) == pytest.approx(0.009)
 
@@ -260,7 +261,7 @@ def test_batch_clients_through_the_server_wait_for_idle_time() -> None:
 
     from raysrv._server import Server
     from raysrv.config import RaysrvSpec
-    from raysrv.testing import EchoModel, fake_execute, model_spec, spec
+    from raysrv.testing import EchoModel, fake_workers, model_spec, spec
 
     batching = {"policy": "deadline", "params": {"max_batch_size": 1}}
     parsed = RaysrvSpec.model_validate(
@@ -274,7 +275,7 @@ def test_batch_clients_through_the_server_wait_for_idle_time() -> None:
             return super().predict_batch(inputs)
 
     async def scenario() -> None:
-        server = Server(parsed, {"a": fake_execute(Recording(), delay_s=0.01)})
+        server = Server(parsed, {"a": fake_workers(Recording(), delay_s=0.01)})
         first = asyncio.create_task(server.predict("one", [0, 0, 0, 0]))
         await asyncio.sleep(0.002)  # the replica is busy with the first query
         batch = asyncio.create_task(server.predict("one", [1, 0, 0, 0], priority=1))
@@ -289,10 +290,10 @@ def test_batch_clients_through_the_server_wait_for_idle_time() -> None:
 def test_the_server_profiles_the_models_whose_policy_asks_on_their_own_input() -> None:
     import asyncio
 
-    from raysrv._batcher import PROFILE_RUNS
+    from raysrv._pool import PROFILE_RUNS
     from raysrv._server import Server
     from raysrv.config import RaysrvSpec
-    from raysrv.testing import EchoModel, fake_execute, model_spec, spec
+    from raysrv.testing import EchoModel, fake_workers, model_spec, spec
 
     planned = model_spec(
         "planned", batching={"policy": "deadline", "params": {"max_batch_size": 2}}
@@ -308,7 +309,7 @@ def test_the_server_profiles_the_models_whose_policy_asks_on_their_own_input() -
             shapes.append(inputs.shape)
             return super().predict_batch(inputs)
 
-    execute = {name: fake_execute(Shapes(), log=log) for name, log in logs.items()}
+    execute = {name: fake_workers(Shapes(), log=log) for name, log in logs.items()}
     asyncio.run(Server(parsed, execute).profile())
     assert sorted(logs["planned"]) == sorted([1, 2] * (1 + PROFILE_RUNS))
     assert logs["plain"] == []  # ``fixed`` keeps no run times

@@ -11,7 +11,7 @@ import pytest
 from raysrv._server import Server
 from raysrv.config import RaysrvSpec
 from raysrv.errors import BadRequest, DeadlineExpired
-from raysrv.testing import LabelModel, fake_execute, model_spec, spec
+from raysrv.testing import LabelModel, fake_workers, model_spec, spec
 
 LABELS = {"fast-a": 1, "fast-b": 1, "slow": 2}
 
@@ -30,7 +30,7 @@ def _server(slow_s: float, **app: Any) -> Server:
     }
     parsed = RaysrvSpec.model_validate(spec(models, [ensemble]))
     execute = {
-        m: fake_execute(LabelModel(label), slow_s if m == "slow" else 0.0)
+        m: fake_workers(LabelModel(label), slow_s if m == "slow" else 0.0)
         for m, label in LABELS.items()
     }
     return Server(parsed, execute)
@@ -59,7 +59,7 @@ def test_an_ensemble_with_no_prediction_by_the_deadline_fails_with_504() -> None
         models = [model_spec(m, source="raysrv.testing:LabelModel") for m in ("x", "y")]
         app = {"name": "both", "models": ["x", "y"], "selection": {"policy": "exp4"}}
         parsed = RaysrvSpec.model_validate(spec(models, [app]))
-        server = Server(parsed, {m: fake_execute(LabelModel(), 0.3) for m in ("x", "y")})
+        server = Server(parsed, {m: fake_workers(LabelModel(), 0.3) for m in ("x", "y")})
         try:
             with pytest.raises(DeadlineExpired):
                 await server.predict("both", [0, 0, 0, 0], slo_ms=30)

@@ -14,7 +14,7 @@ import pytest
 from raysrv._http import create_http_app
 from raysrv._server import Server
 from raysrv.config import LiveConfig, RaysrvSpec
-from raysrv.testing import EchoModel, fake_execute, model_spec, spec
+from raysrv.testing import EchoModel, fake_workers, model_spec, spec
 
 SPEC = RaysrvSpec.model_validate(
     spec(
@@ -34,7 +34,7 @@ SPEC = RaysrvSpec.model_validate(
 
 def _server(delay_s: float = 0.0, logs: dict[str, list[int]] | None = None) -> Server:
     logs = logs if logs is not None else {"a": [], "b": []}
-    return Server(SPEC, {m: fake_execute(EchoModel(), delay_s, logs[m]) for m in ("a", "b")})
+    return Server(SPEC, {m: fake_workers(EchoModel(), delay_s, logs[m]) for m in ("a", "b")})
 
 
 async def _client(server: Server, limit: int = 4096) -> httpx.AsyncClient:
@@ -263,7 +263,7 @@ def test_a_trip_back_quantile_of_1_keeps_back_the_longest_recent_trip() -> None:
             [{"name": "one", "models": ["a"]}],
             ingress={"trip_back_quantile": quantile},
         )
-        server = Server(RaysrvSpec.model_validate(raw), {"a": fake_execute(EchoModel())})
+        server = Server(RaysrvSpec.model_validate(raw), {"a": fake_workers(EchoModel())})
         async with await _client(server) as c:
             for i in range(100):
                 transit = 0.15 if i == 50 else 0.01
@@ -305,12 +305,13 @@ def test_an_answer_taken_up_after_the_deadline_gets_504_not_a_late_200() -> None
     are due together: the ingress drops it instead of sending it on late."""
     echo = EchoModel()
 
-    async def stalling(inputs: Any, replica: int, latest_start: float = 0.0) -> tuple[Any, float]:
-        time.sleep(0.08)  # holds the loop: no timer can fire meanwhile
-        return echo.predict_batch(inputs), 0.08
+    class Stalling:
+        def predict_batch(self, inputs: Any) -> list[Any]:
+            time.sleep(0.08)  # holds the loop: no timer can fire meanwhile
+            return echo.predict_batch(inputs)
 
     async def scenario() -> tuple[httpx.Response, httpx.Response]:
-        server = Server(SPEC, {"a": stalling, "b": fake_execute(echo)})
+        server = Server(SPEC, {"a": fake_workers(Stalling()), "b": fake_workers(echo)})
         async with await _client(server) as c:
             stalled = await c.post("/v1/one/predict", json={"input": [1, 0, 0, 0], "slo_ms": 50})
             roomy = await c.post("/v1/one/predict", json={"input": [2, 0, 0, 0], "slo_ms": 500})
@@ -344,13 +345,13 @@ def test_reapplying_the_same_live_config_keeps_what_the_policy_learned() -> None
     server = _server()
     aimd = {"policy": "aimd", "params": {"max_batch_size": 4}}
     server.configure(LiveConfig.model_validate({"models": {"a": {"batching": aimd}}}))
-    learned = server.batchers["a"].policy
+    learned = server.pool_of("a").policy("a")
     server.configure(LiveConfig.model_validate({"models": {"a": {"batching": aimd}}}))
-    assert server.batchers["a"].policy is learned
+    assert server.pool_of("a").policy("a") is learned
     server.configure(LiveConfig.model_validate({"models": {"a": {"slo_ms": 5}}}))
-    assert server.batchers["a"].policy is not learned
-    assert server.batchers["a"].policy.name == "aimd"
-    assert server.batchers["a"].policy.slo_s == 0.005
+    assert server.pool_of("a").policy("a") is not learned
+    assert server.pool_of("a").policy("a").name == "aimd"
+    assert server.pool_of("a").policy("a").slo_s == 0.005
 
 
 def test_the_plan_view_shows_the_prediction_and_its_inputs() -> None:

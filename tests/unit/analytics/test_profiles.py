@@ -1,9 +1,8 @@
-"""Service profiles: BATCH's polynomial fit (batch §III-A, §VI-B), Clockwork's p99 (§5.3)."""
+"""Service profiles: BATCH's polynomial fit (batch §III-A, §VI-B) and measured tables."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -11,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raysrv.analytics.profiles import (
-    RollingQuantile,
     ServiceProfile,
     TableProfile,
     interpolate_batches,
@@ -244,115 +242,3 @@ def test_interpolate_batches_beyond_the_table_stays_between_flat_and_proportiona
     np.testing.assert_allclose(interpolate_batches([1, 2], [0.010, 0.008], [4]), [0.008])
     np.testing.assert_allclose(interpolate_batches([1, 2], [0.001, 0.010], [4]), [0.020])
     np.testing.assert_allclose(interpolate_batches([3], [0.009], [6]), [0.018])
-
-
-# ----------------------------------------------------------------------------- RollingQuantile
-
-
-def test_window_evicts_the_oldest_measurement() -> None:
-    rq = RollingQuantile(window=3, quantile=0.5)
-    rq.observe_many(("resnet", 4), [100.0, 1.0, 2.0, 3.0])
-    assert rq.count(("resnet", 4)) == 3
-    assert rq.estimate(("resnet", 4)) == pytest.approx(2.0)
-
-
-def test_estimate_matches_numpy_on_the_window() -> None:
-    rng = np.random.default_rng(11)
-    values = rng.lognormal(-4.0, 0.3, size=25)
-    rq = RollingQuantile(window=10)
-    rq.observe_many(("m", 8), values)
-    assert rq.estimate(("m", 8)) == pytest.approx(float(np.quantile(values[-10:], 0.99)))
-
-
-def test_unknown_keys_give_none() -> None:
-    rq = RollingQuantile()
-    rq.observe(("m", 1), 0.01)
-    assert rq.estimate(("m", 2)) is None
-    assert rq.estimate(("other", 1)) is None
-    assert rq.estimate_batch("other", 4) is None
-    assert rq.service_times("other", 4) is None
-    assert rq.table("other") == {}
-    assert rq.count(("other", 1)) == 0
-
-
-def test_bare_batch_size_keys_belong_to_model_none() -> None:
-    rq = RollingQuantile(window=5)
-    rq.observe(4, 0.04)
-    rq.observe(1, 0.01)
-    assert rq.table() == {1: 0.01, 4: 0.04}
-    assert rq.counts() == {1: 1, 4: 1}
-    assert rq.models() == (None,)
-
-
-def test_unseen_batch_sizes_interpolate_between_neighbours() -> None:
-    rq = RollingQuantile(window=4)
-    for size, seconds in [(2, 0.02), (4, 0.04), (8, 0.10)]:
-        rq.observe(("m", size), seconds)
-    assert rq.estimate_batch("m", 4) == pytest.approx(0.04)
-    assert rq.estimate_batch("m", 3) == pytest.approx(0.03)
-    assert rq.estimate_batch("m", 6) == pytest.approx(0.07)
-    assert rq.estimate_batch("m", 1) == pytest.approx(0.02)
-    assert rq.estimate_batch("m", 16) == pytest.approx(0.20)
-
-
-def test_rolling_service_times_are_monotone() -> None:
-    rq = RollingQuantile(window=4)
-    rq.observe(("m", 1), 0.05)
-    rq.observe(("m", 2), 0.03)  # noisier than batch 1: corrected upwards
-    rq.observe(("m", 4), 0.08)
-    np.testing.assert_allclose(rq.service_times("m", 5), [0.05, 0.05, 0.055, 0.08, 0.10])
-    per_size = rq.service_times("m", 5, running_max=False)  # each size as measured
-    np.testing.assert_allclose(per_size, [0.05, 0.03, 0.055, 0.08, 0.10])
-
-
-@pytest.mark.parametrize(
-    ("call", "match"),
-    [
-        (lambda: RollingQuantile(window=0), "window must be an integer >= 1, got 0"),
-        (lambda: RollingQuantile(quantile=1.5), r"quantile must be in \[0, 1\], got 1.5"),
-        (lambda: RollingQuantile().observe(("m", 1), -0.1), "seconds must be finite"),
-        (lambda: RollingQuantile().observe(("m", 0), 0.1), "batch_size must be an integer >= 1"),
-        (lambda: RollingQuantile().observe(("m", True), 0.1), "batch_size must be an integer"),
-        (lambda: RollingQuantile().observe(("m", 1, 2), 0.1), "key must be"),
-        (lambda: RollingQuantile().service_times("m", 0), "max_batch must be"),
-    ],
-)
-def test_rolling_validation_names_the_argument(call: Callable[[], object], match: str) -> None:
-    with pytest.raises(ValueError, match=match):
-        call()
-
-
-@FAST
-@given(
-    values=st.lists(st.floats(0.0, 10.0), min_size=1, max_size=40),
-    window=st.integers(1, 12),
-    quantile=st.floats(0.0, 1.0),
-)
-def test_estimate_stays_within_the_window(
-    values: list[float], window: int, quantile: float
-) -> None:
-    rq = RollingQuantile(window=window, quantile=quantile)
-    rq.observe_many(("m", 2), values)
-    kept = values[-window:]
-    estimate = rq.estimate(("m", 2))
-    assert estimate is not None
-    assert min(kept) - 1e-12 <= estimate <= max(kept) + 1e-12
-    assert estimate == pytest.approx(float(np.quantile(kept, quantile)))
-
-
-@FAST
-@given(
-    measured=st.dictionaries(st.integers(1, 32), st.floats(0.0, 1.0), min_size=1, max_size=8),
-    max_batch=st.integers(1, 48),
-)
-def test_rolling_service_times_positive_and_non_decreasing(
-    measured: dict[int, float], max_batch: int
-) -> None:
-    rq = RollingQuantile()
-    for size, seconds in measured.items():
-        rq.observe(("m", size), seconds)
-    times = rq.service_times("m", max_batch)
-    assert times is not None
-    assert times.shape == (max_batch,)
-    assert np.all(times > 0)
-    assert np.all(np.diff(times) >= 0)

@@ -1,0 +1,335 @@
+"""A discrete-event simulation of a worker pool, driven by the live system's own scheduler.
+
+:func:`simulate_pool` runs :class:`raysrv.batching.scheduler.PoolScheduler`, the code that
+schedules a live pool, against simulated workers: it submits each query at its arrival time,
+calls ``step`` after every arrival, result or requested wake-up, carries the returned actions
+out on workers that run one action at a time in the order they were sent, and reports each
+result back. Only the workers are simulated: an INFER of k queries runs for ``service(k)``
+seconds, a LOAD for the model's ``load_s`` and an UNLOAD for its ``unload_s``; an action that
+reaches its worker after its ``latest`` start is not run (clockwork §4.4); ``hop_s`` is the
+round trip of an action to its worker and its result back (half each way).
+
+Each simulated worker also keeps its own account of the weights it holds and refuses a LOAD
+that would take it past the capacity, as a live worker does, so the result's
+``peak_bytes`` is what the workers held, not what the scheduler planned.
+
+Cost: O(log n) per event plus the scheduler's own cost per step.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from raysrv.batching.base import BatchingPolicy, QueuedQuery
+from raysrv.batching.scheduler import (
+    Action,
+    ActionResult,
+    Infer,
+    Load,
+    PoolScheduler,
+    QueueFull,
+    Step,
+    Unload,
+)
+
+__all__ = ["PoolSimResult", "ServiceFn", "ServiceSource", "SimModel", "service_fn", "simulate_pool"]
+
+ServiceFn = Callable[[int], float]
+
+
+@runtime_checkable
+class _Predicts(Protocol):
+    """A service-time profile (:class:`raysrv.analytics.profiles.ServiceProfile`,
+    ``TableProfile``): seconds for a batch of k."""
+
+    def predict(self, batch_size: Any, resource: Any = None) -> Any: ...
+
+
+ServiceSource = Sequence[float] | np.ndarray | ServiceFn | _Predicts
+
+
+def service_fn(service: ServiceSource) -> ServiceFn:
+    """``service`` as a function of the batch size: ``service[k-1]`` seconds for a batch of k,
+    a callable ``k -> seconds`` (close over a ``numpy.random.Generator`` for noisy service) or
+    a profile with ``predict(k)``."""
+    if isinstance(service, _Predicts):
+        return lambda k: float(service.predict(k))
+    if callable(service):
+        return service
+    table = np.asarray(service, dtype=float)
+    if table.ndim != 1 or table.size == 0 or np.any(table < 0) or not np.all(np.isfinite(table)):
+        raise ValueError(f"service must be finite times >= 0 per batch size, got {table!r}")
+
+    def lookup(k: int) -> float:
+        if k > table.size:
+            raise ValueError(f"a batch of {k} but service times only up to {table.size}")
+        return float(table[k - 1])
+
+    return lookup
+
+
+@dataclass(frozen=True)
+class SimModel:
+    """One model of a simulated pool: its batching policy and how long its actions take.
+
+    ``pinned``: loaded on every worker from the start and never unloaded (a dedicated pool).
+    ``weight_bytes`` counts against a worker's capacity; ``group`` names models whose run
+    times are alike (a model not yet run is planned with its group's)."""
+
+    policy: BatchingPolicy
+    service: ServiceSource
+    load_s: float = 0.0
+    unload_s: float = 0.0
+    weight_bytes: int | None = None
+    group: str | None = None
+    pinned: bool = False
+    max_queue: int = 1 << 30
+
+
+@dataclass(frozen=True)
+class PoolSimResult:
+    """Per-query and per-pool outcomes of one run (times in seconds)."""
+
+    arrivals: np.ndarray
+    models: np.ndarray  # the model of each query
+    latencies: np.ndarray  # completion - arrival; NaN for refused queries
+    rejected: np.ndarray  # bool per query: refused before any work
+    late: np.ndarray  # bool per query: answered after its deadline
+    cold: np.ndarray  # bool per query: its model was loaded nowhere when it arrived
+    batch_sizes: np.ndarray
+    batch_starts: np.ndarray
+    batch_models: np.ndarray
+    loads: int
+    unloads: int
+    evictions: int
+    peak_bytes: tuple[int, ...]  # per worker, as the workers held them
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def answered(self) -> np.ndarray:
+        return self.latencies[~self.rejected]
+
+    def within(self, slo: float | np.ndarray) -> np.ndarray:
+        """Queries answered within ``slo`` seconds of their arrival (per query or one value)."""
+        return ~self.rejected & (self.latencies <= slo)
+
+
+class _SimWorker:
+    def __init__(self, capacity: int | None) -> None:
+        self.free_at = 0.0
+        self.held: dict[str, int] = {}
+        self.capacity = capacity
+        self.peak = 0
+
+
+class _PoolRun:
+    def __init__(
+        self,
+        models: Mapping[str, SimModel],
+        workers: int,
+        capacity_bytes: int | None,
+        depth: int,
+        hop_s: float,
+    ) -> None:
+        self.specs = dict(models)
+        self.service = {name: service_fn(m.service) for name, m in models.items()}
+        self.scheduler = PoolScheduler(workers, capacity_bytes=capacity_bytes, depth=depth)
+        self.workers = [_SimWorker(capacity_bytes) for _ in range(workers)]
+        self.hop = hop_s
+        self.events: list[tuple[float, int, ActionResult]] = []
+        self.seq = 0
+        self.timer = math.inf
+        for name, m in models.items():
+            self.scheduler.add_model(
+                name,
+                m.policy,
+                weight_bytes=m.weight_bytes,
+                group=m.group,
+                max_queue=m.max_queue,
+            )
+            if m.pinned:
+                for i, w in enumerate(self.workers):
+                    w.held[name] = m.weight_bytes or 0
+                    self.scheduler.pin(i, name, m.weight_bytes or 0)
+        self.sizes: list[int] = []
+        self.starts: list[float] = []
+        self.batch_models: list[str] = []
+        self.refused: dict[int, str] = {}
+        self.done: dict[int, float] = {}
+        self.cold: set[int] = set()
+
+    def run(self, times: np.ndarray, names: Sequence[str], deadlines: np.ndarray, prio) -> None:
+        i, n = 0, times.size
+        while i < n or self.events or self.timer < math.inf:
+            t_event = self.events[0][0] if self.events else math.inf
+            t_arrival = float(times[i]) if i < n else math.inf
+            now = min(t_event, t_arrival, self.timer)
+            if self.timer <= now:
+                self.timer = math.inf
+            while self.events and self.events[0][0] <= now:
+                self._finish(heapq.heappop(self.events)[2])
+            while i < n and times[i] <= now:
+                self._arrive(i, names[i], float(times[i]), float(deadlines[i]), int(prio[i]))
+                i += 1
+            self._step(now)
+
+    def _arrive(self, i: int, name: str, t: float, deadline: float, priority: int) -> None:
+        try:
+            if self.scheduler.submit(name, QueuedQuery(i, t, deadline, priority)):
+                self.cold.add(i)
+        except QueueFull:
+            self.refused[i] = "queue_full"
+
+    def _step(self, now: float) -> None:
+        step: Step = self.scheduler.step(now)
+        for plan in step.plans:  # planning takes no simulated time
+            self.scheduler.apply_plan(plan.model, plan.policy, plan.job())
+        for refusal in step.refusals:
+            for q in refusal.query_ids:
+                self.refused[q] = refusal.reason
+        for action in step.actions:
+            self._carry_out(action, now)
+        if step.wake_at is not None and now < step.wake_at < self.timer:
+            self.timer = step.wake_at
+
+    def _carry_out(self, action: Action, now: float) -> None:
+        w = self.workers[action.worker]
+        start = max(now + self.hop / 2, w.free_at)
+        ran, ok, error, size, weight = True, True, "", None, None
+        if isinstance(action, Unload):
+            w.held.pop(action.model, None)
+            duration = self.specs[action.model].unload_s if action.model in self.specs else 0.0
+        elif start > action.latest:
+            ran, duration = False, 0.0
+        elif isinstance(action, Load):
+            duration, weight = self._load(w, action)
+            ok = weight is not None
+            error = "" if ok else "does not fit"
+        else:
+            duration, size = self._infer(action, start)
+        end = start + duration
+        w.free_at = end
+        result = ActionResult(action, end + self.hop / 2, ran, ok, duration, size, weight, error)
+        self.seq += 1
+        heapq.heappush(self.events, (result.finished, self.seq, result))
+
+    def _load(self, w: _SimWorker, action: Load) -> tuple[float, int | None]:
+        spec = self.specs[action.model]
+        weight = spec.weight_bytes or 0
+        if w.capacity is not None and sum(w.held.values()) + weight > w.capacity:
+            return 0.0, None
+        w.held[action.model] = weight
+        w.peak = max(w.peak, sum(w.held.values()))
+        return spec.load_s, weight
+
+    def _infer(self, action: Infer, start: float) -> tuple[float, int]:
+        size = len(action.query_ids)
+        if action.model not in self.workers[action.worker].held:
+            raise RuntimeError(f"INFER of {action.model!r} on a worker that does not hold it")
+        self.sizes.append(size)
+        self.starts.append(start)
+        self.batch_models.append(action.model)
+        return float(self.service[action.model](size)), size
+
+    def _finish(self, result: ActionResult) -> None:
+        action = result.action
+        if isinstance(action, Infer) and result.ran:
+            for q in action.query_ids:
+                self.done[q] = result.finished
+        elif isinstance(action, Infer):
+            for q in action.query_ids:
+                self.refused[q] = "deadline passed before the batch could start"
+        self.scheduler.finished(result)
+
+
+def simulate_pool(
+    arrivals: Sequence[float] | np.ndarray,
+    models_of: Sequence[str],
+    models: Mapping[str, SimModel],
+    *,
+    workers: int,
+    capacity_bytes: int | None = None,
+    depth: int = 1,
+    hop_s: float = 0.0,
+    slo: float | Mapping[str, float] | None = None,
+    deadlines: Sequence[float] | np.ndarray | None = None,
+    priorities: Sequence[int] | np.ndarray | None = None,
+) -> PoolSimResult:
+    """Run queries (``arrivals``: absolute, non-decreasing seconds; ``models_of``: each one's
+    model) through a pool of ``workers`` scheduled by :class:`PoolScheduler`.
+
+    Deadlines: ``slo`` seconds after each arrival (one value, or one per model), or absolute
+    ``deadlines``, or none. Every query ends answered or refused, exactly once."""
+    times = np.asarray(arrivals, dtype=float)
+    names = list(models_of)
+    if times.ndim != 1 or len(names) != times.size or np.any(np.diff(times) < 0):
+        raise ValueError("arrivals must be non-decreasing times, one model name per arrival")
+    unknown = sorted(set(names) - set(models))
+    if unknown:
+        raise ValueError(f"queries name models the pool does not have: {unknown[:5]}")
+    due = _deadlines(times, names, slo, deadlines)
+    prio = np.zeros(times.size, dtype=int) if priorities is None else np.asarray(priorities)
+    run = _PoolRun(models, workers, capacity_bytes, depth, hop_s)
+    run.run(times, names, due, prio)
+    return _result(run, times, names, due)
+
+
+def _result(run: _PoolRun, times: np.ndarray, names: list[str], due: np.ndarray) -> PoolSimResult:
+    n = times.size
+    cold = np.zeros(n, dtype=bool)
+    cold[list(run.cold)] = True
+    missing = set(range(n)) - run.done.keys() - run.refused.keys()
+    if missing:
+        raise RuntimeError(f"{len(missing)} queries were never answered nor refused")
+    done = np.full(n, np.nan)
+    for q, t in run.done.items():
+        done[q] = t
+    rejected = np.zeros(n, dtype=bool)
+    rejected[list(run.refused)] = True
+    reasons: dict[str, int] = {}
+    for reason in run.refused.values():
+        reasons[reason] = reasons.get(reason, 0) + 1
+    latencies = np.where(rejected, np.nan, done - times)
+    s = run.scheduler
+    return PoolSimResult(
+        times,
+        np.asarray(names),
+        latencies,
+        rejected,
+        ~rejected & (done > due),
+        cold,
+        np.asarray(run.sizes, dtype=int),
+        np.asarray(run.starts, dtype=float),
+        np.asarray(run.batch_models),
+        s.loads,
+        s.unloads,
+        s.evictions,
+        tuple(w.peak for w in run.workers),
+        reasons,
+    )
+
+
+def _deadlines(
+    times: np.ndarray,
+    names: list[str],
+    slo: float | Mapping[str, float] | None,
+    deadlines: Sequence[float] | np.ndarray | None,
+) -> np.ndarray:
+    if slo is not None and deadlines is not None:
+        raise ValueError("give slo or deadlines, not both")
+    if deadlines is not None:
+        due = np.asarray(deadlines, dtype=float)
+        if due.shape != times.shape:
+            raise ValueError(f"deadlines needs one value per arrival ({times.size})")
+        return due
+    if slo is None:
+        return np.full(times.size, math.inf)
+    if isinstance(slo, Mapping):
+        return times + np.array([slo[name] for name in names], dtype=float)
+    return times + float(slo)

@@ -1,0 +1,284 @@
+"""Action profiles: the one record of how long a model's actions take on a kind of worker.
+
+Clockwork (OSDI'20) §5.3 keeps "measurements of past 10 actions duration, stratified by action
+type, model and batch size, to predict the duration of future action". :class:`RunTimes` is that
+record for one (model, worker kind): the last durations of INFER per batch size, of LOAD and of
+UNLOAD. Everything that needs a duration reads it here, each at its own quantile and window:
+
+* the batching policies plan with a tail (``deadline``: the p99 of the last 10 of a size);
+* the scheduler predicts when a worker's work in flight ends with the median of the last 10;
+* ``GET /v1/models`` and the plan view show the p50 and p99 of the last 100.
+
+Only the scheduler (live or simulated) writes, after a worker reports a measured duration; a
+policy only reads. A model never measured reads its group's record (the models declared by one
+bulk entry share an architecture), and a LOAD never measured reads the group's loads scaled by
+the weight bytes, so the first cold start of a model is planned on its siblings' times.
+
+Sizes never measured are interpolated (:func:`interpolate_batches`).
+Memory: at most ``window`` floats per measured size, per model. Reads cost O(sizes) once cached;
+an observation invalidates only its own size.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import deque
+from collections.abc import Hashable
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+__all__ = [
+    "DEFAULT_FLOOR_S",
+    "RunProfile",
+    "RunTimes",
+    "check_floor",
+    "interpolate_batches",
+    "monotone_service_times",
+]
+
+DEFAULT_FLOOR_S = 1e-6
+"""Smallest service time handed to a latency model, in seconds."""
+
+DEFAULT_WINDOW = 100  # durations kept per batch size, and per LOAD / UNLOAD
+_Cached = dict[tuple[float, int], dict[int, float]]
+
+
+def check_floor(floor_s: float) -> None:
+    if not (math.isfinite(floor_s) and floor_s > 0):
+        raise ValueError(f"floor_s must be positive and finite, got {floor_s!r}")
+
+
+def monotone_service_times(seconds: ArrayLike, floor_s: float = DEFAULT_FLOOR_S) -> np.ndarray:
+    """Clip to ``floor_s`` then take the running maximum: positive and non-decreasing in k."""
+    check_floor(floor_s)
+    arr = np.maximum(np.asarray(seconds, dtype=np.float64), floor_s)
+    return np.maximum.accumulate(arr)
+
+
+def interpolate_batches(sizes: ArrayLike, seconds: ArrayLike, query: ArrayLike) -> np.ndarray:
+    """Service time at ``query`` batch sizes from measured ``(sizes, seconds)``, sizes ascending.
+
+    Linear between measured sizes, the smallest measured value below them. Above the largest,
+    the line through the last two measured sizes, kept between the largest measured value
+    (never decreasing) and proportional scaling ``seconds[-1] * query / sizes[-1]`` (never
+    dearer per query than the largest measured batch); proportional from a single size.
+    An affine cost ``a + b k`` is extended exactly, so a batcher that has only seen small
+    batches under light load does not overrate large ones when a burst comes.
+    """
+    xs = np.asarray(sizes, dtype=np.float64)
+    ys = np.asarray(seconds, dtype=np.float64)
+    q = np.asarray(query, dtype=np.float64)
+    inside = np.interp(q, xs, ys)
+    proportional = ys[-1] * q / xs[-1]
+    if xs.size >= 2:
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        beyond = np.clip(ys[-1] + slope * (q - xs[-1]), ys[-1], proportional)
+    else:
+        beyond = proportional
+    return np.where(q > xs[-1], beyond, inside)
+
+
+def _last(samples: deque[float], window: int) -> list[float]:
+    start = max(0, len(samples) - window)
+    return list(itertools.islice(samples, start, None))
+
+
+def _quantile(values: list[float], q: float) -> float:
+    """numpy's default (linear) quantile, without numpy's per-call cost on a short list."""
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+class _Series:
+    """Durations of one action kind (LOAD or UNLOAD): the last ``capacity`` of them."""
+
+    def __init__(self, capacity: int) -> None:
+        self.samples: deque[float] = deque(maxlen=capacity)
+        self._cache: dict[tuple[float, int], float] = {}
+
+    def observe(self, seconds: float) -> None:
+        self.samples.append(seconds)
+        self._cache.clear()
+
+    def quantile(self, q: float, window: int) -> float | None:
+        if not self.samples:
+            return None
+        key = (q, window)
+        if key not in self._cache:
+            self._cache[key] = _quantile(_last(self.samples, window), q)
+        return self._cache[key]
+
+
+class RunTimes:
+    """Measured durations of one model on one kind of worker (see the module docstring).
+
+    ``version`` changes whenever an estimate read from here may have changed, so a reader may
+    cache what it derived until then.
+    """
+
+    def __init__(self, window: int = DEFAULT_WINDOW, group: RunTimes | None = None) -> None:
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self._capacity = window
+        self._group = group
+        self._infer: dict[int, deque[float]] = {}
+        self._cache: _Cached = {}
+        self._load = _Series(window)
+        self._unload = _Series(window)
+        self._version = 0
+        self.weight_bytes: int | None = None  # of the model, once known (scales group loads)
+
+    # -- writing (the scheduler) -----------------------------------------------------------
+
+    def require(self, window: int) -> None:
+        """Keep at least ``window`` durations per size (a reader's window)."""
+        if window > self._capacity:
+            self._capacity = window
+            self._infer = {k: deque(v, maxlen=window) for k, v in self._infer.items()}
+            self._load.samples = deque(self._load.samples, maxlen=window)
+            self._unload.samples = deque(self._unload.samples, maxlen=window)
+
+    def observe(self, size: int, seconds: float) -> None:
+        """One INFER of a batch of ``size`` ran for ``seconds``."""
+        _check(size, seconds)
+        self._infer.setdefault(size, deque(maxlen=self._capacity)).append(float(seconds))
+        for table in self._cache.values():
+            table.pop(size, None)
+        self._version += 1
+        if self._group is not None:
+            self._group.observe(size, seconds)
+
+    def observe_load(self, seconds: float, weight_bytes: int | None = None) -> None:
+        """One LOAD took ``seconds``; ``weight_bytes`` is what it brought into memory."""
+        _check(1, seconds)
+        self._load.observe(float(seconds))
+        if weight_bytes is not None:
+            self.weight_bytes = int(weight_bytes)
+        self._version += 1
+        if self._group is not None:
+            self._group.observe_load(seconds, weight_bytes)
+
+    def observe_unload(self, seconds: float) -> None:
+        _check(1, seconds)
+        self._unload.observe(float(seconds))
+        self._version += 1
+        if self._group is not None:
+            self._group.observe_unload(seconds)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    @property
+    def version(self) -> tuple[int, int]:
+        group = self._group._version if self._group is not None and not self._infer else 0
+        return self._version, group
+
+    def measured(self) -> bool:
+        """Whether a batch of this model itself was measured (not only its group)."""
+        return bool(self._infer)
+
+    def count(self, size: int) -> int:
+        """Durations of batches of ``size`` measured on this model."""
+        return len(self._infer.get(size, ()))
+
+    def table(self, quantile: float = 0.99, window: int = 10) -> dict[int, float]:
+        """The ``quantile`` of the last ``window`` durations of each measured size, ascending;
+        the group's when this model has none measured; empty when neither has."""
+        if not self._infer:
+            return {} if self._group is None else self._group.table(quantile, window)
+        cached = self._cache.setdefault((quantile, window), {})
+        if len(cached) != len(self._infer):
+            for size, samples in self._infer.items():
+                if size not in cached:
+                    cached[size] = _quantile(_last(samples, window), quantile)
+        return {k: cached[k] for k in sorted(cached)}
+
+    def estimate(self, size: int, quantile: float = 0.99, window: int = 10) -> float | None:
+        """Seconds a batch of ``size`` should take at ``quantile``: measured, else interpolated
+        between measured sizes; None when nothing was measured."""
+        table = self.table(quantile, window)
+        if not table:
+            return None
+        if size in table:
+            return table[size]
+        return float(interpolate_batches(list(table), list(table.values()), size))
+
+    def service_times(
+        self,
+        max_batch: int,
+        quantile: float = 0.99,
+        window: int = 10,
+        running_max: bool = True,
+        floor_s: float = DEFAULT_FLOOR_S,
+    ) -> np.ndarray | None:
+        """``S_1 .. S_max_batch`` (element k-1: a batch of k); None when nothing was measured.
+
+        With ``running_max`` never decreasing in the size (what the latency models assume);
+        without, each size's own estimate: some runtimes run a larger batch faster."""
+        table = self.table(quantile, window)
+        if not table:
+            return None
+        sizes = np.arange(1, max_batch + 1)
+        raw = interpolate_batches(list(table), list(table.values()), sizes)
+        return monotone_service_times(raw, floor_s) if running_max else np.maximum(raw, floor_s)
+
+    def samples(self, window: int | None = None) -> dict[int, tuple[float, ...]]:
+        """The last ``window`` (default: all kept) durations of each measured size."""
+        keep = window or self._capacity
+        return {k: tuple(_last(self._infer[k], keep)) for k in sorted(self._infer)}
+
+    def load_time(self, quantile: float = 0.99, window: int = 10) -> float | None:
+        """Seconds a LOAD of this model should take: its own measurements, else its group's
+        scaled by weight bytes; None when neither was measured."""
+        own = self._load.quantile(quantile, window)
+        if own is not None or self._group is None:
+            return own
+        group = self._group.load_time(quantile, window)
+        if group is None:
+            return None
+        mine, theirs = self.weight_bytes, self._group.weight_bytes
+        return group * mine / theirs if mine and theirs else group
+
+    def unload_time(self, quantile: float = 0.99, window: int = 10) -> float | None:
+        own = self._unload.quantile(quantile, window)
+        if own is not None or self._group is None:
+            return own
+        return self._group.unload_time(quantile, window)
+
+    def loads_measured(self) -> int:
+        return len(self._load.samples)
+
+
+def _check(size: int, seconds: float) -> None:
+    if size < 1:
+        raise ValueError(f"batch size must be >= 1, got {size}")
+    if not (np.isfinite(seconds) and seconds >= 0):
+        raise ValueError(f"seconds must be finite and >= 0, got {seconds!r}")
+
+
+class RunProfile:
+    """Every model's :class:`RunTimes` on every kind of worker, and their groups'."""
+
+    def __init__(self, window: int = DEFAULT_WINDOW) -> None:
+        self._window = window
+        self._runs: dict[tuple[Hashable, Hashable], RunTimes] = {}
+        self._groups: dict[tuple[Hashable, Hashable], RunTimes] = {}
+
+    def runs(self, model: Hashable, kind: Hashable = "", group: Hashable = None) -> RunTimes:
+        """The record of ``model`` on ``kind``; created on first use, reading ``group``'s
+        record until the model itself is measured."""
+        key = (model, kind)
+        if key not in self._runs:
+            shared = None
+            if group is not None:
+                shared = self._groups.setdefault((group, kind), RunTimes(self._window))
+            self._runs[key] = RunTimes(self._window, shared)
+        return self._runs[key]
+
+    def forget(self, model: Hashable, kind: Hashable = "") -> None:
+        """Drop ``model``'s record (a model no longer served)."""
+        self._runs.pop((model, kind), None)

@@ -1,0 +1,854 @@
+"""One scheduler per worker pool: Clockwork's central controller as a pure core.
+
+Clockwork (OSDI'20) §4.5 and §5.3 put every choice in one place: a controller that sees every
+model's queue and every worker's state and decides what each worker does next, as actions
+(§4.4): ``LOAD`` a model's weights, ``UNLOAD`` them, ``INFER`` a batch. :class:`PoolScheduler`
+is that controller for one pool of identical workers, without a clock, an event loop or Ray:
+its caller (the live driver, or :func:`raysrv.analytics.simulate_pool`) submits queries, calls
+:meth:`~PoolScheduler.step` with the time, carries out the returned actions and reports each
+result (:meth:`~PoolScheduler.finished`). Simulated and live scheduling are the same code.
+
+What a step decides:
+
+1. **Which model gets a worker** that can take work (idle, or busy with work predicted to end
+   by now and fewer than ``depth`` actions in flight: the next action travels while the last
+   one runs). Models are served in order of urgency: their earliest latency-sensitive deadline
+   less the planned run time of a batch of one (less the LOAD too, for a model loaded nowhere);
+   batch-priority queries (clockwork §6.4) only count once no latency-sensitive one waits.
+2. **Which batch**, asked of the model's own :class:`~raysrv.batching.BatchingPolicy`, shown
+   the workers that hold the model (free only those offered to it in this step): the policy
+   dispatches, waits (the worker is offered to the next model) or refuses queries. A pool with
+   one model always loaded (a dedicated pool) is exactly the per-model batcher.
+3. **LOAD and UNLOAD** (clockwork Appendix B, "Loading Models"). A model loaded nowhere takes an
+   offered worker when its turn comes, after UNLOADs of the least recently used models there
+   that no queued query needs, if that makes room within the worker's capacity. A model loaded
+   somewhere is loaded on another worker too when its load priority, Appendix B's
+   ``p_m = d_m - sum_g a_mg * capacity_g / l_g``, exceeds the LOAD's cost: ``d_m`` is the run
+   time of its queued queries, ``a_mg`` that demand split over the workers holding the model in
+   inverse proportion to their load ``l_g`` (their work in flight plus the demand split evenly
+   over holders), and ``capacity_g`` one SLO of work (a worker that would need longer serves
+   only its share). A worker here runs LOAD and INFER one at a time, so a LOAD competes with
+   INFERs for it by urgency, where Clockwork gives loads their own executor.
+4. **Cold refusals**: a query for a model loaded nowhere whose deadline falls before the
+   earliest a worker could load the model and run it alone is refused before any work
+   (``cannot meet deadline (cold start)``); one that can make it is served.
+
+Every action carries the window in which the worker may start it (clockwork §4.4): from when it
+is sent to ``latest`` (an INFER: its earliest deadline; a LOAD: the last moment it still helps a
+waiting query); a worker refuses to start an action after that. Each result carries the duration
+the worker measured, recorded in the model's :class:`~raysrv.batching.profile.RunTimes` after
+the policy has seen it. No worker is ever sent a LOAD that would take its models' weights past
+``capacity_bytes``; the worker checks again with the bytes it measures.
+
+Cost of a step: O(q log q) over the queued queries of the models consulted (those with a new
+event, a due wait, or an offered worker), plus O(workers x loaded models) for evictions.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from raysrv.batching.base import (
+    BatcherView,
+    BatchingPolicy,
+    BatchOutcome,
+    Dispatch,
+    QueuedQuery,
+    Reject,
+    ReplicaSlot,
+)
+from raysrv.batching.profile import RunProfile, RunTimes
+
+__all__ = [
+    "COLD_DOOMED",
+    "Action",
+    "ActionResult",
+    "Infer",
+    "Load",
+    "PlanJob",
+    "PoolScheduler",
+    "QueueFull",
+    "Refusal",
+    "Step",
+    "Unload",
+]
+
+logger = logging.getLogger(__name__)
+
+COLD_DOOMED = "cannot meet deadline (cold start)"
+NOT_LOADED = "not_loaded"  # ActionResult.error of an INFER the worker had no model for
+PLAN_Q, PLAN_WINDOW = 0.99, 10  # the run-time estimates of refusals and load priorities
+PREDICT_Q = 0.5  # when work in flight should end
+
+
+@dataclass(frozen=True, slots=True)
+class Infer:
+    """Run ``query_ids`` of ``model`` as one batch on ``worker``; start by ``latest``."""
+
+    worker: int
+    model: str
+    query_ids: tuple[int, ...]
+    sent: float
+    expected_start: float
+    latest: float
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """Bring ``model``'s weights into ``worker``; start by ``latest`` or not at all."""
+
+    worker: int
+    model: str
+    sent: float
+    expected_start: float
+    latest: float
+    weight_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Unload:
+    """Drop ``model`` from ``worker``: to make room (``evicted``) or because it was removed."""
+
+    worker: int
+    model: str
+    sent: float
+    evicted: bool = True
+
+
+Action = Infer | Load | Unload
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Queries answered without work: ``error`` is ``rejected`` (they cannot be served in
+    time), ``failed`` (their model cannot be loaded) or ``removed`` (their model is gone)."""
+
+    model: str
+    query_ids: tuple[int, ...]
+    reason: str
+    error: str = "rejected"
+
+
+@dataclass(frozen=True, slots=True)
+class ActionResult:
+    """What a worker reported for one action. ``ran`` is False when it did not start it
+    (outside its window, or the model was not loaded); ``ok`` is False when it ran and failed.
+    ``size``: queries an INFER actually ran (callers may have left since it was chosen)."""
+
+    action: Action
+    finished: float
+    ran: bool = True
+    ok: bool = True
+    duration: float = math.nan
+    size: int | None = None
+    weight_bytes: int | None = None
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PlanJob:
+    """A policy's planning job (``plan_request``), to run off the scheduling loop."""
+
+    model: str
+    policy: BatchingPolicy
+    job: Callable[[], object]
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    actions: tuple[Action, ...]
+    refusals: tuple[Refusal, ...]
+    wake_at: float | None  # call step again by then, or at the next submit / result
+    plans: tuple[PlanJob, ...] = ()
+
+
+class QueueFull(Exception):
+    """A model's queue holds ``max_queue`` queries."""
+
+
+@dataclass(slots=True)
+class _Sent:
+    action: Action
+    predicted: float
+
+
+class _Worker:
+    """What the scheduler knows of one worker: the models it holds and its work in flight."""
+
+    def __init__(self, index: int, depth: int) -> None:
+        self.index = index
+        self.depth = depth
+        self.held: dict[str, int] = {}  # model -> weight bytes, loaded or loading
+        self.loading: set[str] = set()
+        self.pinned: set[str] = set()
+        self.last_used: dict[str, float] = {}
+        self.running: collections.Counter[str] = collections.Counter()  # INFERs in flight
+        self.inflight: list[_Sent] = []
+        self.open_at = -math.inf  # when the work in flight should end
+        self.busy_since: float | None = None
+        self.peak_bytes = 0
+
+    @property
+    def resident(self) -> int:
+        return sum(self.held.values())
+
+    def counted(self) -> int:
+        """Actions in flight that occupy the worker (an UNLOAD only updates its state)."""
+        return sum(not isinstance(s.action, Unload) for s in self.inflight)
+
+    def can_take(self, now: float) -> bool:
+        n = self.counted()
+        return n == 0 or (n < self.depth and now >= self.open_at)
+
+    def opening(self, now: float) -> float | None:
+        """When this busy worker can take more, if later than ``now`` and known."""
+        n = self.counted()
+        if 0 < n < self.depth and now < self.open_at < math.inf:
+            return self.open_at
+        return None
+
+    def sent(self, action: Action, predicted: float, now: float) -> None:
+        if not self.inflight:
+            self.busy_since = now
+        base = now if not self.inflight else max(now, self.open_at)
+        self.inflight.append(_Sent(action, predicted))
+        self.open_at = base + predicted
+
+    def done(self, action: Action, now: float) -> None:
+        """``action`` came back at ``now``: what is still in flight runs from now."""
+        self.inflight = [s for s in self.inflight if s.action is not action]
+        if not self.inflight:
+            self.busy_since, self.open_at = None, -math.inf
+        else:
+            self.open_at = now + sum(s.predicted for s in self.inflight)
+
+    def slot(self, now: float, offered: bool) -> ReplicaSlot:
+        until = self.open_at if self.inflight and math.isfinite(self.open_at) else None
+        if offered:
+            return ReplicaSlot(self.index, busy_until=until)
+        sizes = [len(s.action.query_ids) for s in self.inflight if isinstance(s.action, Infer)]
+        busy_since = now if self.busy_since is None else self.busy_since
+        return ReplicaSlot(self.index, busy_since, sizes[-1] if sizes else 0, until)
+
+    def evictable(self, models: dict[str, _Model]) -> list[str]:
+        """Held models no queued query needs, least recently used first."""
+        idle = [
+            name
+            for name in self.held
+            if name not in self.pinned
+            and name not in self.loading
+            and not self.running[name]
+            and not (name in models and models[name].queue)
+        ]
+        return sorted(idle, key=lambda name: self.last_used.get(name, -math.inf))
+
+
+@dataclass(slots=True)
+class _Model:
+    name: str
+    policy: BatchingPolicy
+    runs: RunTimes
+    weight_bytes: int | None
+    max_queue: int
+    queue: list[QueuedQuery] = field(default_factory=list)
+    dirty: bool = True
+    wake: float = math.inf
+    planning: bool = False
+    failed_until: float = -math.inf
+    error: str = ""
+    loads: int = 0
+    evictions: int = 0
+    cold_starts: int = 0
+    batches: int = 0
+    batched: int = 0
+
+
+@dataclass(slots=True)
+class _Out:
+    actions: list[Action] = field(default_factory=list)
+    refusals: list[Refusal] = field(default_factory=list)
+    plans: list[PlanJob] = field(default_factory=list)
+    wake: float = math.inf
+
+
+class PoolScheduler:
+    """The controller of one pool of ``workers`` identical workers (see the module docstring).
+
+    ``capacity_bytes``: the model weights one worker may hold (None: no limit, for a dedicated
+    pool whose models stay loaded); ``depth``: actions a worker may have in flight; ``kind``:
+    the worker kind the run times are recorded under; ``load_backoff_s``: how long a model
+    whose LOAD failed answers its queries with that failure before it is tried again.
+    """
+
+    def __init__(
+        self,
+        workers: int,
+        *,
+        capacity_bytes: int | None = None,
+        depth: int = 2,
+        kind: str = "",
+        profile: RunProfile | None = None,
+        load_backoff_s: float = 1.0,
+    ) -> None:
+        if workers < 1 or depth < 1:
+            raise ValueError(f"need workers >= 1 and depth >= 1, got {workers} and {depth}")
+        self.workers = [_Worker(i, depth) for i in range(workers)]
+        self.capacity_bytes = capacity_bytes
+        self.kind = kind
+        self.profile = profile or RunProfile()
+        self._backoff = load_backoff_s
+        self._models: dict[str, _Model] = {}
+        self._active: dict[str, _Model] = {}  # models with queued queries
+        self._removals: list[tuple[int, str]] = []  # (worker, model) to UNLOAD at the next step
+        self._stash: list[Refusal] = []
+        self.loads = self.unloads = self.evictions = self.cold_starts = 0
+
+    # -- the catalogue ---------------------------------------------------------------------
+
+    def add_model(
+        self,
+        name: str,
+        policy: BatchingPolicy,
+        *,
+        weight_bytes: int | None = None,
+        group: str | None = None,
+        max_queue: int = 1024,
+    ) -> None:
+        """Serve ``name`` with ``policy``; ``weight_bytes`` (if known before a LOAD) is what
+        it takes in a worker's memory, ``group`` names models whose run times are alike."""
+        if name in self._models:
+            raise ValueError(f"model {name!r} is already in this pool")
+        too_big = weight_bytes is not None and self.capacity_bytes is not None
+        if too_big and weight_bytes > self.capacity_bytes:  # type: ignore[operator]
+            raise ValueError(
+                f"model {name!r} has {weight_bytes} bytes of weights, more than a worker's "
+                f"capacity of {self.capacity_bytes}"
+            )
+        runs = self.profile.runs(name, self.kind, group)
+        if weight_bytes is not None:
+            runs.weight_bytes = weight_bytes
+        policy.bind(runs)
+        self._models[name] = _Model(name, policy, runs, weight_bytes, max_queue)
+
+    def pin(self, worker: int, name: str, weight_bytes: int) -> None:
+        """``name`` is loaded on ``worker`` for good (a dedicated pool's model, loaded at start)."""
+        w = self.workers[worker]
+        w.held[name] = weight_bytes
+        w.pinned.add(name)
+        w.peak_bytes = max(w.peak_bytes, w.resident)
+
+    def remove_model(self, name: str) -> tuple[int, ...]:
+        """Stop serving ``name``: its queued queries' ids (the caller answers them) and, at the
+        next step, an UNLOAD from every worker holding it."""
+        model = self._models.pop(name)
+        self._active.pop(name, None)
+        for w in self.workers:
+            if name in w.held:
+                w.pinned.discard(name)
+                self._removals.append((w.index, name))
+        self.profile.forget(name, self.kind)
+        return tuple(q.query_id for q in model.queue)
+
+    def set_policy(self, name: str, policy: BatchingPolicy) -> None:
+        """Swap a model's policy live; its queue and its run times stay."""
+        model = self._models[name]
+        policy.bind(model.runs)
+        model.policy, model.planning, model.dirty = policy, False, True
+
+    def policy(self, name: str) -> BatchingPolicy:
+        return self._models[name].policy
+
+    def runs(self, name: str) -> RunTimes:
+        return self._models[name].runs
+
+    def models(self) -> list[str]:
+        return list(self._models)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._models
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def submit(self, name: str, query: QueuedQuery) -> bool:
+        """Queue ``query`` for ``name``; True when no worker holds the model (a cold start).
+        Raises :class:`QueueFull` past the model's ``max_queue`` and ``KeyError`` for an
+        unknown model."""
+        model = self._models[name]
+        if len(model.queue) >= model.max_queue:
+            raise QueueFull(f"model {name!r} has {len(model.queue)} queries waiting (max_queue)")
+        cold = not any(name in w.held and name not in w.loading for w in self.workers)
+        model.queue.append(query)
+        model.dirty = True
+        self._active[name] = model
+        if cold:
+            model.cold_starts += 1
+            self.cold_starts += 1
+        return cold
+
+    def withdraw(self, name: str, query_id: int) -> bool:
+        """Take a query out of its queue (its caller left); False when it is not queued."""
+        model = self._models.get(name)
+        if model is None:
+            return False
+        for i, q in enumerate(model.queue):
+            if q.query_id == query_id:
+                del model.queue[i]
+                if not model.queue:
+                    self._active.pop(name, None)
+                return True
+        return False
+
+    def queue_length(self, name: str) -> int:
+        return len(self._models[name].queue)
+
+    # -- one step --------------------------------------------------------------------------
+
+    def step(self, now: float) -> Step:
+        """Everything to do at ``now``: actions for workers, refusals and planning jobs."""
+        out = _Out()
+        out.refusals.extend(self._stash)
+        self._stash.clear()
+        self._emit_removals(now, out)
+        taken: set[int] = set()
+        offered = [w for w in self.workers if w.can_take(now)]
+        for model in self._consulted(now, offered):
+            self._plan(model, now, out)
+            if self._holders(model.name):
+                self._serve(model, now, taken, out)
+            else:
+                self._cold(model, now, taken, out)
+        free = [w for w in offered if w.index not in taken]
+        if free and self._active:
+            self._scale_out(now, free, taken, out)
+        for w in self.workers if self._active else ():
+            opening = w.opening(now)
+            if opening is not None:
+                out.wake = min(out.wake, opening)
+        wake = out.wake if out.wake < math.inf else None
+        return Step(tuple(out.actions), tuple(out.refusals), wake, tuple(out.plans))
+
+    def _consulted(self, now: float, offered: list[_Worker]) -> list[_Model]:
+        """Models with queries that have something new, a due wait or an offered worker,
+        most urgent first."""
+        held = {name for w in offered for name in w.held}
+        cold_room = bool(offered)
+        chosen = []
+        for model in list(self._active.values()):
+            holders = self._holders(model.name)
+            if (
+                model.dirty
+                or model.wake <= now
+                or model.name in held
+                or (cold_room and not holders)
+            ):
+                chosen.append(model)
+        return sorted(chosen, key=lambda m: self._urgency(m, bool(self._holders(m.name))))
+
+    def _urgency(self, model: _Model, held: bool) -> tuple[int, float, float]:
+        urgent = [q.deadline for q in model.queue if q.priority <= 0]
+        oldest = min(q.arrival for q in model.queue)
+        if not urgent:
+            return (1, oldest, oldest)
+        lead = _estimate(model.runs, 1) + (0.0 if held else _load_estimate(model.runs))
+        return (0, min(urgent) - lead, oldest)
+
+    def _holders(self, name: str) -> list[_Worker]:
+        return [w for w in self.workers if name in w.held]
+
+    def _plan(self, model: _Model, now: float, out: _Out) -> None:
+        if model.planning:
+            return
+        job = model.policy.plan_request(now)
+        if job is not None:
+            model.planning = True
+            out.plans.append(PlanJob(model.name, model.policy, job))
+
+    def apply_plan(self, name: str, policy: BatchingPolicy, plan: object | None) -> None:
+        """The result of a :class:`PlanJob` (None if it failed); ignored if the policy was
+        swapped meanwhile."""
+        model = self._models.get(name)
+        if model is None or model.policy is not policy:
+            return
+        model.planning = False
+        if plan is not None:
+            policy.apply_plan(plan)
+            model.dirty = True
+
+    # -- INFER -----------------------------------------------------------------------------
+
+    def _serve(self, model: _Model, now: float, taken: set[int], out: _Out) -> None:
+        """Ask the model's policy until it waits, offering it the free workers holding it."""
+        model.dirty, model.wake = False, math.inf
+        holders = self._holders(model.name)
+        for _ in range(10_000):
+            if not model.queue:
+                return
+            offer = {w.index for w in holders if w.index not in taken and w.can_take(now)}
+            view = BatcherView(now, model.queue, [w.slot(now, w.index in offer) for w in holders])
+            try:
+                decision = model.policy.decide(view)
+                if isinstance(decision, Dispatch):
+                    self._dispatch(model, decision, offer, now, taken, out)
+                    continue
+                if isinstance(decision, Reject):
+                    self._refuse(model, decision.query_ids, decision.reason, out)
+                    continue
+            except Exception as exc:  # a broken policy must not strand the queue
+                logger.exception("batching policy of %s failed", model.name)
+                reason = f"batching policy failed: {exc}"
+                self._refuse(model, _ids(model.queue), reason, out, "failed")
+                return
+            else:
+                if decision.until is not None and decision.until > now:
+                    model.wake = decision.until
+                    out.wake = min(out.wake, decision.until)
+                return
+        raise RuntimeError(f"policy of {model.name!r} did not wait after 10,000 decisions")
+
+    def _dispatch(
+        self,
+        model: _Model,
+        decision: Dispatch,
+        offer: set[int],
+        now: float,
+        taken: set[int],
+        out: _Out,
+    ) -> None:
+        if not decision.query_ids or decision.replica not in offer:
+            raise RuntimeError(
+                f"policy {model.policy.name!r} of {model.name!r} dispatched {decision} to a "
+                f"worker not offered to it"
+            )
+        queries = self._take(model, decision.query_ids)
+        w = self.workers[decision.replica]
+        expected = (
+            max(now, w.open_at) if decision.expected_start is None else decision.expected_start
+        )
+        latest = min(q.deadline for q in queries)
+        action = Infer(w.index, model.name, decision.query_ids, now, expected, latest)
+        predicted = _estimate(model.runs, len(queries), PREDICT_Q, default=math.inf)
+        w.sent(action, predicted, now)
+        w.running[model.name] += 1
+        w.last_used[model.name] = now
+        taken.add(w.index)
+        out.actions.append(action)
+
+    def _take(self, model: _Model, ids: tuple[int, ...]) -> list[QueuedQuery]:
+        n = len(ids)
+        head = model.queue[:n]
+        if len(head) == n and all(q.query_id == i for q, i in zip(head, ids, strict=True)):
+            del model.queue[:n]  # FIFO fast path
+            taken = head
+        else:
+            wanted = set(ids)
+            taken = [q for q in model.queue if q.query_id in wanted]
+            if len(taken) != len(wanted) or len(wanted) != n:
+                raise RuntimeError(
+                    f"policy {model.policy.name!r} named queries that are not queued: {ids}"
+                )
+            model.queue = [q for q in model.queue if q.query_id not in wanted]
+        if not model.queue:
+            self._active.pop(model.name, None)
+        return taken
+
+    def _refuse(
+        self, model: _Model, ids: Iterable[int], reason: str, out: _Out, error: str = "rejected"
+    ) -> None:
+        ids = tuple(ids)
+        if ids:
+            self._take(model, ids)
+            out.refusals.append(Refusal(model.name, ids, reason, error))
+
+    # -- LOAD and UNLOAD -------------------------------------------------------------------
+
+    def _cold(self, model: _Model, now: float, taken: set[int], out: _Out) -> None:
+        """A model loaded nowhere: refuse what a LOAD cannot save, then load it if a worker
+        is offered."""
+        model.dirty, model.wake = False, math.inf
+        if model.failed_until > now:
+            reason = f"model could not be loaded: {model.error}"
+            self._refuse(model, _ids(model.queue), reason, out, "failed")
+            return
+        finish = self._cold_finish(model, now)
+        doomed = [
+            q.query_id
+            for q in model.queue
+            if (q.deadline < finish if q.priority <= 0 else q.deadline < now)
+        ]
+        self._refuse(model, doomed, COLD_DOOMED, out)
+        if not model.queue:
+            return
+        for w in self._load_order(model, now, taken):
+            if self._load(model, w, now, out):
+                taken.add(w.index)
+                return
+        lead = _estimate(model.runs, 1) + _load_estimate(model.runs)
+        urgent = [q.deadline - lead for q in model.queue if q.priority <= 0]
+        if urgent:  # look again when the first becomes doomed
+            model.wake = max(min(urgent), now)
+            out.wake = min(out.wake, model.wake)
+
+    def _cold_finish(self, model: _Model, now: float) -> float:
+        """The earliest a batch of one could be done after loading ``model``."""
+        need = model.weight_bytes or 0
+        starts = [
+            max(now, w.open_at) if w.inflight and w.open_at < math.inf else now
+            for w in self.workers
+            if self.capacity_bytes is None or need <= self.capacity_bytes
+        ]
+        if not starts:
+            return math.inf
+        return min(starts) + _load_estimate(model.runs) + _estimate(model.runs, 1)
+
+    def _load_order(self, model: _Model, now: float, taken: set[int]) -> list[_Worker]:
+        """Offered workers where ``model`` fits, those needing fewer evictions first."""
+        fits = []
+        for w in self.workers:
+            if w.index in taken or not w.can_take(now) or model.name in w.held:
+                continue
+            victims = self._room(w, model.weight_bytes)
+            if victims is not None:
+                fits.append((len(victims), w.counted(), w.index, w))
+        return [w for *_, w in sorted(fits)]
+
+    def _room(self, w: _Worker, need: int | None) -> list[str] | None:
+        """The models to evict from ``w`` so that ``need`` bytes fit; None if they cannot."""
+        if self.capacity_bytes is None:
+            return []
+        need = need or 0
+        free = self.capacity_bytes - w.resident
+        victims: list[str] = []
+        for name in w.evictable(self._models):
+            if free >= need:
+                break
+            victims.append(name)
+            free += w.held[name]
+        return victims if free >= need else None
+
+    def _load(self, model: _Model, w: _Worker, now: float, out: _Out) -> bool:
+        victims = self._room(w, model.weight_bytes)
+        if victims is None:
+            return False
+        for name in victims:
+            self._unload(w, name, now, out, evicted=True)
+        one = _estimate(model.runs, 1)
+        latest = max(q.deadline - one for q in model.queue) - _load_estimate(model.runs)
+        start = max(now, w.open_at)
+        action = Load(w.index, model.name, now, start, latest, model.weight_bytes)
+        w.held[model.name] = model.weight_bytes or 0
+        w.loading.add(model.name)
+        w.last_used[model.name] = now
+        w.peak_bytes = max(w.peak_bytes, w.resident)
+        w.sent(action, _load_estimate(model.runs, PREDICT_Q, default=math.inf), now)
+        out.actions.append(action)
+        return True
+
+    def _unload(self, w: _Worker, name: str, now: float, out: _Out, evicted: bool) -> None:
+        w.held.pop(name, None)
+        w.last_used.pop(name, None)
+        runs = self._models[name].runs if name in self._models else None
+        predicted = 0.0 if runs is None else runs.unload_time(PREDICT_Q) or 0.0
+        action = Unload(w.index, name, now, evicted)
+        w.sent(action, predicted, now)
+        self.unloads += 1
+        if evicted:
+            self.evictions += 1
+            if name in self._models:
+                self._models[name].evictions += 1
+        out.actions.append(action)
+
+    def _emit_removals(self, now: float, out: _Out) -> None:
+        for index, name in self._removals:
+            w = self.workers[index]
+            if name in w.held and name not in self._models:
+                self._unload(w, name, now, out, evicted=False)
+        self._removals.clear()
+
+    def _scale_out(self, now: float, free: list[_Worker], taken: set[int], out: _Out) -> None:
+        """Load models whose unfulfilled demand exceeds a LOAD's cost on free workers too."""
+        priorities = self._load_priorities(now)
+        for name, priority in sorted(priorities.items(), key=lambda kv: -kv[1]):
+            model = self._models[name]
+            if priority <= _load_estimate(model.runs) or model.failed_until > now:
+                continue
+            for w in free:
+                if w.index in taken or name in w.held:
+                    continue
+                if self._load(model, w, now, out):
+                    taken.add(w.index)
+                    break
+
+    def _load_priorities(self, now: float) -> dict[str, float]:
+        """Appendix B's ``p_m`` of every held model with queued queries (see the module
+        docstring): one allocation pass, no fixed point."""
+        demand = {name: self._demand(m) for name, m in self._active.items()}
+        holders = {name: self._holders(name) for name in demand}
+        load = {w.index: _outstanding(w, now) for w in self.workers}
+        for name, ws in holders.items():
+            for w in ws:
+                load[w.index] += demand[name] / len(ws)
+        priorities = {}
+        for name, ws in holders.items():
+            if not ws or not demand[name]:
+                continue
+            weights = [1.0 / max(load[w.index], 1e-9) for w in ws]
+            horizon = self._models[name].policy.slo_s
+            served = 0.0
+            for w, weight in zip(ws, weights, strict=True):
+                share = demand[name] * weight / sum(weights)  # a_mg
+                served += share * min(1.0, horizon / max(load[w.index], 1e-9))
+            priorities[name] = demand[name] - served
+        return priorities
+
+    def _demand(self, model: _Model) -> float:
+        """Run time of the model's queued latency-sensitive queries in full batches."""
+        n = sum(q.priority <= 0 for q in model.queue)
+        if not n:
+            return 0.0
+        size = max(1, min(n, model.policy.max_batch_size))
+        return math.ceil(n / size) * _estimate(model.runs, size)
+
+    # -- results ---------------------------------------------------------------------------
+
+    def finished(self, result: ActionResult) -> None:
+        """A worker's report of one action, at ``result.finished``."""
+        action = result.action
+        w = self.workers[action.worker]
+        w.done(action, result.finished)
+        if isinstance(action, Infer):
+            self._infer_done(w, action, result)
+        elif isinstance(action, Load):
+            self._load_done(w, action, result)
+        else:
+            self._unload_done(action, result)
+
+    def _infer_done(self, w: _Worker, action: Infer, result: ActionResult) -> None:
+        w.running[action.model] -= 1
+        if result.error == NOT_LOADED:  # the worker lost it (it restarted): forget it there
+            w.held.pop(action.model, None)
+            w.loading.discard(action.model)
+        model = self._models.get(action.model)
+        if model is None:
+            return
+        model.dirty = True
+        size = result.size if result.size is not None else len(action.query_ids)
+        model.batches += 1
+        model.batched += size
+        good = result.ran and result.ok and math.isfinite(result.duration)
+        duration = result.duration if good else result.finished - action.sent
+        model.policy.observe(
+            BatchOutcome(
+                size,
+                action.worker,
+                action.sent,
+                result.finished,
+                duration,
+                result.ran and result.ok,
+                action.expected_start,
+            )
+        )
+        if good and size:
+            model.runs.observe(size, result.duration)
+
+    def _load_done(self, w: _Worker, action: Load, result: ActionResult) -> None:
+        w.loading.discard(action.model)
+        model = self._models.get(action.model)
+        if model is not None:
+            model.dirty = True
+        if not (result.ran and result.ok):
+            w.held.pop(action.model, None)
+            w.last_used.pop(action.model, None)
+            if result.ran and model is not None:  # it failed: answer its queries with that
+                model.failed_until = result.finished + self._backoff
+                model.error = result.error
+                reason = f"model could not be loaded: {result.error}"
+                if model.queue:
+                    self._stash.append(Refusal(model.name, _ids(model.queue), reason, "failed"))
+                    model.queue = []
+                    self._active.pop(model.name, None)
+            return
+        self.loads += 1
+        weight = result.weight_bytes if result.weight_bytes is not None else action.weight_bytes
+        if action.model in w.held:
+            w.held[action.model] = weight or 0
+            w.peak_bytes = max(w.peak_bytes, w.resident)
+        if model is not None:
+            model.loads += 1
+            model.weight_bytes = weight
+            if math.isfinite(result.duration):
+                model.runs.observe_load(result.duration, weight)
+
+    def _unload_done(self, action: Unload, result: ActionResult) -> None:
+        model = self._models.get(action.model)
+        if model is not None and result.ran and math.isfinite(result.duration):
+            model.runs.observe_unload(result.duration)
+
+    def forget_worker(self, worker: int) -> None:
+        """The worker restarted with nothing loaded but its pinned models."""
+        w = self.workers[worker]
+        w.held = {name: w.held[name] for name in w.pinned if name in w.held}
+        w.loading.clear()
+
+    # -- what users see --------------------------------------------------------------------
+
+    def describe_model(self, name: str) -> dict[str, object]:
+        model = self._models[name]
+        on = [w.index for w in self.workers if name in w.held and name not in w.loading]
+        loading = [w.index for w in self.workers if name in w.loading]
+        return {
+            "loaded_on": on,
+            "loading_on": loading,
+            "cold": not on and not loading,
+            "weights_bytes": model.weight_bytes,
+            "queue_length": len(model.queue),
+            "batches": model.batches,
+            "batched_queries": model.batched,
+            "loads": model.loads,
+            "evictions": model.evictions,
+            "cold_starts": model.cold_starts,
+            "last_load_error": model.error or None,
+        }
+
+    def describe_workers(self, now: float) -> list[dict[str, object]]:
+        return [
+            {
+                "worker": w.index,
+                "models": sorted(n for n in w.held if n not in w.loading),
+                "loading": sorted(w.loading),
+                "resident_bytes": w.resident,
+                "peak_bytes": w.peak_bytes,
+                "capacity_bytes": self.capacity_bytes,
+                "in_flight": len(w.inflight),
+                "busy": bool(w.inflight),
+                "free_in_s": max(0.0, w.open_at - now) if w.inflight else 0.0,
+            }
+            for w in self.workers
+        ]
+
+    def busy(self) -> int:
+        return sum(bool(w.inflight) for w in self.workers)
+
+
+def _outstanding(w: _Worker, now: float) -> float:
+    """Seconds of work in flight on ``w`` (0 when none, or when its end is not known)."""
+    if not w.inflight or not math.isfinite(w.open_at):
+        return 0.0
+    return max(0.0, w.open_at - now)
+
+
+def _ids(queue: Iterable[QueuedQuery]) -> tuple[int, ...]:
+    return tuple(q.query_id for q in queue)
+
+
+def _estimate(runs: RunTimes, size: int, quantile: float = PLAN_Q, default: float = 0.0) -> float:
+    value = runs.estimate(size, quantile, PLAN_WINDOW)
+    return default if value is None else value
+
+
+def _load_estimate(runs: RunTimes, quantile: float = PLAN_Q, default: float = 0.0) -> float:
+    value = runs.load_time(quantile, PLAN_WINDOW)
+    return default if value is None else value

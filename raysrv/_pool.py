@@ -1,0 +1,476 @@
+"""The live driver of one pool: the scheduler's step loop on the ingress's event loop.
+
+:class:`Pool` holds what the pure scheduler (:mod:`raysrv.batching.scheduler`) leaves out:
+each query's input and future, the workers, and the clock. On every arrival, result or wake-up
+it calls ``scheduler.step(now)``, answers the refusals, sends the actions (each submitted at
+once, so a worker receives them in the order they were made) and sleeps until the step's wake
+time or the next event. Each worker's report goes back to ``scheduler.finished``. Planning jobs
+of the policies (``ctmc``'s optimizer) run in a worker thread, off the loop.
+
+A model's queue is bounded (``max_queue``): past it :meth:`Pool.submit` refuses at once with 503.
+Every accepted query gets exactly one answer: its output, or the error of its refusal or failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from raysrv._planner import PlanSnapshot
+from raysrv._workers import Report, Workers, wall
+from raysrv.batching import BatchingPolicy, QueuedQuery
+from raysrv.batching.scheduler import (
+    NOT_LOADED,
+    Action,
+    ActionResult,
+    Infer,
+    Load,
+    PlanJob,
+    PoolScheduler,
+    QueueFull,
+    Refusal,
+)
+from raysrv.config import ModelSpec, ResolvedPool
+from raysrv.errors import ModelFailed, NotFound, Overloaded, RaysrvError, Rejected
+from raysrv.metrics import Metrics
+
+__all__ = ["LATE_START", "PROFILE_RUNS", "Pool"]
+
+PROFILE_RUNS = 3  # measured runs per batch size in the profiling step, after one to warm up
+ARRIVAL_WINDOW = 2000  # arrival times kept per model for the plan view
+SHOWN_WINDOW = 100  # batches per size behind the run times ``GET /v1/models`` shows
+LATE_START = "deadline passed before the batch could start"
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Entry:
+    model: str
+    x: np.ndarray
+    future: asyncio.Future[Any]
+    cold: bool
+    arrival: float
+
+
+class Pool:
+    """One pool's workers, scheduler and queries (call from one asyncio event loop)."""
+
+    def __init__(
+        self,
+        pool: ResolvedPool,
+        workers: Workers,
+        clock: Callable[[], float] = time.monotonic,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.spec = pool
+        self.name = pool.name
+        self.scheduler = PoolScheduler(
+            len(workers), capacity_bytes=pool.capacity_bytes, depth=pool.depth, kind=pool.kind
+        )
+        self._workers = workers
+        self._clock = clock
+        self._metrics = metrics or Metrics()
+        self._specs: dict[str, dict[str, Any]] = {}  # each model as the workers load it
+        self._memory: dict[tuple[int, str], tuple[int | None, int | None]] = {}
+        self._entries: dict[int, _Entry] = {}
+        self._queued: dict[asyncio.Future[Any], int] = {}
+        self._arrivals: dict[str, collections.deque[float]] = {}
+        self._ids = itertools.count()
+        self._wake = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._running: set[asyncio.Task[Any]] = set()
+
+    # -- models ----------------------------------------------------------------------------
+
+    def add_model(self, model: ModelSpec, policy: BatchingPolicy) -> None:
+        """Serve ``model`` here with ``policy``; a dedicated pool's model is already loaded."""
+        spec = self.spec.worker_model(model)
+        weight = spec.weight_bytes()
+        self.scheduler.add_model(
+            model.name,
+            policy,
+            weight_bytes=weight,
+            group=model.group,
+            max_queue=model.max_queue,
+        )
+        if any(m.name == model.name for m in self.spec.pinned):
+            for worker in range(len(self._workers)):
+                self.scheduler.pin(worker, model.name, weight or 0)
+        self._specs[model.name] = spec.model_dump(mode="json")
+        self._arrivals[model.name] = collections.deque(maxlen=ARRIVAL_WINDOW)
+
+    def remove_model(self, name: str) -> None:
+        """Stop serving ``name``: its queued queries get 404, its workers unload it."""
+        ids = self.scheduler.remove_model(name)
+        self._answer(ids, NotFound(f"model {name!r} was removed while the query waited"))
+        self._specs.pop(name, None)
+        self._arrivals.pop(name, None)
+        self._wake.set()
+
+    def models(self) -> list[str]:
+        return self.scheduler.models()
+
+    def set_policy(self, name: str, policy: BatchingPolicy) -> None:
+        """Swap a model's policy live; it starts from the run times already measured."""
+        self.scheduler.set_policy(name, policy)
+        self._wake.set()
+
+    def policy(self, name: str) -> BatchingPolicy:
+        return self.scheduler.policy(name)
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def submit(
+        self, model: str, x: np.ndarray, deadline: float = math.inf, priority: int = 0
+    ) -> asyncio.Future[Any]:
+        """Queue one input of ``model``; the future resolves to its output, or raises why it
+        could not (503 at once when the model's queue is full)."""
+        now = self._clock()
+        query_id = next(self._ids)
+        try:
+            cold = self.scheduler.submit(model, QueuedQuery(query_id, now, deadline, priority))
+        except QueueFull as exc:
+            self._metrics.rejection(model, "queue_full")
+            raise Overloaded(str(exc)) from None
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._entries[query_id] = _Entry(model, x, future, cold, now)
+        self._queued[future] = query_id
+        self._arrivals[model].append(now)
+        if self._loop_task is None:
+            self._loop_task = asyncio.create_task(self._run(), name=f"pool-{self.name}")
+        self._wake.set()
+        return future
+
+    def withdraw(self, model: str, future: asyncio.Future[Any]) -> bool:
+        """Take a query out of its queue because its caller stopped waiting; False when it is
+        no longer queued (in a batch, or answered)."""
+        query_id = self._queued.get(future)
+        if query_id is None or not self.scheduler.withdraw(model, query_id):
+            return False
+        self._take((query_id,))
+        return True
+
+    def queue_length(self, model: str) -> int:
+        return self.scheduler.queue_length(model)
+
+    # -- the loop --------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            now = self._clock()
+            try:
+                step = self.scheduler.step(now)
+            except Exception as exc:  # a scheduler fault must not strand the queries
+                logger.exception("scheduling pool %s failed", self.name)
+                self._answer(list(self._queued.values()), ModelFailed(f"scheduling failed: {exc}"))
+                await asyncio.sleep(0.01)
+                continue
+            self._start_plans(step.plans)
+            for refusal in step.refusals:
+                self._refuse(refusal)
+            for action in step.actions:
+                self._launch(action, now)
+            await self._sleep(step.wake_at)
+
+    async def _sleep(self, until: float | None) -> None:
+        timeout = None if until is None else until - self._clock()
+        if timeout is not None and timeout <= 0:
+            await asyncio.sleep(0)  # a time already past: yield, then step again
+            return
+        # Not ``asyncio.wait_for``: before Python 3.12 it drops a cancellation that lands in the
+        # step the wait ends, and the loop would outlive ``close``.
+        woken = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait((woken,), timeout=timeout)
+        finally:
+            woken.cancel()
+        self._wake.clear()
+
+    def _start_plans(self, plans: tuple[PlanJob, ...]) -> None:
+        for plan in plans:
+            task = asyncio.ensure_future(asyncio.to_thread(plan.job))
+
+            def adopt(done: asyncio.Future[object], plan: PlanJob = plan) -> None:
+                result = None
+                if done.cancelled():
+                    return
+                if done.exception() is not None:
+                    logger.warning("planning for %s failed: %s", plan.model, done.exception())
+                else:
+                    result = done.result()
+                self.scheduler.apply_plan(plan.model, plan.policy, result)
+                self._wake.set()
+
+            task.add_done_callback(adopt)
+
+    def _take(self, ids: tuple[int, ...] | list[int]) -> list[_Entry]:
+        entries = []
+        for query_id in ids:
+            entry = self._entries.pop(query_id, None)
+            if entry is not None:
+                self._queued.pop(entry.future, None)
+                entries.append(entry)
+        return entries
+
+    def _answer(self, ids: tuple[int, ...] | list[int], error: RaysrvError) -> None:
+        for entry in self._take(ids):
+            if not entry.future.done():
+                entry.future.set_exception(error)
+
+    def _refuse(self, refusal: Refusal) -> None:
+        model = refusal.model
+        self._metrics.rejection(model, refusal.reason)
+        if refusal.error == "failed":
+            error: RaysrvError = ModelFailed(f"model {model!r}: {refusal.reason}")
+        else:
+            error = Rejected(f"model {model!r}: {refusal.reason}")
+        self._answer(refusal.query_ids, error)
+        if model in self.scheduler:
+            self._metrics.queue_length(model, self.scheduler.queue_length(model))
+
+    def _launch(self, action: Action, now: float) -> None:
+        earliest, latest = time.time(), wall(now, getattr(action, "latest", math.inf))
+        if isinstance(action, Infer):
+            entries = [e for e in self._take(action.query_ids) if not e.future.done()]
+            if not entries:  # every caller gave up while it waited
+                self.scheduler.finished(ActionResult(action, now, ran=False, size=0))
+                self._wake.set()
+                return
+            if action.model in self.scheduler:  # sampled before each batch
+                self._metrics.queue_length(action.model, self.scheduler.queue_length(action.model))
+            inputs = np.stack([e.x for e in entries])
+            pending = self._workers.infer(action.worker, action.model, inputs, earliest, latest)
+            self._track(self._finish_infer(action, entries, pending))
+        elif isinstance(action, Load):
+            spec = self._specs[action.model]
+            pending = self._workers.load(action.worker, spec, earliest, latest)
+            self._track(self._finish_load(action, pending))
+        else:
+            pending = self._workers.unload(action.worker, action.model)
+            self._track(self._finish_unload(action, pending))
+
+    def _track(self, coroutine: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    async def _report(self, pending: Awaitable[Report], what: str) -> Report:
+        try:
+            return await pending
+        except Exception as exc:
+            logger.warning("%s failed: %s", what, exc)
+            return Report("failed", error=f"{type(exc).__name__}: {exc}")
+
+    async def _finish_infer(
+        self, action: Infer, entries: list[_Entry], pending: Awaitable[Report]
+    ) -> None:
+        model = action.model
+        report = await self._report(pending, f"batch of {len(entries)} for {model}")
+        finished = self._clock()
+        status, error = report.status, report.error
+        if status == "ok" and (report.outputs is None or len(report.outputs) != len(entries)):
+            count = None if report.outputs is None else len(report.outputs)
+            status, error = "failed", f"returned {count} outputs for {len(entries)} inputs"
+        if status == "ok":
+            for entry, output in zip(entries, report.outputs or (), strict=True):
+                if not entry.future.done():
+                    entry.future.set_result(output)
+                if entry.cold:
+                    self._metrics.cold_start(self.name, finished - entry.arrival)
+        elif status == "late":
+            self._metrics.rejection(model, "deadline_before_start")
+            self._fail(entries, Rejected(f"model {model!r}: {LATE_START}"))
+        else:
+            self._fail(entries, ModelFailed(f"model {model!r} failed on a batch: {error}"))
+        ran = status in ("ok", "failed")
+        result = ActionResult(
+            action,
+            finished,
+            ran,
+            status == "ok",
+            report.duration if ran else math.nan,
+            len(entries),
+            error=NOT_LOADED if status == "not_loaded" else error,
+        )
+        self.scheduler.finished(result)
+        self._metrics.batch(model, len(entries), finished - action.sent)
+        self._wake.set()
+
+    async def _finish_load(self, action: Load, pending: Awaitable[Report]) -> None:
+        report = await self._report(pending, f"loading {action.model}")
+        ok = report.status == "ok"
+        if ok:
+            self._memory[(action.worker, action.model)] = (report.weight_bytes, report.rss_growth)
+        result = ActionResult(
+            action,
+            self._clock(),
+            report.status != "late",
+            ok,
+            report.duration,
+            weight_bytes=report.weight_bytes,
+            error=report.error or report.status,
+        )
+        self.scheduler.finished(result)
+        self._metrics.load(self.name, report.status, report.duration)
+        self._report_memory(action.worker)
+        self._wake.set()
+
+    async def _finish_unload(self, action: Action, pending: Awaitable[Report]) -> None:
+        report = await self._report(pending, f"unloading {action.model}")
+        self._memory.pop((action.worker, action.model), None)
+        ok = report.status == "ok"
+        self.scheduler.finished(
+            ActionResult(action, self._clock(), ok, ok, report.duration, error=report.error)
+        )
+        self._metrics.unload(self.name, getattr(action, "evicted", False))
+        self._report_memory(action.worker)
+        self._wake.set()
+
+    def _report_memory(self, worker: int) -> None:
+        held = self.scheduler.describe_workers(self._clock())[worker]["resident_bytes"]
+        self._metrics.worker_memory(self.name, worker, int(held))  # type: ignore[arg-type]
+
+    @staticmethod
+    def _fail(entries: list[_Entry], error: Exception) -> None:
+        for entry in entries:
+            if not entry.future.done():
+                entry.future.set_exception(error)
+
+    # -- profiling -------------------------------------------------------------------------
+
+    async def profile(self) -> None:
+        """Clockwork's profiling step (§4), before the first query, for every model whose
+        policy asks (``profile_sizes``): batches of zeros of each size on one worker after
+        another, once to warm up and ``PROFILE_RUNS`` times measured, into the model's run
+        times. A shared pool profiles one model of each group on its first worker, with a LOAD
+        before and an UNLOAD after, also measured. If an action fails, profiling of that model
+        stops there (logged) and it is served with what was measured."""
+        pinned = {m.name for m in self.spec.pinned}
+        seen: set[str] = set()
+        for name in self.models():
+            sizes = self.policy(name).profile_sizes()
+            group = self._specs[name].get("group") or name
+            if not sizes or (name not in pinned and group in seen):
+                continue
+            seen.add(group)
+            try:
+                if name in pinned:
+                    for worker in range(len(self._workers)):
+                        await self._profile_sizes(name, worker, sizes)
+                else:
+                    await self._profile_loaded(name, sizes)
+            except Exception as exc:
+                logger.warning("profiling %s failed: %s", name, exc)
+
+    async def _profile_loaded(self, name: str, sizes: tuple[int, ...]) -> None:
+        runs = self.scheduler.runs(name)
+        for _ in range(2):  # the second LOAD is the one measured: the first warms the runtime
+            loaded = await self._workers.load(0, self._specs[name], 0.0, math.inf)
+            _expect(loaded, f"loading {name}")
+            await self._profile_sizes(name, 0, sizes)
+            unloaded = await self._workers.unload(0, name)
+            _expect(unloaded, f"unloading {name}")
+        runs.observe_load(loaded.duration, loaded.weight_bytes)
+        runs.observe_unload(unloaded.duration)
+
+    async def _profile_sizes(self, name: str, worker: int, sizes: tuple[int, ...]) -> None:
+        shape = self._specs[name]["input"]
+        x = np.zeros(shape["shape"], dtype=shape["dtype"])
+        runs = self.scheduler.runs(name)
+        for size in sizes:
+            batch = np.stack([x] * size)
+            for run in range(1 + PROFILE_RUNS):
+                report = await self._workers.infer(worker, name, batch, 0.0, math.inf)
+                _expect(report, f"a batch of {size} of {name}")
+                if run:  # the first run warms up
+                    runs.observe(size, report.duration)
+
+    # -- what users see --------------------------------------------------------------------
+
+    def describe_model(self, name: str) -> dict[str, Any]:
+        runs = self.scheduler.runs(name)
+        memory = {
+            str(worker): {"weights_bytes": weight, "rss_growth_bytes": grown}
+            for (worker, model), (weight, grown) in sorted(self._memory.items())
+            if model == name
+        }
+        load_ms = {
+            f"p{round(q * 100)}": None
+            if (t := runs.load_time(q, SHOWN_WINDOW)) is None
+            else t * 1e3
+            for q in (0.5, 0.99)
+        }
+        return {
+            "pool": self.name,
+            "shared": self.spec.capacity_bytes is not None,
+            "replicas": len(self._workers),
+            "busy_replicas": self.scheduler.busy(),
+            **self.scheduler.describe_model(name),
+            "memory": memory,
+            "load_ms": load_ms,
+            "batching": self.policy(name).describe(),
+            "batch_seconds": {
+                f"p{round(q * 100)}": {str(k): v for k, v in runs.table(q, SHOWN_WINDOW).items()}
+                for q in (0.5, 0.99)
+            },
+        }
+
+    async def describe(self) -> dict[str, Any]:
+        """The pool and each worker: what it holds, against its capacity, and its process's
+        memory as measured."""
+        s = self.scheduler
+        workers = s.describe_workers(self._clock())
+        try:
+            measured = await self._workers.ready()
+        except Exception as exc:  # a worker restarting: show what the scheduler knows
+            logger.warning("reading pool %s's workers failed: %s", self.name, exc)
+            measured = [{}] * len(workers)
+        for shown, seen in zip(workers, measured, strict=True):
+            shown["process"] = {k: v for k, v in seen.items() if k != "rss_growth"}
+        return {
+            "name": self.name,
+            "shared": self.spec.capacity_bytes is not None,
+            "device": self.spec.device,
+            "capacity_bytes": self.spec.capacity_bytes,
+            "models": len(s.models()),
+            "loads": s.loads,
+            "unloads": s.unloads,
+            "evictions": s.evictions,
+            "cold_starts": s.cold_starts,
+            "workers": workers,
+        }
+
+    def plan_snapshot(self, name: str) -> PlanSnapshot:
+        """Copies of what the plan view needs (``raysrv._planner``), taken on the loop."""
+        policy = self.policy(name)
+        holders = self.scheduler.describe_model(name)["loaded_on"]
+        return PlanSnapshot(
+            name,
+            policy.describe(),
+            np.fromiter(self._arrivals[name], dtype=float),
+            self.scheduler.runs(name).table(0.99, SHOWN_WINDOW),
+            max(1, len(holders)),  # type: ignore[arg-type]
+            policy.slo_s,
+        )
+
+    async def close(self) -> None:
+        """Stop the loop and fail whatever is still queued."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        self._answer(list(self._entries), Overloaded(f"pool {self.name!r} is shutting down"))
+
+
+def _expect(report: Report, what: str) -> None:
+    if report.status != "ok":
+        raise RuntimeError(f"{what}: {report.status} {report.error}")

@@ -1,0 +1,478 @@
+"""The live driver of a pool over in-process workers: batches form, workers run one action at a
+time, models load and unload within capacity, and every query gets exactly one answer."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Awaitable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from raysrv import batching
+from raysrv._pool import LATE_START, PROFILE_RUNS, Pool
+from raysrv._workers import Report
+from raysrv.config import ModelSpec, PoolSpec, resolve_pools
+from raysrv.errors import ModelFailed, NotFound, Overloaded, Rejected
+from raysrv.testing import EchoModel, LocalWorkers, fake_workers, model_spec, one_model_pool
+
+
+def _fixed(max_batch_size: int = 8, **params: Any) -> batching.BatchingPolicy:
+    return batching.make_policy("fixed", {"max_batch_size": max_batch_size, **params}, 1.0)
+
+
+def _echo_pool(log: list[int], delay_s: float = 0.02, replicas: int = 1, **kw: Any) -> Pool:
+    workers = fake_workers(EchoModel(), delay_s=delay_s, log=log, replicas=replicas)
+    return one_model_pool(_fixed(kw.pop("max_batch_size", 8)), workers, **kw)
+
+
+def _x(value: float = 0.0) -> np.ndarray:
+    return np.full(4, value, dtype=np.float32)
+
+
+def test_batches_form_while_the_worker_is_busy_and_every_query_gets_its_answer() -> None:
+    async def scenario() -> None:
+        log: list[int] = []
+        pool = _echo_pool(log)
+        futures = [pool.submit("echo", _x(0))]
+        await asyncio.sleep(0.005)  # the loop dispatches the first query alone
+        futures += [pool.submit("echo", _x(i)) for i in range(1, 20)]
+        answers = await asyncio.gather(*futures)
+        assert [a["sum"] for a in answers] == [4.0 * i for i in range(20)]
+        assert log == [1, 8, 8, 3]  # the first query found the worker free
+        described = pool.describe_model("echo")
+        assert (described["batches"], described["batched_queries"]) == (4, 20)
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_each_outcome_says_when_its_batch_was_expected_to_start() -> None:
+    """A batch is sent once the worker's last one should have ended, so each is expected to
+    start as it leaves; the policy learns its overruns from that."""
+
+    class Recording(batching.FixedPolicy):
+        def __init__(self, params: batching.FixedParams, slo_s: float) -> None:
+            super().__init__(params, slo_s)
+            self.outcomes: list[batching.BatchOutcome] = []
+
+        def observe(self, outcome: batching.BatchOutcome) -> None:
+            self.outcomes.append(outcome)
+
+    async def scenario() -> list[batching.BatchOutcome]:
+        policy = Recording(batching.FixedParams(max_batch_size=2), 1.0)
+        pool = one_model_pool(policy, fake_workers(EchoModel(), delay_s=0.01))
+        await asyncio.gather(*(pool.submit("echo", _x(1)) for _ in range(12)))
+        await pool.close()
+        return policy.outcomes
+
+    outcomes = asyncio.run(scenario())
+    assert len(outcomes) == 6
+    for o in outcomes:
+        assert o.expected_start == o.dispatched
+        assert o.finished - o.dispatched >= 0.01  # the fake worker's 10 ms
+
+
+def test_a_withdrawn_query_leaves_the_queue_and_never_runs() -> None:
+    async def scenario() -> None:
+        log: list[int] = []
+        pool = _echo_pool(log)
+        running = pool.submit("echo", _x(0))
+        await asyncio.sleep(0.005)  # in a batch now: too late to withdraw
+        queued = [pool.submit("echo", _x(i)) for i in (1, 2)]
+        assert not pool.withdraw("echo", running)
+        assert pool.withdraw("echo", queued[0])
+        assert not pool.withdraw("echo", queued[0])
+        queued[0].cancel()
+        assert (await running)["sum"] == 0.0
+        assert (await queued[1])["sum"] == 8.0
+        assert log == [1, 1]  # the withdrawn query was in no batch
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
+class _Counting(LocalWorkers):
+    """Counts the actions each worker has received and not yet answered."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.outstanding = [0] * len(self)
+        self.peak = [0] * len(self)
+
+    def infer(
+        self, worker: int, model: str, inputs: np.ndarray, earliest: float, latest: float
+    ) -> Awaitable[Report]:
+        self.outstanding[worker] += 1
+        self.peak[worker] = max(self.peak[worker], self.outstanding[worker])
+        pending = super().infer(worker, model, inputs, earliest, latest)
+
+        async def counted() -> Report:
+            try:
+                return await pending
+            finally:
+                self.outstanding[worker] -= 1
+
+        return counted()
+
+
+def test_never_more_actions_in_flight_per_worker_than_the_depth() -> None:
+    async def scenario(depth: int) -> list[int]:
+        workers = _Counting(3, dedicated=EchoModel(), delay_s=0.005)
+        pool = one_model_pool(_fixed(2), workers, depth=depth)
+        await asyncio.gather(*(pool.submit("echo", _x(1)) for _ in range(60)))
+        described = pool.describe_model("echo")
+        assert described["busy_replicas"] == 0
+        for table in described["batch_seconds"].values():  # one record of run times per size
+            assert table
+            assert all(0.005 <= v < 0.05 for v in table.values())  # the workers' 5 ms sleeps
+        await pool.close()
+        return workers.peak
+
+    assert asyncio.run(scenario(1)) == [1, 1, 1]
+    assert max(asyncio.run(scenario(2))) == 2
+
+
+def test_a_full_queue_refuses_at_once() -> None:
+    async def scenario() -> None:
+        pool = _echo_pool([], delay_s=0.05, max_queue=3)
+        first = pool.submit("echo", _x())
+        await asyncio.sleep(0.01)  # the first batch is running; three more may wait
+        waiting = [pool.submit("echo", _x()) for _ in range(3)]
+        with pytest.raises(Overloaded, match="3 queries waiting"):
+            pool.submit("echo", _x())
+        await asyncio.gather(first, *waiting)
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
+class _DiesOnce(EchoModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def predict_batch(self, inputs: Any) -> list[dict[str, Any]]:
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("worker died")
+        return super().predict_batch(inputs)
+
+
+def test_a_failing_batch_fails_its_queries_and_the_loop_goes_on() -> None:
+    async def scenario() -> None:
+        pool = one_model_pool(_fixed(), fake_workers(_DiesOnce()))
+        with pytest.raises(ModelFailed, match="worker died"):
+            await pool.submit("echo", _x())
+        assert (await pool.submit("echo", _x(1)))["sum"] == 4.0
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_callers_that_gave_up_are_not_run() -> None:
+    async def scenario() -> None:
+        log: list[int] = []
+        pool = _echo_pool(log, delay_s=0.03)
+        first = pool.submit("echo", _x())
+        await asyncio.sleep(0.005)
+        abandoned = [pool.submit("echo", _x()) for _ in range(3)]
+        kept = pool.submit("echo", _x(1))
+        for future in abandoned:
+            future.cancel()
+        await first
+        assert (await kept)["sum"] == 4.0
+        assert log == [1, 1]
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
+class _OneOutput:
+    def predict_batch(self, inputs: Any) -> list[int]:
+        return [1]
+
+
+def test_a_wrong_number_of_outputs_is_an_error_not_a_hang() -> None:
+    async def scenario() -> None:
+        pool = one_model_pool(_fixed(timeout_ms=20), fake_workers(_OneOutput()))
+        futures = [pool.submit("echo", np.zeros(4)) for _ in range(2)]
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        assert all(isinstance(r, ModelFailed) for r in results)
+        assert "1 outputs for 2 inputs" in str(results[0])
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("name", sorted(batching.POLICIES))
+def test_every_registered_policy_keeps_the_contract_in_the_live_driver(name: str) -> None:
+    """The real loop on the event loop's clock, overloaded in bursts, with deadlines: every
+    query is answered or refused exactly once, for a reason, and batches stay within the cap."""
+
+    async def scenario() -> None:
+        log: list[int] = []
+        policy = batching.make_policy(name, {}, 0.05)
+        pool = one_model_pool(policy, fake_workers(EchoModel(), 0.01, log, replicas=2))
+        loop = asyncio.get_running_loop()
+        futures = []
+        for burst in range(4):
+            for i in range(30):
+                futures.append(pool.submit("echo", _x(i), deadline=loop.time() + 0.05))
+            await asyncio.sleep(0.03 * (burst % 2))
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        answered = [o for o in outcomes if isinstance(o, dict)]
+        refused = [o for o in outcomes if isinstance(o, Exception)]
+        assert len(answered) + len(refused) == len(futures) == 120
+        assert sum(log) == len(answered)  # every answer came from exactly one batch
+        assert all(1 <= size <= policy.params.max_batch_size for size in log)  # type: ignore[attr-defined]
+        assert all("deadline" in str(e) or "queue" in str(e) for e in refused), refused
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_worker_does_not_start_a_batch_whose_deadline_passed_while_it_waited() -> None:
+    """With depth 2 the next batch is sent before the worker is free; if the batch ahead runs
+    long, the waiting batch's deadline can pass in the worker's queue. It is refused there."""
+
+    async def scenario() -> None:
+        log: list[int] = []
+        delays = [0.01, 0.08, 0.01]
+        workers = LocalWorkers(1, dedicated=EchoModel(), delay_s=lambda _: delays.pop(0), log=log)
+        pool = one_model_pool(_fixed(1), workers, depth=2)
+        loop = asyncio.get_running_loop()
+        await pool.submit("echo", _x(1))  # teaches the scheduler: about 10 ms per batch
+        slow = pool.submit("echo", _x(1))  # runs 80 ms
+        await asyncio.sleep(0.001)
+        doomed = pool.submit("echo", _x(1), deadline=loop.time() + 0.04)
+        assert (await slow)["sum"] == 4.0
+        with pytest.raises(Rejected, match=LATE_START):
+            await doomed
+        assert log == [1, 1]  # the doomed batch never ran
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_profiling_step_seeds_the_run_times_before_the_first_query() -> None:
+    """clockwork §4: "a brief profiling step to produce a seed estimate". ``deadline`` asks for
+    its smallest and largest batch and the powers of two between; on every worker each runs
+    once to warm up, then ``PROFILE_RUNS`` times measured."""
+
+    async def scenario() -> tuple[list[int], batching.BatchingPolicy, Pool]:
+        log: list[int] = []
+        policy = batching.make_policy("deadline", {"max_batch_size": 6}, 1.0)
+        pool = one_model_pool(policy, fake_workers(EchoModel(), 0.01, log, replicas=2))
+        assert isinstance(policy, batching.DeadlinePolicy)
+        assert policy.estimate(6) == 0.0  # nothing measured: optimistic
+        await pool.profile()
+        return log, policy, pool
+
+    log, policy, pool = asyncio.run(scenario())
+    assert sorted(log) == sorted([6, 4, 2, 1] * (1 + PROFILE_RUNS) * 2)
+    assert isinstance(policy, batching.DeadlinePolicy)
+    assert policy.estimate(6) >= 0.01
+    assert policy.describe()["learned_overrun_ms"] == 0.0  # no plan, so no overrun
+    assert set(pool.describe_model("echo")["batch_seconds"]["p50"]) == {"1", "2", "4", "6"}
+    assert pool.describe_model("echo")["batches"] == 0  # no query was served
+
+
+def test_policies_that_keep_no_run_times_are_not_profiled() -> None:
+    log: list[int] = []
+    asyncio.run(_echo_pool(log).profile())
+    assert log == []
+
+
+class _FailsOnBig(EchoModel):
+    def predict_batch(self, inputs: Any) -> list[dict[str, Any]]:
+        if len(inputs) > 2:
+            raise ValueError("out of memory")
+        return super().predict_batch(inputs)
+
+
+def test_a_model_that_fails_while_profiled_is_served_with_what_was_measured(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    log: list[int] = []
+    policy = batching.make_policy("deadline", {"max_batch_size": 4}, 1.0)
+    pool = one_model_pool(policy, fake_workers(_FailsOnBig(), 0.01, log), name="big")
+    asyncio.run(pool.profile())
+    assert log == [1] * 4 + [2] * 4 + [4]  # smallest first; nothing after the failure
+    assert "profiling big failed" in caplog.text
+    assert "out of memory" in caplog.text
+    assert isinstance(policy, batching.DeadlinePolicy)
+    assert policy.estimate(2) == pytest.approx(0.01, abs=0.01)
+
+
+def test_a_policy_swapped_in_live_starts_from_the_run_times_measured() -> None:
+    async def scenario() -> tuple[batching.BatchingPolicy, batching.BatchingPolicy]:
+        first = batching.make_policy("deadline", {"max_batch_size": 4}, 1.0)
+        pool = one_model_pool(first, fake_workers(EchoModel(), delay_s=0.01))
+        await pool.profile()
+        swapped = batching.make_policy("deadline", {"max_batch_size": 4}, 1.0)
+        pool.set_policy("echo", swapped)
+        await pool.close()
+        return first, swapped
+
+    first, swapped = asyncio.run(scenario())
+    assert isinstance(first, batching.DeadlinePolicy)
+    assert isinstance(swapped, batching.DeadlinePolicy)
+    assert [swapped.estimate(k) for k in (1, 2, 3, 4)] == [first.estimate(k) for k in (1, 2, 3, 4)]
+    assert swapped.estimate(1) >= 0.01
+
+
+def test_closing_stops_a_loop_that_was_woken_in_the_same_step() -> None:
+    """A query arriving while the loop sleeps towards a time wakes it; a close in that same
+    step must still stop it. ``asyncio.wait_for`` (before Python 3.12) returns the finished
+    wait and drops the cancellation then, and the loop slept on, forever."""
+
+    class WaitLong(batching.FixedPolicy):
+        def decide(self, view: batching.BatcherView) -> batching.Decision:
+            return batching.Wait(view.now + 60.0)
+
+    async def scenario() -> None:
+        policy = WaitLong(batching.FixedParams(max_batch_size=2), 1.0)
+        pool = one_model_pool(policy, fake_workers(EchoModel()))
+        first = pool.submit("echo", _x(1))
+        await asyncio.sleep(0.01)  # the loop sleeps towards now + 60 s
+        second = pool.submit("echo", _x(1))  # wakes it
+        await asyncio.sleep(0)  # the wake lands, the loop has not run yet
+        await asyncio.wait_for(pool.close(), 2.0)
+        for future in (first, second):
+            with pytest.raises(Overloaded, match="shutting down"):
+                future.result()
+
+    asyncio.run(scenario())
+
+
+# -- a shared pool: LOAD, UNLOAD, capacity --------------------------------------------------
+
+
+def _shared(
+    names: list[str], workers: LocalWorkers, capacity_mb: float, slo_ms: float = 10_000
+) -> Pool:
+    pool_spec = PoolSpec(name="shared", workers=len(workers), memory_mb=capacity_mb)
+    models = [
+        ModelSpec.model_validate(model_spec(n, pool="shared", slo_ms=slo_ms, weights_mb=1))
+        for n in names
+    ]
+    pool = Pool(resolve_pools([pool_spec], models)[0], workers)
+    for m in models:
+        pool.add_model(m, batching.make_policy("deadline", {"max_batch_size": 4}, slo_ms / 1e3))
+    return pool
+
+
+def test_a_shared_pool_loads_on_demand_and_evicts_the_least_recently_used() -> None:
+    async def scenario() -> None:
+        names = ["a", "b", "c"]
+        workers = LocalWorkers(
+            1, {n: EchoModel() for n in names}, capacity_bytes=2 << 20, weight_bytes=1 << 20
+        )
+        pool = _shared(names, workers, capacity_mb=2)
+        for name in ["a", "b", "a", "c", "a", "b"]:
+            assert (await pool.submit(name, _x(1)))["sum"] == 4.0
+        loads = [m for _, kind, m in workers.actions if kind == "load"]
+        evicted = [m for _, kind, m in workers.actions if kind == "unload"]
+        assert loads == ["a", "b", "c", "b"]
+        assert evicted == ["b", "c"]  # b was used before a, when c came; then c, for b
+        assert workers.peak_bytes == [2 << 20]
+        described = pool.describe_model("a")
+        assert described["loaded_on"] == [0]
+        assert not described["cold"]
+        assert pool.describe_model("c")["cold"]
+        assert pool.describe_model("c")["evictions"] == 1
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_cold_query_that_the_load_would_make_late_is_refused_before_any_work() -> None:
+    async def scenario() -> None:
+        workers = LocalWorkers(1, {"a": EchoModel()}, weight_bytes=1, load_s=0.05)
+        pool = _shared(["a"], workers, capacity_mb=1)
+        await pool.profile()  # the deadline policy asks: a LOAD measured at about 50 ms
+        loop = asyncio.get_running_loop()
+        with pytest.raises(Rejected, match="cold start"):
+            await pool.submit("a", _x(), deadline=loop.time() + 0.01)
+        assert (await pool.submit("a", _x(1), deadline=loop.time() + 5.0))["sum"] == 4.0
+        kinds = [kind for _, kind, _ in workers.actions]
+        assert kinds.count("load") == 3  # two while profiled, one for the second query
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_model_that_cannot_load_fails_its_queries_with_the_reason() -> None:
+    async def scenario() -> None:
+        workers = LocalWorkers(1, {}, weight_bytes=1)  # knows no model: every LOAD fails
+        pool = _shared(["a"], workers, capacity_mb=1)
+        with pytest.raises(ModelFailed, match="could not be loaded: no model 'a'"):
+            await pool.submit("a", _x())
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_removed_model_answers_its_queued_queries_and_leaves_its_workers() -> None:
+    async def scenario() -> None:
+        workers = LocalWorkers(1, {"a": EchoModel()}, weight_bytes=1, delay_s=0.05)
+        pool = _shared(["a"], workers, capacity_mb=1)
+        running = pool.submit("a", _x(1))
+        await asyncio.sleep(0.02)  # loaded, first batch running
+        queued = pool.submit("a", _x(2))
+        pool.remove_model("a")
+        assert (await running)["sum"] == 4.0  # already in a batch: answered
+        with pytest.raises(NotFound, match="removed"):
+            await queued
+        for _ in range(50):
+            if not workers.held[0]:
+                break
+            await asyncio.sleep(0.01)
+        assert workers.held == [{}]
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_worker_that_lost_its_models_is_loaded_again() -> None:
+    """A worker restarted by Ray holds nothing: its INFER answers ``not_loaded``; the batch
+    fails and the scheduler forgets the model there, so the next query loads it again."""
+
+    async def scenario() -> None:
+        workers = LocalWorkers(1, {"a": EchoModel()}, weight_bytes=1)
+        pool = _shared(["a"], workers, capacity_mb=1)
+        assert (await pool.submit("a", _x(1)))["sum"] == 4.0
+        workers.held[0].clear()  # the restart
+        with pytest.raises(ModelFailed):
+            await pool.submit("a", _x(1))
+        assert (await pool.submit("a", _x(1)))["sum"] == 4.0
+        assert [kind for _, kind, _ in workers.actions].count("load") == 2
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_deadlines_travel_to_the_worker_as_wall_clock_times() -> None:
+    seen: list[float] = []
+
+    class Spy(LocalWorkers):
+        def infer(
+            self, worker: int, model: str, inputs: np.ndarray, earliest: float, latest: float
+        ) -> Awaitable[Report]:
+            seen.append(latest - time.time())
+            return super().infer(worker, model, inputs, earliest, latest)
+
+    async def scenario() -> None:
+        pool = one_model_pool(_fixed(), Spy(1, dedicated=EchoModel()))
+        loop = asyncio.get_running_loop()
+        await pool.submit("echo", _x(), deadline=loop.time() + 0.5)
+        await pool.submit("echo", _x())
+        await pool.close()
+
+    asyncio.run(scenario())
+    assert seen[0] == pytest.approx(0.5, abs=0.05)
+    assert seen[1] == math.inf

@@ -1,0 +1,328 @@
+"""The pool scheduler, a pure core on a fake clock: when a worker can take work, which model gets
+it, LOAD and UNLOAD within capacity, cold refusals, and the contract every batching policy keeps
+on a dedicated pool and on a shared one."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from raysrv import batching
+from raysrv.analytics import SimModel, simulate_pool
+from raysrv.batching import QueuedQuery
+from raysrv.batching.scheduler import (
+    COLD_DOOMED,
+    ActionResult,
+    Infer,
+    Load,
+    PoolScheduler,
+    QueueFull,
+    Unload,
+)
+
+MB = 1 << 20
+
+
+def _policy(name: str = "fixed", slo_s: float = 1.0, **params: object) -> batching.BatchingPolicy:
+    return batching.make_policy(name, params, slo_s)
+
+
+def _dedicated(workers: int = 1, depth: int = 2, **params: object) -> PoolScheduler:
+    s = PoolScheduler(workers, depth=depth)
+    s.add_model("m", _policy(**params))
+    for w in range(workers):
+        s.pin(w, "m", 0)
+    return s
+
+
+def _q(i: int, t: float = 0.0, deadline: float = math.inf, priority: int = 0) -> QueuedQuery:
+    return QueuedQuery(i, t, deadline, priority)
+
+
+def _done(action: object, at: float, duration: float) -> ActionResult:
+    return ActionResult(action, at, duration=duration)  # type: ignore[arg-type]
+
+
+# -- when a worker can take work ------------------------------------------------------------
+
+
+def test_a_busy_worker_is_offered_again_when_its_work_should_have_run_out() -> None:
+    s = _dedicated(depth=2, max_batch_size=4)
+    s.submit("m", _q(0))
+    (first,) = s.step(0.0).actions
+    assert s.step(0.0).actions == ()  # nothing measured yet: wait until idle
+    s.finished(_done(first, 0.010, 0.010))
+    for i in range(1, 5):
+        s.submit("m", _q(i, 0.010))
+    (second,) = s.step(0.010).actions
+    assert isinstance(second, Infer)
+    assert len(second.query_ids) == 4
+    for i in range(5, 9):
+        s.submit("m", _q(i, 0.011))
+    step = s.step(0.011)
+    assert step.actions == ()
+    assert step.wake_at == pytest.approx(0.010 + 0.010 * 4)  # a batch of 4: scaled from 1
+    (third,) = s.step(0.050).actions  # the pipeline: sent while the second still runs
+    assert isinstance(third, Infer)
+    assert s.step(5.0).actions == ()  # depth 2 reached
+
+
+def test_each_answer_re_anchors_the_work_still_in_flight() -> None:
+    """A late answer moves the batch behind it: the worker is offered again only once that
+    batch should have run from the answer, not from when it was sent."""
+    s = _dedicated(depth=2, max_batch_size=1)
+    s.runs("m").observe(1, 0.010)
+    for i in range(3):
+        s.submit("m", _q(i))
+    (a,) = s.step(0.0).actions
+    (b,) = s.step(0.010).actions  # a should end now
+    s.finished(_done(a, 0.030, 0.030))  # a came back 20 ms late
+    step = s.step(0.030)
+    assert step.actions == ()
+    assert step.wake_at == pytest.approx(0.040)
+    s.finished(_done(b, 0.036, 0.006))  # early: idle, free at once
+    assert len(s.step(0.036).actions) == 1
+
+
+def test_depth_one_offers_only_idle_workers() -> None:
+    s = _dedicated(workers=2, depth=1, max_batch_size=1)
+    s.runs("m").observe(1, 0.001)
+    for i in range(3):
+        s.submit("m", _q(i))
+    step = s.step(0.0)
+    assert sorted(a.worker for a in step.actions) == [0, 1]
+    assert s.step(5.0).actions == ()
+
+
+def test_a_full_queue_is_refused_at_submit() -> None:
+    s = PoolScheduler(1)
+    s.add_model("m", _policy(), max_queue=2)
+    s.submit("m", _q(0))
+    s.submit("m", _q(1))
+    with pytest.raises(QueueFull, match="2 queries waiting"):
+        s.submit("m", _q(2))
+
+
+# -- which model gets a worker --------------------------------------------------------------
+
+
+def test_the_most_urgent_model_gets_the_free_worker() -> None:
+    s = PoolScheduler(1)
+    for name in ("relaxed", "urgent"):
+        s.add_model(name, _policy("deadline", max_batch_size=4))
+        s.pin(0, name, 0)
+    s.submit("relaxed", _q(0, 0.0, deadline=5.0))
+    s.submit("urgent", _q(1, 0.0, deadline=1.0))
+    (action,) = s.step(0.0).actions
+    assert action.model == "urgent"
+
+
+def test_batch_clients_wait_while_latency_sensitive_queries_do() -> None:
+    s = PoolScheduler(1)
+    for name in ("batch", "live"):
+        s.add_model(name, _policy("deadline", max_batch_size=4))
+        s.pin(0, name, 0)
+    s.submit("batch", _q(0, 0.0, deadline=1.0, priority=1))
+    s.submit("live", _q(1, 0.5, deadline=10.0))
+    (action,) = s.step(0.5).actions
+    assert action.model == "live"
+
+
+def test_a_policy_that_waits_leaves_the_worker_to_the_next_model() -> None:
+    s = PoolScheduler(1)
+    s.add_model("holding", _policy(max_batch_size=8, timeout_ms=100))
+    s.add_model("eager", _policy(max_batch_size=8))
+    for name in ("holding", "eager"):
+        s.pin(0, name, 0)
+    s.submit("holding", _q(0, 0.0, deadline=0.5))
+    s.submit("eager", _q(1, 0.0, deadline=2.0))
+    step = s.step(0.0)
+    assert [a.model for a in step.actions] == ["eager"]
+    assert step.wake_at == pytest.approx(0.1)
+
+
+# -- LOAD and UNLOAD -------------------------------------------------------------------------
+
+
+def _shared(models: int, capacity: int, workers: int = 1, **kw: object) -> PoolScheduler:
+    s = PoolScheduler(workers, capacity_bytes=capacity * MB, **kw)  # type: ignore[arg-type]
+    for i in range(models):
+        s.add_model(f"m{i}", _policy("deadline", max_batch_size=4), weight_bytes=MB)
+    return s
+
+
+def _serve(s: PoolScheduler, name: str, i: int, now: float) -> list[object]:
+    """Submit one query and carry out what the step decides, each action taking 1 ms."""
+    s.submit(name, _q(i, now))
+    actions = []
+    for _ in range(5):
+        step = s.step(now)
+        for action in step.actions:
+            actions.append(action)
+            now += 0.001
+            s.finished(_done(action, now, 0.001))
+        if not step.actions:
+            break
+    return actions
+
+
+def test_a_cold_model_is_loaded_then_run() -> None:
+    s = _shared(1, capacity=1)
+    assert s.submit("m0", _q(0)) is True  # cold
+    (load,) = s.step(0.0).actions
+    assert isinstance(load, Load)
+    assert (load.worker, load.model, load.weight_bytes) == (0, "m0", MB)
+    s.finished(_done(load, 0.02, 0.02))
+    (infer,) = s.step(0.02).actions
+    assert isinstance(infer, Infer)
+    assert s.describe_model("m0")["loaded_on"] == [0]
+    assert s.submit("m0", _q(1, 0.03)) is False  # warm now
+
+
+def test_eviction_takes_the_least_recently_used_model_no_query_needs() -> None:
+    s = _shared(3, capacity=2)
+    _serve(s, "m0", 0, 0.0)
+    _serve(s, "m1", 1, 1.0)
+    _serve(s, "m0", 2, 2.0)  # m0 used again: m1 is now the least recently used
+    actions = _serve(s, "m2", 3, 3.0)
+    assert [type(a).__name__ for a in actions] == ["Unload", "Load", "Infer"]
+    assert actions[0].model == "m1"  # type: ignore[attr-defined]
+    assert s.describe_workers(4.0)[0]["models"] == ["m0", "m2"]
+    assert s.evictions == 1
+
+
+def test_a_model_with_queued_queries_is_never_evicted() -> None:
+    s = _shared(2, capacity=1)
+    _serve(s, "m0", 0, 0.0)
+    s.runs("m0").observe(1, 0.5)
+    s.submit("m0", _q(1, 1.0, deadline=9.0))
+    (running,) = s.step(1.0).actions  # m0's batch runs for 0.5 s
+    s.submit("m0", _q(2, 1.1, deadline=9.0))  # queued behind it
+    s.submit("m1", _q(3, 1.1, deadline=9.0))
+    s.finished(_done(running, 1.5, 0.5))
+    step = s.step(1.5)
+    assert [type(a).__name__ for a in step.actions] == ["Infer"]  # m0 stays; m1 waits
+    assert step.actions[0].model == "m0"  # type: ignore[attr-defined]
+
+
+def test_a_cold_query_that_cannot_make_its_deadline_is_refused_before_any_work() -> None:
+    s = _shared(1, capacity=1)
+    s.runs("m0").observe_load(0.100)
+    s.runs("m0").observe(1, 0.010)
+    s.submit("m0", _q(0, 0.0, deadline=0.05))  # load + run take 110 ms
+    s.submit("m0", _q(1, 0.0, deadline=0.5))
+    step = s.step(0.0)
+    assert [(r.query_ids, r.reason) for r in step.refusals] == [((0,), COLD_DOOMED)]
+    assert [type(a).__name__ for a in step.actions] == ["Load"]
+
+
+def test_a_model_too_big_for_a_worker_is_refused_at_once() -> None:
+    s = PoolScheduler(1, capacity_bytes=MB)
+    with pytest.raises(ValueError, match="more than a worker's capacity"):
+        s.add_model("big", _policy(), weight_bytes=2 * MB)
+
+
+def test_a_failed_load_fails_the_queries_waiting_for_it_and_backs_off() -> None:
+    s = _shared(1, capacity=1, load_backoff_s=1.0)
+    s.submit("m0", _q(0))
+    (load,) = s.step(0.0).actions
+    s.submit("m0", _q(1, 0.01))
+    s.finished(ActionResult(load, 0.02, ok=False, duration=0.02, error="corrupt file"))
+    step = s.step(0.02)
+    assert [(r.query_ids, r.error) for r in step.refusals] == [((0, 1), "failed")]
+    assert "corrupt file" in step.refusals[0].reason
+    s.submit("m0", _q(2, 0.5))
+    assert s.step(0.5).refusals[0].query_ids == (2,)  # backing off: answered at once
+    s.submit("m0", _q(3, 1.5))
+    assert isinstance(s.step(1.5).actions[0], Load)  # tried again
+
+
+def test_a_busy_hot_model_is_loaded_on_a_second_worker() -> None:
+    """Appendix B's load priority: a model whose queued work its workers cannot serve within
+    its SLO is loaded where it is not, when the unfulfilled work exceeds a LOAD's cost."""
+    s = PoolScheduler(2, capacity_bytes=4 * MB)
+    s.add_model("hot", _policy("deadline", slo_s=0.2, max_batch_size=4), weight_bytes=MB)
+    s.runs("hot").observe(4, 0.050)
+    s.runs("hot").observe_load(0.010)
+    s.submit("hot", _q(0))
+    (load,) = s.step(0.0).actions
+    s.finished(_done(load, 0.010, 0.010))
+    for i in range(1, 40):
+        s.submit("hot", _q(i, 0.010, deadline=5.0))
+    step = s.step(0.010)
+    kinds = sorted((type(a).__name__, a.worker) for a in step.actions)
+    assert kinds == [("Infer", 0), ("Load", 1)]
+
+
+def test_a_removed_model_leaves_every_worker_holding_it() -> None:
+    s = _shared(1, capacity=1, workers=2)
+    _serve(s, "m0", 0, 0.0)
+    s.submit("m0", _q(1, 1.0))
+    assert s.remove_model("m0") == (1,)
+    (unload,) = s.step(1.0).actions
+    assert isinstance(unload, Unload)
+    assert not unload.evicted
+    assert "m0" not in s
+
+
+def test_loads_never_take_a_worker_past_its_capacity() -> None:
+    rng = np.random.default_rng(0)
+    s = _shared(12, capacity=3, workers=2)
+    now, peak = 0.0, 0
+    for i in range(300):
+        _serve(s, f"m{rng.integers(12)}", i, now)
+        now += 0.01
+        peak = max(peak, *(w["resident_bytes"] for w in s.describe_workers(now)))
+    assert peak <= 3 * MB
+    assert s.loads > 12  # models came and went
+
+
+# -- the contract on both kinds of pool ------------------------------------------------------
+
+
+def _trace(n: int, models: int, seed: int) -> tuple[np.ndarray, list[str]]:
+    rng = np.random.default_rng(seed)
+    times = np.cumsum(rng.exponential(0.004, n))
+    ranks = np.minimum(rng.zipf(1.3, n) - 1, models - 1)
+    return times, [f"m{r}" for r in ranks]
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["dedicated", "shared"])
+@pytest.mark.parametrize("name", sorted(batching.POLICIES))
+def test_every_registered_policy_keeps_the_contract_on_both_kinds_of_pool(
+    name: str, shared: bool
+) -> None:
+    """Every query answered or refused exactly once, batches within the cap, no batch started
+    for a query already past its deadline, no worker past its capacity; and the policies that
+    refuse what cannot make it (``deadline``, ``ctmc``) answer nothing late."""
+    models = 6 if shared else 1
+    times, names = _trace(600, models, seed=1)
+    service = [0.002 + 0.001 * k for k in range(1, 65)]
+    pool = {
+        f"m{i}": SimModel(
+            _policy(name, slo_s=0.08),
+            service,
+            load_s=0.010,
+            weight_bytes=MB,
+            group="zoo",
+            pinned=not shared,
+        )
+        for i in range(models)
+    }
+    capacity = 2 * MB if shared else None
+    result = simulate_pool(times, names, pool, workers=2, capacity_bytes=capacity, slo=0.08)
+    answered = ~result.rejected
+    assert int(answered.sum()) == int(result.batch_sizes.sum())  # each answer from one batch
+    caps = {m: getattr(p.policy.params, "max_batch_size", 64) for m, p in pool.items()}
+    assert all(
+        1 <= k <= caps[m] for k, m in zip(result.batch_sizes, result.batch_models, strict=False)
+    )
+    assert max(result.peak_bytes) <= (capacity or 6 * MB)
+    if name in ("deadline", "ctmc"):
+        assert int(result.late.sum()) == 0
+    if shared:
+        assert result.loads > 2
+        assert result.evictions > 0
+        assert result.cold.any()
