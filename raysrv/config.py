@@ -569,16 +569,18 @@ class LiveConfig(_Strict):
 
     def check_against(self, spec: RaysrvSpec, added: list[ModelSpec] | None = None) -> None:
         """Raise ``ValueError`` if this names models, apps or pools the spec does not have;
-        ``added``: the catalog's models, once expanded."""
+        ``added``: the catalog's models, once its sets are listed (without it, models of
+        sets are not known by name and knobs for them are not checked)."""
+        listed = added is not None or not (spec.model_sets or self.catalog.model_sets)
         added = added if added is not None else self.catalog.models
-        check_pools(spec.pools, added)
+        check_pools(spec.pools, added + [_set_member(s) for s in self.catalog.model_sets])
         clash = sorted({m.name for m in added} & {m.name for m in spec.models})
         if clash:
             raise ValueError(f"user_config.catalog adds models the args already have: {clash}")
-        for kind, names, known in (
-            ("models", self.models, {m.name for m in spec.models + added}),
-            ("apps", self.apps, {a.name for a in spec.apps}),
-        ):
+        checks = [("apps", self.apps, {a.name for a in spec.apps})]
+        if listed:
+            checks.append(("models", self.models, {m.name for m in spec.models + added}))
+        for kind, names, known in checks:
             unknown = sorted(set(names) - known)
             if unknown:
                 raise ValueError(

@@ -127,7 +127,7 @@ def validate_document(doc: Any) -> list[Problem]:
     """Every problem of a parsed config document (empty when it is valid)."""
     if isinstance(doc, dict) and "applications" in doc:
         return _check_serve(doc)
-    if isinstance(doc, dict) and ("models" in doc or "apps" in doc):
+    if isinstance(doc, dict) and {"models", "model_sets", "apps", "pools"} & set(doc):
         return _check_spec("", doc, [])
     return [
         Problem(

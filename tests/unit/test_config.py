@@ -164,3 +164,100 @@ def test_cli_exit_codes_and_messages(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "params.max_batch_size" in out
     assert "-3" in out
     assert "not valid YAML" in out
+
+
+# -- pools, model sets and the live catalog -------------------------------------------------
+
+
+def _pooled(**extra: Any) -> dict[str, Any]:
+    return spec(
+        [model_spec("a", pool="shared"), model_spec("b")],
+        [{"name": "x", "models": ["a"]}],
+        pools=[{"name": "shared", "workers": 2, "memory_mb": 64}],
+        **extra,
+    )
+
+
+def test_models_join_a_shared_pool_or_get_a_dedicated_one() -> None:
+    parsed = RaysrvSpec.model_validate(_pooled())
+    pools = {p.name: p for p in parsed.resolved_pools()}
+    assert sorted(pools) == ["b", "shared"]
+    assert (pools["shared"].workers, pools["shared"].capacity_bytes) == (2, 64 << 20)
+    assert pools["shared"].pinned == ()
+    assert [m.name for m in pools["b"].pinned] == ["b"]
+    assert pools["b"].capacity_bytes is None
+    assert validate_document(_pooled()) == []
+
+
+@pytest.mark.parametrize(
+    ("mutate", "fragment"),
+    [
+        (lambda s: s["models"][0].update(pool="nope"), "unknown pool 'nope'; pools: ['shared']"),
+        (
+            lambda s: s["models"][0].update(replicas=3),
+            "a model in pool 'shared' runs on the pool's workers: ['replicas']",
+        ),
+        (lambda s: s["pools"][0].update(memory_mb=0), "memory_mb"),
+        (lambda s: s["pools"][0].update(device="gpu"), "device 'gpu' with resources.num_gpus=0"),
+        (lambda s: s["pools"].append(dict(s["pools"][0])), "pool names must be unique"),
+        (
+            lambda s: s["models"].append(model_spec("shared")),
+            "dedicated pool named like the shared pool",
+        ),
+        (lambda s: s["pools"][0].update(workerz=2), "workerz"),
+    ],
+)
+def test_pool_mistakes_are_named_with_their_values(mutate: Any, fragment: str) -> None:
+    raw = _pooled()
+    mutate(raw)
+    problems = _problems(raw)
+    assert any(fragment in p for p in problems), problems
+
+
+def _model_set(source: str, **extra: Any) -> dict[str, Any]:
+    template = {"runtime": "onnx", "pool": "shared", "input": {"shape": [4]}}
+    return {"name": "zoo", "source": source, "template": template, **extra}
+
+
+def test_a_model_set_lists_one_model_per_file(tmp_path: Path) -> None:
+    for stem in ("m2", "m1", "m10"):
+        (tmp_path / f"{stem}.onnx").write_bytes(b"x" * 10)
+    (tmp_path / "README.txt").write_text("not a model")
+    raw = _pooled(model_sets=[_model_set("*.onnx", prefix="z-")])
+    listed = RaysrvSpec.model_validate(raw).expanded(tmp_path)
+    zoo = [m for m in listed.models if m.group == "zoo"]
+    assert [m.name for m in zoo] == ["z-m1", "z-m10", "z-m2"]
+    assert all(m.pool == "shared" and m.weight_bytes() == 10 for m in zoo)
+    assert zoo[0].source == str(tmp_path / "m1.onnx")
+    directory = _pooled(model_sets=[_model_set(str(tmp_path))])
+    with pytest.raises(ValueError, match="'README.txt' gives the model name 'README'"):
+        RaysrvSpec.model_validate(directory).expanded(tmp_path)  # a directory: every file
+    (tmp_path / "README.txt").unlink()
+    (tmp_path / "Bad Name.onnx").write_bytes(b"x")
+    with pytest.raises(ValueError, match="file 'Bad Name.onnx' gives the model name"):
+        RaysrvSpec.model_validate(raw).expanded(tmp_path)
+    empty = _pooled(model_sets=[_model_set("nothing/*.onnx")])
+    with pytest.raises(ValueError, match="model set 'zoo': no file matches"):
+        RaysrvSpec.model_validate(empty).expanded(tmp_path)
+
+
+def test_a_spec_needs_models() -> None:
+    with pytest.raises(ValidationError, match="no models"):
+        RaysrvSpec.model_validate({"apps": []})
+
+
+def test_the_live_catalog_adds_models_only_to_shared_pools() -> None:
+    parsed = RaysrvSpec.model_validate(_pooled())
+    added = model_spec("c", pool="shared")
+    live = LiveConfig.model_validate(
+        {"catalog": {"models": [added]}, "models": {"c": {"slo_ms": 5}}}
+    )
+    live.check_against(parsed)
+    with pytest.raises(ValidationError, match=r"must name a shared pool \(`pool`\): \['d'\]"):
+        LiveConfig.model_validate({"catalog": {"models": [model_spec("d")]}})
+    twice = LiveConfig.model_validate({"catalog": {"models": [model_spec("a", pool="shared")]}})
+    with pytest.raises(ValueError, match=r"adds models the args already have: \['a'\]"):
+        twice.check_against(parsed)
+    elsewhere = LiveConfig.model_validate({"catalog": {"models": [model_spec("c", pool="gpu")]}})
+    with pytest.raises(ValueError, match="names unknown pool 'gpu'"):
+        elsewhere.check_against(parsed)

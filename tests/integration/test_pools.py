@@ -1,0 +1,158 @@
+"""A shared pool on a real Ray Serve: ONNX models declared as one set, loaded on demand and
+evicted within the workers' capacity, exact answers, and models added and removed live."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from ray.serve.context import _get_global_client
+from ray.serve.schema import ServeDeploySchema
+
+from bench.zoo import build_zoo, model_size
+from tests.integration.conftest import RayCluster
+
+MODELS = 5
+PER_WORKER = 2  # the capacity holds two models per worker
+
+
+def _args(directory: Path) -> dict[str, Any]:
+    return {
+        "pools": [
+            {
+                "name": "shared",
+                "workers": 1,
+                "resources": {"num_cpus": 0.5},
+                "memory_mb": PER_WORKER * model_size(1024, 448) / (1 << 20) + 0.01,
+            }
+        ],
+        "model_sets": [
+            {
+                "name": "zoo",
+                "source": str(directory / "m*.onnx"),
+                "template": {
+                    "runtime": "onnx",
+                    "pool": "shared",
+                    "batching": {"policy": "deadline", "params": {"max_batch_size": 4}},
+                    "slo_ms": 20_000,
+                    "input": {"shape": [64], "dtype": "float32"},
+                },
+            }
+        ],
+        "ingress": {"num_cpus": 0.1},
+    }
+
+
+def _deploy(args: dict[str, Any], user_config: dict[str, Any] | None = None) -> None:
+    deployments = [{"name": "ingress", "user_config": user_config}] if user_config else []
+    app = {
+        "name": "zoo",
+        "route_prefix": "/zoo",
+        "import_path": "raysrv.app:build_app",
+        "args": args,
+        "deployments": deployments,
+    }
+    _get_global_client().deploy_apps(
+        ServeDeploySchema.model_validate({"applications": [app]}), _blocking=True
+    )
+
+
+def _offline(path: Path, x: np.ndarray) -> list[float]:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: x[None]})[0][0].tolist()
+
+
+@pytest.fixture
+def zoo(serve_session: RayCluster, tmp_path: Path) -> tuple[Any, list[Path]]:
+    from ray import serve
+
+    paths = build_zoo(tmp_path, MODELS)
+    _deploy(_args(tmp_path))
+    return serve.get_app_handle("zoo"), paths
+
+
+def test_a_shared_pool_serves_every_model_exactly_within_its_capacity(
+    zoo: tuple[Any, list[Path]], serve_session: RayCluster
+) -> None:
+    handle, paths = zoo
+    x = np.random.default_rng(0).random(64).astype(np.float32)
+    order = [0, 1, 0, 2, 3, 0, 4, 1]
+    for i in order:
+        answer = handle.predict_model.remote(paths[i].stem, x.tolist()).result(timeout_s=60)
+        assert "error" not in answer, answer
+        np.testing.assert_allclose(answer["output"], _offline(paths[i], x), rtol=1e-5)
+    models = {m["name"]: m for m in handle.models.remote().result(timeout_s=30)}
+    loaded = [name for name, m in models.items() if m["loaded_on"]]
+    assert len(loaded) <= PER_WORKER
+    assert all(m["pool"] == "shared" for m in models.values())
+    assert sum(m["evictions"] for m in models.values()) >= 3
+    assert models[paths[0].stem]["loads"] >= 1
+    (pool,) = handle.pools.remote().result(timeout_s=30)
+    (worker,) = pool["workers"]
+    assert worker["peak_bytes"] <= pool["capacity_bytes"]
+    assert worker["process"]["peak_bytes"] <= pool["capacity_bytes"]  # as the worker counted
+    assert worker["process"]["rss_bytes"] > 0
+    assert pool["loads"] >= len(set(order))
+    assert pool["evictions"] >= 3
+
+    url = f"http://127.0.0.1:{serve_session.metrics_port}/metrics"
+    deadline, body = time.monotonic() + 60, ""
+    while time.monotonic() < deadline and "ray_raysrv_loads_total{" not in body:
+        body = urllib.request.urlopen(url, timeout=10).read().decode()
+        time.sleep(1)
+    for metric in ("ray_raysrv_loads_total", "ray_raysrv_unloads_total"):
+        assert f"\n{metric}{{" in body, metric
+
+
+def test_models_join_and_leave_a_shared_pool_live_without_restarting_its_workers(
+    zoo: tuple[Any, list[Path]], tmp_path: Path
+) -> None:
+    handle, paths = zoo
+    x = np.zeros(64, np.float32).tolist()
+    assert "error" not in handle.predict_model.remote(paths[0].stem, x).result(timeout_s=60)
+    pids = {p["process"]["pid"] for p in handle.pools.remote().result(timeout_s=30)[0]["workers"]}
+    extra = tmp_path / "more"
+    (added,) = build_zoo(extra, 1, seed=7)
+    catalog = {
+        "catalog": {
+            "models": [
+                {
+                    "name": "late-joiner",
+                    "runtime": "onnx",
+                    "source": str(added),
+                    "pool": "shared",
+                    "input": {"shape": [64]},
+                }
+            ]
+        }
+    }
+    _deploy(_args(tmp_path), catalog)
+    answer = _until_served(handle, "late-joiner", x)
+    np.testing.assert_allclose(answer["output"], _offline(added, np.zeros(64, np.float32)))
+    _deploy(_args(tmp_path), {"catalog": {"models": []}})
+    gone = _until(lambda: handle.predict_model.remote("late-joiner", x).result(timeout_s=60))
+    assert gone["status"] == 404
+    workers = handle.pools.remote().result(timeout_s=30)[0]["workers"]
+    assert {w["process"]["pid"] for w in workers} == pids  # the same worker processes
+    assert "late-joiner" not in workers[0]["models"]
+
+
+def _until_served(handle: Any, model: str, x: list[float]) -> dict[str, Any]:
+    return _until(
+        lambda: handle.predict_model.remote(model, x).result(timeout_s=60),
+        lambda answer: "error" not in answer,
+    )
+
+
+def _until(call: Any, done: Any = lambda answer: "error" in answer) -> dict[str, Any]:
+    deadline = time.monotonic() + 60
+    while True:
+        answer = call()
+        if done(answer) or time.monotonic() > deadline:
+            return answer
+        time.sleep(0.5)
