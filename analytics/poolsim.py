@@ -28,6 +28,7 @@ import numpy as np
 
 from raysrv.batching.base import BatchingPolicy, QueuedQuery
 from raysrv.batching.scheduler import (
+    NOT_LOADED,
     Action,
     ActionResult,
     Infer,
@@ -211,6 +212,8 @@ class _PoolRun:
             duration, weight = self._load(w, action)
             ok = weight is not None
             error = "" if ok else "does not fit"
+        elif action.model not in w.held:  # its LOAD did not run: as a live worker answers
+            ran, duration, error = False, 0.0, NOT_LOADED
         else:
             duration, size = self._infer(action, start)
         end = start + duration
@@ -230,8 +233,6 @@ class _PoolRun:
 
     def _infer(self, action: Infer, start: float) -> tuple[float, int]:
         size = len(action.query_ids)
-        if action.model not in self.workers[action.worker].held:
-            raise RuntimeError(f"INFER of {action.model!r} on a worker that does not hold it")
         self.sizes.append(size)
         self.starts.append(start)
         self.batch_models.append(action.model)
@@ -243,8 +244,9 @@ class _PoolRun:
             for q in action.query_ids:
                 self.done[q] = result.finished
         elif isinstance(action, Infer):
+            reason = result.error or "deadline passed before the batch could start"
             for q in action.query_ids:
-                self.refused[q] = "deadline passed before the batch could start"
+                self.refused[q] = reason
         self.scheduler.finished(result)
 
 

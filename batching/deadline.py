@@ -98,6 +98,7 @@ from raysrv.batching.base import (
     ReplicaSlot,
     Wait,
 )
+from raysrv.batching.profile import SortedWindow
 
 __all__ = ["DeadlineParams", "DeadlinePolicy", "strategy_sizes"]
 
@@ -155,7 +156,7 @@ class DeadlinePolicy(BatchingPolicy):
         self._largest = self._sizes[0]
         self._estimates: np.ndarray | None = None  # seconds per size, as of ``_seen``
         self._seen: tuple[int, int] | None = None  # the runs' version the estimates are from
-        self._overruns: deque[float] = deque(maxlen=params.overrun_window)
+        self._overruns = SortedWindow(params.overrun_window)
         # Per replica, for each batch sent there that has not come back, oldest first: the start
         # it was planned as it left (which names it), then its planned start and finish, both
         # re-anchored on every answer.
@@ -191,8 +192,8 @@ class DeadlinePolicy(BatchingPolicy):
         if start is None:
             start = outcome.expected_start
         if self.params.learn_overrun and start is not None and self.runs.count(outcome.size):
-            self._overruns.append(outcome.finished - start - outcome.duration)
-            slack = float(np.quantile(self._overruns, self.params.overrun_quantile))
+            self._overruns.add(outcome.finished - start - outcome.duration)
+            slack = self._overruns.quantile(self.params.overrun_quantile)
             self._slack = max(0.0, slack)
 
     def profile_sizes(self) -> tuple[int, ...]:

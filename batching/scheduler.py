@@ -11,17 +11,22 @@ result (:meth:`~PoolScheduler.finished`). Simulated and live scheduling are the 
 What a step decides:
 
 1. **Which model gets a worker** that can take work (idle, or busy with work predicted to end
-   by now and fewer than ``depth`` actions in flight: the next action travels while the last
-   one runs). Models are served in order of urgency: their earliest latency-sensitive deadline
+   by now and fewer than ``depth`` calls in flight: the next call travels while the last one
+   runs). Models are served in order of urgency: their earliest latency-sensitive deadline
    less the planned run time of a batch of one (less the LOAD too, for a model loaded nowhere);
-   batch-priority queries (clockwork §6.4) only count once no latency-sensitive one waits.
+   batch-priority queries (clockwork §6.4) only count once no latency-sensitive one waits. The
+   actions a step gives one worker travel as one call: after the first, more models may add a
+   batch each while the call's predicted work ends within ``ahead_s`` (clockwork §5.3
+   "schedules 5ms into the future"), so a call to a worker serves many cold-ish models at once.
 2. **Which batch**, asked of the model's own :class:`~raysrv.batching.BatchingPolicy`, shown
    the workers that hold the model (free only those offered to it in this step): the policy
    dispatches, waits (the worker is offered to the next model) or refuses queries. A pool with
    one model always loaded (a dedicated pool) is exactly the per-model batcher.
 3. **LOAD and UNLOAD** (clockwork Appendix B, "Loading Models"). A model loaded nowhere takes an
    offered worker when its turn comes, after UNLOADs of the least recently used models there
-   that no queued query needs, if that makes room within the worker's capacity. A model loaded
+   that no queued query needs, if that makes room within the worker's capacity; its first
+   INFER follows the LOAD at once when the worker's ``depth`` allows (§4.1's example: "a LOAD
+   action ... followed by an INFER action"), so it starts as the weights are in. A model loaded
    somewhere is loaded on another worker too when its load priority, Appendix B's
    ``p_m = d_m - sum_g a_mg * capacity_g / l_g``, exceeds the LOAD's cost: ``d_m`` is the run
    time of its queued queries, ``a_mg`` that demand split over the workers holding the model in
@@ -31,7 +36,9 @@ What a step decides:
    INFERs for it by urgency, where Clockwork gives loads their own executor.
 4. **Cold refusals**: a query for a model loaded nowhere whose deadline falls before the
    earliest a worker could load the model and run it alone is refused before any work
-   (``cannot meet deadline (cold start)``); one that can make it is served.
+   (``cannot meet deadline (cold start)``); one that can make it is served. A worker left
+   idle loads the model all the same, so that LOAD times measured slow once are measured
+   again rather than refuse every later cold query.
 
 Every action carries the window in which the worker may start it (clockwork §4.4): from when it
 is sent to ``latest`` (an INFER: its earliest deadline; a LOAD: the last moment it still helps a
@@ -65,6 +72,7 @@ from raysrv.batching.profile import RunProfile, RunTimes
 
 __all__ = [
     "COLD_DOOMED",
+    "NOT_LOADED",
     "Action",
     "ActionResult",
     "Infer",
@@ -174,6 +182,7 @@ class QueueFull(Exception):
 class _Sent:
     action: Action
     predicted: float
+    call: int  # the step that sent it: a step's actions for one worker travel as one call
 
 
 class _Worker:
@@ -197,8 +206,8 @@ class _Worker:
         return sum(self.held.values())
 
     def counted(self) -> int:
-        """Actions in flight that occupy the worker (an UNLOAD only updates its state)."""
-        return sum(not isinstance(s.action, Unload) for s in self.inflight)
+        """Calls in flight that occupy the worker (an UNLOAD alone only updates its state)."""
+        return len({s.call for s in self.inflight if not isinstance(s.action, Unload)})
 
     def can_take(self, now: float) -> bool:
         n = self.counted()
@@ -211,11 +220,11 @@ class _Worker:
             return self.open_at
         return None
 
-    def sent(self, action: Action, predicted: float, now: float) -> None:
+    def sent(self, action: Action, predicted: float, now: float, call: int) -> None:
         if not self.inflight:
             self.busy_since = now
         base = now if not self.inflight else max(now, self.open_at)
-        self.inflight.append(_Sent(action, predicted))
+        self.inflight.append(_Sent(action, predicted, call))
         self.open_at = base + predicted
 
     def done(self, action: Action, now: float) -> None:
@@ -269,19 +278,39 @@ class _Model:
 
 @dataclass(slots=True)
 class _Out:
+    """What one step decides, and which workers it has given work to."""
+
+    call: int  # the step's number: its actions for one worker form one call
+    window: dict[int, float]  # workers that could take work at the step's start -> until when
+    # the step may fill them (the first action always goes)
     actions: list[Action] = field(default_factory=list)
     refusals: list[Refusal] = field(default_factory=list)
     plans: list[PlanJob] = field(default_factory=list)
     wake: float = math.inf
+    used: set[int] = field(default_factory=set)  # workers given an action in this step
+    used_by: dict[str, set[int]] = field(default_factory=dict)  # per model
+
+    def open_for(self, w: _Worker, model: str) -> bool:
+        """Whether ``model`` may add an INFER to what ``w`` gets in this step: one per model,
+        and while the call's predicted work still ends within the window."""
+        if w.index not in self.window or w.index in self.used_by.get(model, ()):
+            return False
+        return w.index not in self.used or w.open_at < self.window[w.index]
+
+    def fresh(self, w: _Worker) -> bool:
+        """Whether ``w`` could take work and has none from this step (for a LOAD)."""
+        return w.index in self.window and w.index not in self.used
 
 
 class PoolScheduler:
     """The controller of one pool of ``workers`` identical workers (see the module docstring).
 
     ``capacity_bytes``: the model weights one worker may hold (None: no limit, for a dedicated
-    pool whose models stay loaded); ``depth``: actions a worker may have in flight; ``kind``:
+    pool whose models stay loaded); ``depth``: calls a worker may have in flight; ``kind``:
     the worker kind the run times are recorded under; ``load_backoff_s``: how long a model
-    whose LOAD failed answers its queries with that failure before it is tried again.
+    whose LOAD failed answers its queries with that failure before it is tried again;
+    ``ahead_s``: how much predicted work one call may carry for several models (clockwork §5.3
+    schedules 5 ms ahead).
     """
 
     def __init__(
@@ -293,6 +322,7 @@ class PoolScheduler:
         kind: str = "",
         profile: RunProfile | None = None,
         load_backoff_s: float = 1.0,
+        ahead_s: float = 0.005,
     ) -> None:
         if workers < 1 or depth < 1:
             raise ValueError(f"need workers >= 1 and depth >= 1, got {workers} and {depth}")
@@ -301,6 +331,8 @@ class PoolScheduler:
         self.kind = kind
         self.profile = profile or RunProfile()
         self._backoff = load_backoff_s
+        self._ahead = ahead_s
+        self._calls = 0
         self._models: dict[str, _Model] = {}
         self._active: dict[str, _Model] = {}  # models with queued queries
         self._removals: list[tuple[int, str]] = []  # (worker, model) to UNLOAD at the next step
@@ -405,25 +437,30 @@ class PoolScheduler:
     def queue_length(self, name: str) -> int:
         return len(self._models[name].queue)
 
+    def load_error(self, name: str) -> str:
+        """Why the model's last LOAD failed ("" if it did not)."""
+        model = self._models.get(name)
+        return "" if model is None else model.error
+
     # -- one step --------------------------------------------------------------------------
 
     def step(self, now: float) -> Step:
         """Everything to do at ``now``: actions for workers, refusals and planning jobs."""
-        out = _Out()
+        self._calls += 1
+        offered = [w for w in self.workers if w.can_take(now)]
+        out = _Out(self._calls, {w.index: now + self._ahead for w in offered})
         out.refusals.extend(self._stash)
         self._stash.clear()
         self._emit_removals(now, out)
-        taken: set[int] = set()
-        offered = [w for w in self.workers if w.can_take(now)]
         for model in self._consulted(now, offered):
             self._plan(model, now, out)
             if self._holders(model.name):
-                self._serve(model, now, taken, out)
+                self._serve(model, now, out)
             else:
-                self._cold(model, now, taken, out)
-        free = [w for w in offered if w.index not in taken]
+                self._cold(model, now, out)
+        free = [w for w in offered if out.fresh(w)]
         if free and self._active:
-            self._scale_out(now, free, taken, out)
+            self._scale_out(now, free, out)
         for w in self.workers if self._active else ():
             opening = w.opening(now)
             if opening is not None:
@@ -480,19 +517,22 @@ class PoolScheduler:
 
     # -- INFER -----------------------------------------------------------------------------
 
-    def _serve(self, model: _Model, now: float, taken: set[int], out: _Out) -> None:
-        """Ask the model's policy until it waits, offering it the free workers holding it."""
+    def _serve(self, model: _Model, now: float, out: _Out, chained: _Worker | None = None) -> None:
+        """Ask the model's policy until it waits, offering it the workers holding it that can
+        take work (and ``chained``, just sent its LOAD in this step)."""
         model.dirty, model.wake = False, math.inf
         holders = self._holders(model.name)
         for _ in range(10_000):
             if not model.queue:
                 return
-            offer = {w.index for w in holders if w.index not in taken and w.can_take(now)}
+            offer = {w.index for w in holders if out.open_for(w, model.name)}
+            if chained is not None and chained.index not in out.used_by.get(model.name, ()):
+                offer.add(chained.index)
             view = BatcherView(now, model.queue, [w.slot(now, w.index in offer) for w in holders])
             try:
                 decision = model.policy.decide(view)
                 if isinstance(decision, Dispatch):
-                    self._dispatch(model, decision, offer, now, taken, out)
+                    self._dispatch(model, decision, offer, now, out)
                     continue
                 if isinstance(decision, Reject):
                     self._refuse(model, decision.query_ids, decision.reason, out)
@@ -515,7 +555,6 @@ class PoolScheduler:
         decision: Dispatch,
         offer: set[int],
         now: float,
-        taken: set[int],
         out: _Out,
     ) -> None:
         if not decision.query_ids or decision.replica not in offer:
@@ -531,10 +570,11 @@ class PoolScheduler:
         latest = min(q.deadline for q in queries)
         action = Infer(w.index, model.name, decision.query_ids, now, expected, latest)
         predicted = _estimate(model.runs, len(queries), PREDICT_Q, default=math.inf)
-        w.sent(action, predicted, now)
+        w.sent(action, predicted, now, out.call)
         w.running[model.name] += 1
         w.last_used[model.name] = now
-        taken.add(w.index)
+        out.used.add(w.index)
+        out.used_by.setdefault(model.name, set()).add(w.index)
         out.actions.append(action)
 
     def _take(self, model: _Model, ids: tuple[int, ...]) -> list[QueuedQuery]:
@@ -565,7 +605,7 @@ class PoolScheduler:
 
     # -- LOAD and UNLOAD -------------------------------------------------------------------
 
-    def _cold(self, model: _Model, now: float, taken: set[int], out: _Out) -> None:
+    def _cold(self, model: _Model, now: float, out: _Out) -> None:
         """A model loaded nowhere: refuse what a LOAD cannot save, then load it if a worker
         is offered."""
         model.dirty, model.wake = False, math.inf
@@ -581,16 +621,27 @@ class PoolScheduler:
         ]
         self._refuse(model, doomed, COLD_DOOMED, out)
         if not model.queue:
+            if doomed:
+                self._probe(model, now, out)
             return
-        for w in self._load_order(model, now, taken):
+        for w in self._load_order(model, out):
             if self._load(model, w, now, out):
-                taken.add(w.index)
+                self._serve(model, now, out, chained=w)  # its INFER right behind it
                 return
         lead = _estimate(model.runs, 1) + _load_estimate(model.runs)
         urgent = [q.deadline - lead for q in model.queue if q.priority <= 0]
         if urgent:  # look again when the first becomes doomed
             model.wake = max(min(urgent), now)
             out.wake = min(out.wake, model.wake)
+
+    def _probe(self, model: _Model, now: float, out: _Out) -> None:
+        """Load a model whose queries were all refused on an idle worker all the same: they
+        were refused on LOAD times that only another LOAD can correct (a slow one measured
+        would otherwise keep every later one from happening), and idle time costs nothing."""
+        for w in self._load_order(model, out):
+            if not w.inflight:
+                self._load(model, w, now, out)
+                return
 
     def _cold_finish(self, model: _Model, now: float) -> float:
         """The earliest a batch of one could be done after loading ``model``."""
@@ -604,11 +655,12 @@ class PoolScheduler:
             return math.inf
         return min(starts) + _load_estimate(model.runs) + _estimate(model.runs, 1)
 
-    def _load_order(self, model: _Model, now: float, taken: set[int]) -> list[_Worker]:
-        """Offered workers where ``model`` fits, those needing fewer evictions first."""
+    def _load_order(self, model: _Model, out: _Out) -> list[_Worker]:
+        """Workers with no work from this step where ``model`` fits, those needing fewer
+        evictions first."""
         fits = []
         for w in self.workers:
-            if w.index in taken or not w.can_take(now) or model.name in w.held:
+            if not out.fresh(w) or model.name in w.held:
                 continue
             victims = self._room(w, model.weight_bytes)
             if victims is not None:
@@ -636,14 +688,16 @@ class PoolScheduler:
         for name in victims:
             self._unload(w, name, now, out, evicted=True)
         one = _estimate(model.runs, 1)
-        latest = max(q.deadline - one for q in model.queue) - _load_estimate(model.runs)
+        needed = [q.deadline - one for q in model.queue]
+        latest = max(needed) - _load_estimate(model.runs) if needed else math.inf
         start = max(now, w.open_at)
         action = Load(w.index, model.name, now, start, latest, model.weight_bytes)
         w.held[model.name] = model.weight_bytes or 0
         w.loading.add(model.name)
         w.last_used[model.name] = now
         w.peak_bytes = max(w.peak_bytes, w.resident)
-        w.sent(action, _load_estimate(model.runs, PREDICT_Q, default=math.inf), now)
+        w.sent(action, _load_estimate(model.runs, PREDICT_Q, default=math.inf), now, out.call)
+        out.used.add(w.index)
         out.actions.append(action)
         return True
 
@@ -653,7 +707,7 @@ class PoolScheduler:
         runs = self._models[name].runs if name in self._models else None
         predicted = 0.0 if runs is None else runs.unload_time(PREDICT_Q) or 0.0
         action = Unload(w.index, name, now, evicted)
-        w.sent(action, predicted, now)
+        w.sent(action, predicted, now, out.call)
         self.unloads += 1
         if evicted:
             self.evictions += 1
@@ -668,7 +722,7 @@ class PoolScheduler:
                 self._unload(w, name, now, out, evicted=False)
         self._removals.clear()
 
-    def _scale_out(self, now: float, free: list[_Worker], taken: set[int], out: _Out) -> None:
+    def _scale_out(self, now: float, free: list[_Worker], out: _Out) -> None:
         """Load models whose unfulfilled demand exceeds a LOAD's cost on free workers too."""
         priorities = self._load_priorities(now)
         for name, priority in sorted(priorities.items(), key=lambda kv: -kv[1]):
@@ -676,10 +730,9 @@ class PoolScheduler:
             if priority <= _load_estimate(model.runs) or model.failed_until > now:
                 continue
             for w in free:
-                if w.index in taken or name in w.held:
+                if not out.fresh(w) or name in w.held:
                     continue
                 if self._load(model, w, now, out):
-                    taken.add(w.index)
                     break
 
     def _load_priorities(self, now: float) -> dict[str, float]:
@@ -772,6 +825,8 @@ class PoolScheduler:
                     self._active.pop(model.name, None)
             return
         self.loads += 1
+        if model is not None:
+            model.error = ""
         weight = result.weight_bytes if result.weight_bytes is not None else action.weight_bytes
         if action.model in w.held:
             w.held[action.model] = weight or 0

@@ -2,9 +2,10 @@
 
 :class:`Pool` holds what the pure scheduler (:mod:`raysrv.batching.scheduler`) leaves out:
 each query's input and future, the workers, and the clock. On every arrival, result or wake-up
-it calls ``scheduler.step(now)``, answers the refusals, sends the actions (each submitted at
-once, so a worker receives them in the order they were made) and sleeps until the step's wake
-time or the next event. Each worker's report goes back to ``scheduler.finished``. Planning jobs
+it calls ``scheduler.step(now)``, answers the refusals, sends the actions and sleeps until the
+step's wake time or the next event. The actions of one step for one worker (an UNLOAD, a LOAD
+and the INFER behind it) travel as one call, submitted at once, so a worker receives them in the
+order they were made. Each report goes back to ``scheduler.finished``. Planning jobs
 of the policies (``ctmc``'s optimizer) run in a worker thread, off the loop.
 
 A model's queue is bounded (``max_queue``): past it :meth:`Pool.submit` refuses at once with 503.
@@ -26,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from raysrv._planner import PlanSnapshot
-from raysrv._workers import Report, Workers, wall
+from raysrv._workers import Call, Report, Workers, wall
 from raysrv.batching import BatchingPolicy, QueuedQuery
 from raysrv.batching.scheduler import (
     NOT_LOADED,
@@ -178,8 +179,11 @@ class Pool:
             self._start_plans(step.plans)
             for refusal in step.refusals:
                 self._refuse(refusal)
+            per_worker: dict[int, list[Action]] = {}
             for action in step.actions:
-                self._launch(action, now)
+                per_worker.setdefault(action.worker, []).append(action)
+            for worker, actions in per_worker.items():
+                self._send(worker, actions, now)
             await self._sleep(step.wake_at)
 
     async def _sleep(self, until: float | None) -> None:
@@ -238,45 +242,65 @@ class Pool:
         if model in self.scheduler:
             self._metrics.queue_length(model, self.scheduler.queue_length(model))
 
-    def _launch(self, action: Action, now: float) -> None:
-        earliest, latest = time.time(), wall(now, getattr(action, "latest", math.inf))
-        if isinstance(action, Infer):
-            entries = [e for e in self._take(action.query_ids) if not e.future.done()]
-            if not entries:  # every caller gave up while it waited
-                self.scheduler.finished(ActionResult(action, now, ran=False, size=0))
-                self._wake.set()
-                return
-            if action.model in self.scheduler:  # sampled before each batch
-                self._metrics.queue_length(action.model, self.scheduler.queue_length(action.model))
-            inputs = np.stack([e.x for e in entries])
-            pending = self._workers.infer(action.worker, action.model, inputs, earliest, latest)
-            self._track(self._finish_infer(action, entries, pending))
-        elif isinstance(action, Load):
-            spec = self._specs[action.model]
-            pending = self._workers.load(action.worker, spec, earliest, latest)
-            self._track(self._finish_load(action, pending))
-        else:
-            pending = self._workers.unload(action.worker, action.model)
-            self._track(self._finish_unload(action, pending))
+    def _send(self, worker: int, actions: list[Action], now: float) -> None:
+        """One call to ``worker`` carrying ``actions`` in order (an INFER whose callers all
+        left meanwhile is reported back unsent)."""
+        sent: list[tuple[Action, list[_Entry]]] = []
+        calls = []
+        earliest = time.time()
+        for action in actions:
+            entries: list[_Entry] = []
+            latest = wall(now, getattr(action, "latest", math.inf))
+            if isinstance(action, Infer):
+                entries = [e for e in self._take(action.query_ids) if not e.future.done()]
+                if not entries:  # every caller gave up while it waited
+                    self.scheduler.finished(ActionResult(action, now, ran=False, size=0))
+                    continue
+                if action.model in self.scheduler:  # sampled before each batch
+                    length = self.scheduler.queue_length(action.model)
+                    self._metrics.queue_length(action.model, length)
+                inputs = np.stack([e.x for e in entries])
+                calls.append(Call("infer", action.model, earliest, latest, inputs=inputs))
+            elif isinstance(action, Load):
+                spec = self._specs[action.model]
+                calls.append(Call("load", action.model, earliest, latest, spec=spec))
+            else:
+                calls.append(Call("unload", action.model))
+            sent.append((action, entries))
+        if not calls:
+            self._wake.set()
+            return
+        pending = self._workers.run(worker, calls)
+        self._track(self._finish(sent, pending))
 
     def _track(self, coroutine: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coroutine)
         self._running.add(task)
         task.add_done_callback(self._running.discard)
 
-    async def _report(self, pending: Awaitable[Report], what: str) -> Report:
+    async def _finish(
+        self, sent: list[tuple[Action, list[_Entry]]], pending: Awaitable[list[Report]]
+    ) -> None:
         try:
-            return await pending
+            reports = await pending
         except Exception as exc:
-            logger.warning("%s failed: %s", what, exc)
-            return Report("failed", error=f"{type(exc).__name__}: {exc}")
+            logger.warning("%d actions for pool %s failed: %s", len(sent), self.name, exc)
+            failed = Report("failed", error=f"{type(exc).__name__}: {exc}")
+            reports = [failed] * len(sent)
+        finished = self._clock()
+        for (action, entries), report in zip(sent, reports, strict=True):
+            if isinstance(action, Infer):
+                self._infer_done(action, entries, report, finished)
+            elif isinstance(action, Load):
+                self._load_done(action, report, finished)
+            else:
+                self._unload_done(action, report, finished)
+        self._wake.set()
 
-    async def _finish_infer(
-        self, action: Infer, entries: list[_Entry], pending: Awaitable[Report]
+    def _infer_done(
+        self, action: Infer, entries: list[_Entry], report: Report, finished: float
     ) -> None:
         model = action.model
-        report = await self._report(pending, f"batch of {len(entries)} for {model}")
-        finished = self._clock()
         status, error = report.status, report.error
         if status == "ok" and (report.outputs is None or len(report.outputs) != len(entries)):
             count = None if report.outputs is None else len(report.outputs)
@@ -290,6 +314,9 @@ class Pool:
         elif status == "late":
             self._metrics.rejection(model, "deadline_before_start")
             self._fail(entries, Rejected(f"model {model!r}: {LATE_START}"))
+        elif status == "not_loaded" and self.scheduler.load_error(model):  # its LOAD failed
+            reason = f"could not be loaded: {self.scheduler.load_error(model)}"
+            self._fail(entries, ModelFailed(f"model {model!r}: {reason}"))
         else:
             self._fail(entries, ModelFailed(f"model {model!r} failed on a batch: {error}"))
         ran = status in ("ok", "failed")
@@ -304,16 +331,14 @@ class Pool:
         )
         self.scheduler.finished(result)
         self._metrics.batch(model, len(entries), finished - action.sent)
-        self._wake.set()
 
-    async def _finish_load(self, action: Load, pending: Awaitable[Report]) -> None:
-        report = await self._report(pending, f"loading {action.model}")
+    def _load_done(self, action: Load, report: Report, finished: float) -> None:
         ok = report.status == "ok"
         if ok:
             self._memory[(action.worker, action.model)] = (report.weight_bytes, report.rss_growth)
         result = ActionResult(
             action,
-            self._clock(),
+            finished,
             report.status != "late",
             ok,
             report.duration,
@@ -323,18 +348,15 @@ class Pool:
         self.scheduler.finished(result)
         self._metrics.load(self.name, report.status, report.duration)
         self._report_memory(action.worker)
-        self._wake.set()
 
-    async def _finish_unload(self, action: Action, pending: Awaitable[Report]) -> None:
-        report = await self._report(pending, f"unloading {action.model}")
+    def _unload_done(self, action: Action, report: Report, finished: float) -> None:
         self._memory.pop((action.worker, action.model), None)
         ok = report.status == "ok"
         self.scheduler.finished(
-            ActionResult(action, self._clock(), ok, ok, report.duration, error=report.error)
+            ActionResult(action, finished, ok, ok, report.duration, error=report.error)
         )
         self._metrics.unload(self.name, getattr(action, "evicted", False))
         self._report_memory(action.worker)
-        self._wake.set()
 
     def _report_memory(self, worker: int) -> None:
         held = self.scheduler.describe_workers(self._clock())[worker]["resident_bytes"]
@@ -352,9 +374,10 @@ class Pool:
         """Clockwork's profiling step (§4), before the first query, for every model whose
         policy asks (``profile_sizes``): batches of zeros of each size on one worker after
         another, once to warm up and ``PROFILE_RUNS`` times measured, into the model's run
-        times. A shared pool profiles one model of each group on its first worker, with a LOAD
-        before and an UNLOAD after, also measured. If an action fails, profiling of that model
-        stops there (logged) and it is served with what was measured."""
+        times. A shared pool profiles one model of each group on its first worker: it is
+        loaded, run and unloaded, then loaded and unloaded ``PROFILE_RUNS`` times measured. If
+        an action fails, profiling of that model stops there (logged) and it is served with
+        what was measured."""
         pinned = {m.name for m in self.spec.pinned}
         seen: set[str] = set()
         for name in self.models():
@@ -374,14 +397,16 @@ class Pool:
 
     async def _profile_loaded(self, name: str, sizes: tuple[int, ...]) -> None:
         runs = self.scheduler.runs(name)
-        for _ in range(2):  # the second LOAD is the one measured: the first warms the runtime
-            loaded = await self._workers.load(0, self._specs[name], 0.0, math.inf)
+        for run in range(1 + PROFILE_RUNS):  # the first LOAD warms the runtime up
+            loaded = await self._one(0, Call("load", name, spec=self._specs[name]))
             _expect(loaded, f"loading {name}")
-            await self._profile_sizes(name, 0, sizes)
-            unloaded = await self._workers.unload(0, name)
+            if not run:
+                await self._profile_sizes(name, 0, sizes)
+            unloaded = await self._one(0, Call("unload", name))
             _expect(unloaded, f"unloading {name}")
-        runs.observe_load(loaded.duration, loaded.weight_bytes)
-        runs.observe_unload(unloaded.duration)
+            if run:
+                runs.observe_load(loaded.duration, loaded.weight_bytes)
+                runs.observe_unload(unloaded.duration)
 
     async def _profile_sizes(self, name: str, worker: int, sizes: tuple[int, ...]) -> None:
         shape = self._specs[name]["input"]
@@ -390,10 +415,14 @@ class Pool:
         for size in sizes:
             batch = np.stack([x] * size)
             for run in range(1 + PROFILE_RUNS):
-                report = await self._workers.infer(worker, name, batch, 0.0, math.inf)
+                report = await self._one(worker, Call("infer", name, inputs=batch))
                 _expect(report, f"a batch of {size} of {name}")
                 if run:  # the first run warms up
                     runs.observe(size, report.duration)
+
+    async def _one(self, worker: int, call: Call) -> Report:
+        (report,) = await self._workers.run(worker, [call])
+        return report
 
     # -- what users see --------------------------------------------------------------------
 

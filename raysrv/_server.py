@@ -11,8 +11,6 @@ is a batch or a LOAD, never a single query.
 from __future__ import annotations
 
 import asyncio
-import bisect
-import collections
 import math
 import time
 import uuid
@@ -27,6 +25,7 @@ from raysrv import batching, policies
 from raysrv._planner import predict as predict_plan
 from raysrv._pool import Pool
 from raysrv._workers import Workers
+from raysrv.batching.profile import SortedWindow
 from raysrv.cache import PredictionCache, cache_key
 from raysrv.config import AppSpec, InputSpec, LiveConfig, ModelSpec, RaysrvSpec
 from raysrv.errors import BadRequest, DeadlineExpired, NotFound, RaysrvError, Rejected
@@ -55,31 +54,6 @@ def coerce_input(value: Any, spec: InputSpec) -> np.ndarray:
 
 
 TRIP_WINDOW = 200  # queries with ``sent_at`` behind the trip-back estimate
-
-
-class _Trips:
-    """The trips here of the last ``TRIP_WINDOW`` queries, also kept sorted: a quantile then
-    costs an insertion per query rather than a numpy quantile over the window (about 25 µs)."""
-
-    def __init__(self) -> None:
-        self._order: collections.deque[float] = collections.deque()
-        self._sorted: list[float] = []
-
-    def __len__(self) -> int:
-        return len(self._order)
-
-    def add(self, trip: float) -> None:
-        if len(self._order) == TRIP_WINDOW:
-            del self._sorted[bisect.bisect_left(self._sorted, self._order.popleft())]
-        self._order.append(trip)
-        bisect.insort(self._sorted, trip)
-
-    def quantile(self, q: float) -> float:
-        """numpy's default (linear) rule."""
-        position = q * (len(self._sorted) - 1)
-        low = int(position)
-        high = min(low + 1, len(self._sorted) - 1)
-        return self._sorted[low] + (self._sorted[high] - self._sorted[low]) * (position - low)
 
 
 def _in_transit(sent_at: float | None) -> float:
@@ -130,7 +104,7 @@ class Server:
         self._metrics = metrics or Metrics()
         self._clock = clock
         self._root = root or Path.cwd()
-        self._trips = _Trips()
+        self._trips = SortedWindow(TRIP_WINDOW)
         self._rng = rng or np.random.default_rng(spec.ingress.seed)
         self.pools = {
             p.name: Pool(p, workers[p.name], clock, self._metrics) for p in spec.resolved_pools()

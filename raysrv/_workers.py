@@ -44,7 +44,7 @@ from raysrv.config import ModelSpec, ResolvedPool
 from raysrv.metrics import LATENCY_BOUNDARIES_MS
 from raysrv.runtimes import Runtime, load_runtime
 
-__all__ = ["PoolWorker", "RayWorkers", "Report", "Workers", "rss_bytes"]
+__all__ = ["Call", "PoolWorker", "RayWorkers", "Report", "Workers", "rss_bytes", "wall"]
 
 MAX_EARLY_WAIT_S = 1.0  # an action that arrives before its window waits at most this long
 
@@ -61,6 +61,19 @@ class Report:
     weight_bytes: int | None = None
     rss_growth: int | None = None
     error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One action as a worker receives it: ``kind`` is ``infer`` (of ``inputs``), ``load`` (of
+    the model ``spec``) or ``unload``; the window is in wall-clock seconds."""
+
+    kind: str
+    model: str
+    earliest: float = 0.0
+    latest: float = math.inf
+    inputs: np.ndarray | None = None
+    spec: dict[str, Any] | None = None
 
 
 def rss_bytes() -> int:
@@ -114,6 +127,20 @@ class PoolWorker:
         self._execution = metrics.Histogram(
             "raysrv_execution_ms", "Worker run time of a batch.", LATENCY_BOUNDARIES_MS, ("model",)
         )
+
+    def run(self, calls: list[Call]) -> list[Report]:
+        """Carry out ``calls`` one after another, in the order given: the actions the scheduler
+        sent this worker in one step travel as one call (one hop, not one per action)."""
+        return [self._carry_out(call) for call in calls]
+
+    def _carry_out(self, call: Call) -> Report:
+        if call.kind == "infer":
+            assert call.inputs is not None
+            return self.infer(call.model, call.inputs, call.earliest, call.latest)
+        if call.kind == "load":
+            assert call.spec is not None
+            return self.load(call.spec, call.earliest, call.latest)
+        return self.unload(call.model)
 
     def ready(self) -> dict[str, Any]:
         """What the worker holds: its process, its models' weights and its memory."""
@@ -202,24 +229,14 @@ def _in_window(earliest: float, latest: float) -> bool:
 
 
 class Workers:
-    """The workers of one pool as the scheduler's driver calls them: each call submits the
-    action at once (so actions reach a worker in the order they were made) and returns an
-    awaitable of its :class:`Report`. Times are wall-clock seconds."""
+    """The workers of one pool as the scheduler's driver calls them: :meth:`run` submits a
+    worker's calls at once (so they reach it in the order they were made) and returns an
+    awaitable of their reports (:class:`Report`), in order."""
 
     def __len__(self) -> int:
         raise NotImplementedError
 
-    def infer(
-        self, worker: int, model: str, inputs: np.ndarray, earliest: float, latest: float
-    ) -> Awaitable[Report]:
-        raise NotImplementedError
-
-    def load(
-        self, worker: int, spec: dict[str, Any], earliest: float, latest: float
-    ) -> Awaitable[Report]:
-        raise NotImplementedError
-
-    def unload(self, worker: int, model: str) -> Awaitable[Report]:
+    def run(self, worker: int, calls: list[Call]) -> Awaitable[list[Report]]:
         raise NotImplementedError
 
     async def ready(self) -> list[dict[str, Any]]:
@@ -269,18 +286,8 @@ class RayWorkers(Workers):
     def __len__(self) -> int:
         return len(self.actors)
 
-    def infer(
-        self, worker: int, model: str, inputs: np.ndarray, earliest: float, latest: float
-    ) -> Awaitable[Report]:
-        return self.actors[worker].infer.remote(model, inputs, earliest, latest)
-
-    def load(
-        self, worker: int, spec: dict[str, Any], earliest: float, latest: float
-    ) -> Awaitable[Report]:
-        return self.actors[worker].load.remote(spec, earliest, latest)
-
-    def unload(self, worker: int, model: str) -> Awaitable[Report]:
-        return self.actors[worker].unload.remote(model)
+    def run(self, worker: int, calls: list[Call]) -> Awaitable[list[Report]]:
+        return self.actors[worker].run.remote(calls)
 
     async def ready(self) -> list[dict[str, Any]]:
         import asyncio

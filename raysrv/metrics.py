@@ -11,6 +11,7 @@ tagged by pool and worker, never by model: a pool may hold thousands of models.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from raysrv.errors import ModelFailed, RaysrvError
@@ -19,6 +20,7 @@ __all__ = ["LATENCY_BOUNDARIES_MS", "Metrics", "ServeMetrics"]
 
 LATENCY_BOUNDARIES_MS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000]
 BATCH_SIZE_BOUNDARIES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+FLUSH_S = 1.0  # counters and gauges reach Ray at most this long after they change
 
 
 class Metrics:
@@ -74,10 +76,21 @@ class Metrics:
 
 
 class ServeMetrics(Metrics):
-    """:class:`Metrics` through ``ray.serve.metrics`` (call inside a Serve replica)."""
+    """:class:`Metrics` through ``ray.serve.metrics`` (call inside a Serve replica).
+
+    Counters are summed and gauges kept at their last value in this process, and handed to Ray
+    once every ``FLUSH_S`` from the event loop: each call into Ray's metrics costs tens of
+    microseconds, and recorded one by one they took about a sixth of the ingress's throughput
+    on a many-model load (bench/RESULTS.md, "Many models"). Histograms are recorded as
+    observed.
+    """
 
     def __init__(self) -> None:
         from ray.serve import metrics as m
+
+        self._counts: dict[tuple[Any, tuple[tuple[str, str], ...]], float] = {}
+        self._levels: dict[tuple[Any, tuple[tuple[str, str], ...]], float] = {}
+        self._flushing: asyncio.TimerHandle | None = None
 
         self._requests = m.Counter(
             "raysrv_requests", "Requests answered.", tag_keys=("app", "status")
@@ -149,31 +162,58 @@ class ServeMetrics(Metrics):
             tag_keys=("operation",),
         )
 
+    def _add(self, counter: Any, **tags: str) -> None:
+        key = (counter, tuple(tags.items()))
+        self._counts[key] = self._counts.get(key, 0.0) + 1.0
+        self._soon()
+
+    def _set(self, gauge: Any, value: float, **tags: str) -> None:
+        self._levels[(gauge, tuple(tags.items()))] = value
+        self._soon()
+
+    def _soon(self) -> None:
+        if self._flushing is not None:
+            return
+        try:
+            self._flushing = asyncio.get_running_loop().call_later(FLUSH_S, self.flush)
+        except RuntimeError:  # no event loop in this thread: hand it over now
+            self.flush()
+
+    def flush(self) -> None:
+        """Hand the summed counters and the gauges' last values to Ray."""
+        self._flushing = None
+        counts, levels = self._counts, self._levels
+        self._counts, self._levels = {}, {}
+        for (counter, tags), value in counts.items():
+            counter.inc(value, tags=dict(tags))
+        for (gauge, tags), value in levels.items():
+            gauge.set(value, tags=dict(tags))
+
     def request(self, app: str, status: int, latency_s: float | None = None) -> None:
-        self._requests.inc(tags={"app": app, "status": str(status)})
+        self._add(self._requests, app=app, status=str(status))
         if latency_s is not None:
             self._latency.observe(latency_s * 1000.0, tags={"app": app})
 
     def rejection(self, where: str, reason: str) -> None:
-        self._rejections.inc(tags={"where": where, "reason": reason})
+        self._add(self._rejections, where=where, reason=reason)
 
     def cache(self, app: str, model: str, hit: bool) -> None:
-        (self._hits if hit else self._misses).inc(tags={"app": app, "model": model})
+        self._add(self._hits if hit else self._misses, app=app, model=model)
 
     def selection(self, app: str, model: str) -> None:
-        self._selected.inc(tags={"app": app, "model": model})
+        self._add(self._selected, app=app, model=model)
 
     def feedback(self, app: str) -> None:
-        self._feedback.inc(tags={"app": app})
+        self._add(self._feedback, app=app)
 
     def missing(self, app: str, model: str) -> None:
-        self._missing.inc(tags={"app": app, "model": model})
+        self._add(self._missing, app=app, model=model)
 
     def queue_length(self, model: str, length: int) -> None:
-        self._queue.set(length, tags={"model": model})
+        self._set(self._queue, length, model=model)
 
     def plan(self, model: str, p99_ms: float) -> None:
-        self._plan_p99.set(p99_ms, tags={"model": model})
+        self._set(self._plan_p99, p99_ms, model=model)
 
     def batch(self, model: str, size: int, latency_s: float) -> None:
         tags: Any = {"model": model}
@@ -181,18 +221,18 @@ class ServeMetrics(Metrics):
         self._batch_latency.observe(latency_s * 1000.0, tags=tags)
 
     def store_fallback(self, operation: str) -> None:
-        self._store_fallbacks.inc(tags={"operation": operation})
+        self._add(self._store_fallbacks, operation=operation)
 
     def load(self, pool: str, status: str, seconds: float) -> None:
-        self._loads.inc(tags={"pool": pool, "status": status})
+        self._add(self._loads, pool=pool, status=status)
         if status == "ok":
             self._load_ms.observe(seconds * 1000.0, tags={"pool": pool})
 
     def unload(self, pool: str, evicted: bool) -> None:
-        self._unloads.inc(tags={"pool": pool, "evicted": str(evicted).lower()})
+        self._add(self._unloads, pool=pool, evicted=str(evicted).lower())
 
     def cold_start(self, pool: str, latency_s: float) -> None:
         self._cold.observe(latency_s * 1000.0, tags={"pool": pool})
 
     def worker_memory(self, pool: str, worker: int, weight_bytes: int) -> None:
-        self._memory.set(weight_bytes, tags={"pool": pool, "worker": str(worker)})
+        self._set(self._memory, weight_bytes, pool=pool, worker=str(worker))

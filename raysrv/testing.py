@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from raysrv._pool import Pool
-from raysrv._workers import Report, Workers
+from raysrv._workers import Call, Report, Workers
 from raysrv.batching import (
     BatcherView,
     BatchingPolicy,
@@ -158,86 +158,74 @@ class LocalWorkers(Workers):
     def __len__(self) -> int:
         return len(self.held)
 
-    def _submit(self, worker: int, run: Callable[[], Awaitable[Report]]) -> Awaitable[Report]:
+    def run(self, worker: int, calls: list[Call]) -> Awaitable[list[Report]]:
         queue = self._queues[worker]
         if queue is None:
             queue = self._queues[worker] = asyncio.Queue()
-            asyncio.get_running_loop().create_task(self._serve(queue))
-        future: asyncio.Future[Report] = asyncio.get_running_loop().create_future()
-        queue.put_nowait((run, future))
+            asyncio.get_running_loop().create_task(self._serve(worker, queue))
+        future: asyncio.Future[list[Report]] = asyncio.get_running_loop().create_future()
+        queue.put_nowait((calls, future))
         return future
 
-    @staticmethod
-    async def _serve(queue: asyncio.Queue[Any]) -> None:
+    async def _serve(self, worker: int, queue: asyncio.Queue[Any]) -> None:
         while True:
-            run, future = await queue.get()
+            calls, future = await queue.get()
             try:
-                report = await run()
+                reports = [await self._carry_out(worker, call) for call in calls]
             except Exception as exc:
                 if not future.done():
                     future.set_exception(exc)
                 continue
             if not future.done():
-                future.set_result(report)
+                future.set_result(reports)
+
+    async def _carry_out(self, worker: int, call: Call) -> Report:
+        self.actions.append((worker, call.kind, call.model))
+        if call.kind == "unload":
+            self.held[worker].pop(call.model, None)
+            return Report("ok", 0.0)
+        if call.kind == "load":
+            return await self._load(worker, call)
+        return await self._infer(worker, call)
 
     def _model(self, worker: int, name: str) -> Any:
         if self._dedicated is not None or self._run is not None:
             return self._dedicated
         return self._models[name] if name in self.held[worker] else None
 
-    def infer(
-        self, worker: int, model: str, inputs: np.ndarray, earliest: float, latest: float
-    ) -> Awaitable[Report]:
-        async def run() -> Report:
-            self.actions.append((worker, "infer", model))
-            target = self._model(worker, model)
-            if target is None:
-                return Report("not_loaded", error=f"{model!r} is not loaded")
-            if time.time() > latest:
-                return Report("late")
-            self.log.append(len(inputs))
-            if self._run is not None:
-                outputs, seconds = await self._run(inputs)
-                return Report("ok", seconds, outputs)
-            start = time.perf_counter()
-            delay = self.delay_s(len(inputs)) if callable(self.delay_s) else self.delay_s
-            if delay:
-                await asyncio.sleep(delay)
-            outputs = target.predict_batch(inputs)
-            return Report("ok", time.perf_counter() - start, outputs)
+    async def _infer(self, worker: int, call: Call) -> Report:
+        inputs = call.inputs
+        assert inputs is not None
+        target = self._model(worker, call.model)
+        if target is None and self._run is None:
+            return Report("not_loaded", error=f"{call.model!r} is not loaded")
+        if time.time() > call.latest:
+            return Report("late")
+        self.log.append(len(inputs))
+        if self._run is not None:
+            outputs, seconds = await self._run(inputs)
+            return Report("ok", seconds, outputs)
+        start = time.perf_counter()
+        delay = self.delay_s(len(inputs)) if callable(self.delay_s) else self.delay_s
+        if delay:
+            await asyncio.sleep(delay)
+        return Report("ok", time.perf_counter() - start, target.predict_batch(inputs))
 
-        return self._submit(worker, run)
-
-    def load(
-        self, worker: int, spec: dict[str, Any], earliest: float, latest: float
-    ) -> Awaitable[Report]:
-        name = spec["name"]
-
-        async def run() -> Report:
-            self.actions.append((worker, "load", name))
-            if time.time() > latest:
-                return Report("late")
-            if self._dedicated is None and name not in self._models:
-                return Report("failed", error=f"no model {name!r}")
-            held = self.held[worker]
-            if self._capacity is not None and sum(held.values()) + self._weight > self._capacity:
-                return Report("no_room", error=f"{name!r} does not fit")
-            start = time.perf_counter()
-            if self.load_s:
-                await asyncio.sleep(self.load_s)
-            held[name] = self._weight
-            self.peak_bytes[worker] = max(self.peak_bytes[worker], sum(held.values()))
-            return Report("ok", time.perf_counter() - start, weight_bytes=self._weight)
-
-        return self._submit(worker, run)
-
-    def unload(self, worker: int, model: str) -> Awaitable[Report]:
-        async def run() -> Report:
-            self.actions.append((worker, "unload", model))
-            self.held[worker].pop(model, None)
-            return Report("ok", 0.0)
-
-        return self._submit(worker, run)
+    async def _load(self, worker: int, call: Call) -> Report:
+        name = call.model
+        if time.time() > call.latest:
+            return Report("late")
+        if self._dedicated is None and name not in self._models:
+            return Report("failed", error=f"no model {name!r}")
+        held = self.held[worker]
+        if self._capacity is not None and sum(held.values()) + self._weight > self._capacity:
+            return Report("no_room", error=f"{name!r} does not fit")
+        start = time.perf_counter()
+        if self.load_s:
+            await asyncio.sleep(self.load_s)
+        held[name] = self._weight
+        self.peak_bytes[worker] = max(self.peak_bytes[worker], sum(held.values()))
+        return Report("ok", time.perf_counter() - start, weight_bytes=self._weight)
 
     async def ready(self) -> list[dict[str, Any]]:
         return [{"models": dict(held)} for held in self.held]

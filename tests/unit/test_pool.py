@@ -14,7 +14,7 @@ import pytest
 
 from raysrv import batching
 from raysrv._pool import LATE_START, PROFILE_RUNS, Pool
-from raysrv._workers import Report
+from raysrv._workers import Call, Report
 from raysrv.config import ModelSpec, PoolSpec, resolve_pools
 from raysrv.errors import ModelFailed, NotFound, Overloaded, Rejected
 from raysrv.testing import EchoModel, LocalWorkers, fake_workers, model_spec, one_model_pool
@@ -103,18 +103,16 @@ class _Counting(LocalWorkers):
         self.outstanding = [0] * len(self)
         self.peak = [0] * len(self)
 
-    def infer(
-        self, worker: int, model: str, inputs: np.ndarray, earliest: float, latest: float
-    ) -> Awaitable[Report]:
-        self.outstanding[worker] += 1
+    def run(self, worker: int, calls: list[Call]) -> Awaitable[list[Report]]:
+        self.outstanding[worker] += len(calls)
         self.peak[worker] = max(self.peak[worker], self.outstanding[worker])
-        pending = super().infer(worker, model, inputs, earliest, latest)
+        pending = super().run(worker, calls)
 
-        async def counted() -> Report:
+        async def counted() -> list[Report]:
             try:
                 return await pending
             finally:
-                self.outstanding[worker] -= 1
+                self.outstanding[worker] -= len(calls)
 
         return counted()
 
@@ -400,7 +398,8 @@ def test_a_cold_query_that_the_load_would_make_late_is_refused_before_any_work()
             await pool.submit("a", _x(), deadline=loop.time() + 0.01)
         assert (await pool.submit("a", _x(1), deadline=loop.time() + 5.0))["sum"] == 4.0
         kinds = [kind for _, kind, _ in workers.actions]
-        assert kinds.count("load") == 3  # two while profiled, one for the second query
+        # 1 + PROFILE_RUNS while profiled, and one on the idle worker after the refusal
+        assert kinds.count("load") == 1 + PROFILE_RUNS + 1
         await pool.close()
 
     asyncio.run(scenario())
@@ -460,11 +459,9 @@ def test_deadlines_travel_to_the_worker_as_wall_clock_times() -> None:
     seen: list[float] = []
 
     class Spy(LocalWorkers):
-        def infer(
-            self, worker: int, model: str, inputs: np.ndarray, earliest: float, latest: float
-        ) -> Awaitable[Report]:
-            seen.append(latest - time.time())
-            return super().infer(worker, model, inputs, earliest, latest)
+        def run(self, worker: int, calls: list[Call]) -> Awaitable[list[Report]]:
+            seen.extend(c.latest - time.time() for c in calls)
+            return super().run(worker, calls)
 
     async def scenario() -> None:
         pool = one_model_pool(_fixed(), Spy(1, dedicated=EchoModel()))

@@ -14,6 +14,7 @@ from raysrv.analytics import SimModel, simulate_pool
 from raysrv.batching import QueuedQuery
 from raysrv.batching.scheduler import (
     COLD_DOOMED,
+    NOT_LOADED,
     ActionResult,
     Infer,
     Load,
@@ -168,17 +169,47 @@ def _serve(s: PoolScheduler, name: str, i: int, now: float) -> list[object]:
     return actions
 
 
-def test_a_cold_model_is_loaded_then_run() -> None:
+def test_a_cold_model_is_loaded_and_run_right_behind_its_load() -> None:
+    """clockwork §4.1: "a LOAD action ... followed by an INFER action", sent together."""
     s = _shared(1, capacity=1)
+    s.runs("m0").observe_load(0.02)
     assert s.submit("m0", _q(0)) is True  # cold
-    (load,) = s.step(0.0).actions
+    load, infer = s.step(0.0).actions
     assert isinstance(load, Load)
     assert (load.worker, load.model, load.weight_bytes) == (0, "m0", MB)
-    s.finished(_done(load, 0.02, 0.02))
-    (infer,) = s.step(0.02).actions
     assert isinstance(infer, Infer)
+    assert (infer.worker, infer.query_ids) == (0, (0,))
+    assert infer.expected_start == pytest.approx(0.02)  # once the weights are in
+    assert s.describe_model("m0")["loading_on"] == [0]
+    s.finished(_done(load, 0.02, 0.02))
+    s.finished(_done(infer, 0.03, 0.01))
     assert s.describe_model("m0")["loaded_on"] == [0]
     assert s.submit("m0", _q(1, 0.03)) is False  # warm now
+
+
+def test_one_call_carries_batches_of_several_models_within_the_window() -> None:
+    """A step's actions for one worker travel as one call; after the first batch, other models
+    add one batch each while the call's predicted work ends within ``ahead_s``."""
+    s = PoolScheduler(1, depth=1, ahead_s=0.005)
+    for i in range(4):
+        s.add_model(f"m{i}", _policy("deadline", max_batch_size=4))
+        s.pin(0, f"m{i}", 0)
+        s.runs(f"m{i}").observe(1, 0.002)
+        s.runs(f"m{i}").observe(2, 0.002)
+        s.submit(f"m{i}", _q(i, 0.0, deadline=1.0))
+    s.submit("m0", _q(9, 0.0, deadline=1.0))
+    actions = s.step(0.0).actions
+    # m0's 2 ms, then m1's to 4 ms, then m2's to 6 ms: past the 5 ms window, m3 waits
+    assert [(a.model, len(a.query_ids)) for a in actions] == [("m0", 2), ("m1", 1), ("m2", 1)]
+    assert s.step(0.001).actions == ()  # depth 1: one call in flight
+
+
+def test_a_model_gets_one_batch_per_worker_per_step() -> None:
+    s = _dedicated(depth=2, max_batch_size=2)
+    s.runs("m").observe(2, 0.0001)
+    for i in range(6):
+        s.submit("m", _q(i))
+    assert len(s.step(0.0).actions) == 1
 
 
 def test_eviction_takes_the_least_recently_used_model_no_query_needs() -> None:
@@ -215,7 +246,7 @@ def test_a_cold_query_that_cannot_make_its_deadline_is_refused_before_any_work()
     s.submit("m0", _q(1, 0.0, deadline=0.5))
     step = s.step(0.0)
     assert [(r.query_ids, r.reason) for r in step.refusals] == [((0,), COLD_DOOMED)]
-    assert [type(a).__name__ for a in step.actions] == ["Load"]
+    assert [type(a).__name__ for a in step.actions] == ["Load", "Infer"]
 
 
 def test_a_model_too_big_for_a_worker_is_refused_at_once() -> None:
@@ -227,11 +258,13 @@ def test_a_model_too_big_for_a_worker_is_refused_at_once() -> None:
 def test_a_failed_load_fails_the_queries_waiting_for_it_and_backs_off() -> None:
     s = _shared(1, capacity=1, load_backoff_s=1.0)
     s.submit("m0", _q(0))
-    (load,) = s.step(0.0).actions
+    load, infer = s.step(0.0).actions
     s.submit("m0", _q(1, 0.01))
     s.finished(ActionResult(load, 0.02, ok=False, duration=0.02, error="corrupt file"))
+    s.finished(ActionResult(infer, 0.02, ran=False, error=NOT_LOADED))
+    assert s.load_error("m0") == "corrupt file"  # the driver answers the INFER's with it
     step = s.step(0.02)
-    assert [(r.query_ids, r.error) for r in step.refusals] == [((0, 1), "failed")]
+    assert [(r.query_ids, r.error) for r in step.refusals] == [((1,), "failed")]
     assert "corrupt file" in step.refusals[0].reason
     s.submit("m0", _q(2, 0.5))
     assert s.step(0.5).refusals[0].query_ids == (2,)  # backing off: answered at once
@@ -247,8 +280,9 @@ def test_a_busy_hot_model_is_loaded_on_a_second_worker() -> None:
     s.runs("hot").observe(4, 0.050)
     s.runs("hot").observe_load(0.010)
     s.submit("hot", _q(0))
-    (load,) = s.step(0.0).actions
+    load, infer = s.step(0.0).actions
     s.finished(_done(load, 0.010, 0.010))
+    s.finished(_done(infer, 0.011, 0.001))
     for i in range(1, 40):
         s.submit("hot", _q(i, 0.010, deadline=5.0))
     step = s.step(0.010)
@@ -326,3 +360,20 @@ def test_every_registered_policy_keeps_the_contract_on_both_kinds_of_pool(
         assert result.loads > 2
         assert result.evictions > 0
         assert result.cold.any()
+
+
+def test_an_idle_worker_loads_a_model_whose_cold_queries_were_refused() -> None:
+    """One slow LOAD measured would refuse every later cold query, and with no LOAD the
+    estimate would never move: an idle worker loads the model anyway."""
+    s = _shared(1, capacity=1)
+    s.runs("m0").observe_load(1.0)  # measured once, in a bad moment
+    s.submit("m0", _q(0, 0.0, deadline=0.1))
+    step = s.step(0.0)
+    assert [r.reason for r in step.refusals] == [COLD_DOOMED]
+    (load,) = step.actions
+    assert isinstance(load, Load)
+    assert load.latest == math.inf
+    s.finished(_done(load, 0.01, 0.01))
+    s.submit("m0", _q(1, 0.02, deadline=0.12))
+    (infer,) = s.step(0.02).actions
+    assert isinstance(infer, Infer)

@@ -1,0 +1,526 @@
+"""Many models on a pool of two CPU workers, every system in one run (issue 17).
+
+    python -m bench.many_models [--models 1000] [--seconds 120] [--slo-ms 100] [--load 0.8]
+        [--zipf 1.0] [--workloads zipf trace hot] [--systems raysrv multiplexed]
+        [--capacity-seconds 30] [--hot-seconds 30] [--quick]
+
+The models are :mod:`bench.zoo`'s: ``--models`` ONNX MLPs with distinct random weights, 2 MiB
+each, built here on first use. Clockwork (OSDI'20) §6.2-6.5 serves thousands of models from
+workers whose memory holds a few; here two CPU workers (one CPU and one onnxruntime thread each)
+may hold 5% of the models between them.
+
+Systems, each deployed afresh for each point and warmed up by a closed loop of 8 on the
+workload's mix for 5 s, driven through Serve handles from this process, with Ray Serve in its
+throughput-optimized mode (``RAY_SERVE_THROUGHPUT_OPTIMIZED=1``: gRPC between handles and
+replicas, user code on the replica's main thread), the best a Ray user could configure
+(``--default-serve``: Serve's default mode):
+
+* ``raysrv``: one shared pool of 2 workers, ``memory_mb`` for 2.5% of the models each, the
+  models declared as one model set with the ``deadline`` policy (batches of at most 16), the
+  SLO sent with every query (``slo_ms``, ``sent_at``; the ingress keeps the median trip here
+  back for the answer's trip back, ``trip_back_quantile: 0.5``).
+* ``multiplexed``: what a Ray user would pick, ``@serve.multiplexed`` (:mod:`bench.multiplexed`):
+  2 replicas of one CPU, each keeping as many models as a raysrv worker may, ``@serve.batch``
+  by model, admission bounded so overload is refused.
+* A dedicated replica per model does not fit: each is a Ray worker process (about 400 MB
+  resident here), 1,000 of them would need some 400 GB against this machine's 24 GB. It is
+  measured where it fits: the hot model alone (``hot``).
+
+Workloads, scaled to the capacity measured just before each workload (a closed loop of 32
+queries in flight on raysrv with the workload's model mix and an SLO no answer reaches):
+
+* ``zipf``: Poisson arrivals at ``--load`` of the capacity, each query's model drawn from a
+  Zipf(``--zipf``) popularity over the models (:func:`bench.traces.zipf_arrivals`).
+* ``trace``: ``bench/data/many_functions.csv`` replayed, function i driving model i, at a mean
+  of ``--load`` of the capacity, one trace minute a second (its hourly spikes fall a minute
+  apart): :func:`bench.traces.replay_functions`.
+* ``hot``: one model under a closed loop of 16 for ``--hot-seconds``, in the pool with every
+  model registered, in the pool with only it, and on a dedicated pool of 2 workers; the
+  configurations alternate, twice each.
+
+Reported per point from the client's side (latency from each query's scheduled arrival): SLO
+attainment (answered within the SLO over offered), goodput, answers within the SLO or refused
+before any work (429/503), late answers, 504s (dropped at their deadline, work spent), p50 and
+p99 of answers; from the servers: loads, evictions and cold starts per second, and the most
+weight any worker held (raysrv: the worker's own account and its process's peak memory).
+For each raysrv point, "simulator": the same arrivals through
+:func:`raysrv.analytics.simulate_pool` with the run times and LOAD times the point measured per
+model: the same scheduler, minus the network and Python's overheads. Plots:
+``bench/figures/many_models_cdf.png`` and ``many_models_goodput.png``; everything in
+``bench/out/many_models.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.loadgen import (
+    HandleClient,
+    RequestLog,
+    _awaited,
+    _exception_status,
+    closed_loop,
+    replay,
+)
+from bench.multiplexed import build_multiplexed, replica_stats
+from bench.plots import attainment_panels, goodput_panels
+from bench.traces import MANY_FUNCTIONS, read_functions, replay_functions, zipf_arrivals
+from bench.validate_live import start_ray
+from bench.zoo import DEFAULT_DIR, build_zoo, digits_like, model_size
+from raysrv.analytics import SimModel, simulate_pool
+from raysrv.batching import make_policy
+
+__all__ = ["Point", "main"]
+
+FIGURES = Path(__file__).parent / "figures"
+OUT = Path(__file__).parent / "out" / "many_models.json"
+MAX_BATCH = 16
+WORKERS = 2
+SHARE = 0.05  # of the models, the pool's workers hold together
+CONCURRENCY = 32  # in flight in every closed loop
+INPUTS = 512  # distinct inputs the clients cycle through
+HOT_CONCURRENCY = 16  # in flight on the hot model: answers within a 100 ms SLO when served
+WARM_S = 5.0  # of a closed loop on the workload's mix before each point, not measured
+# The median trip from this client to the ingress is kept back from each deadline for the
+# answer's trip back: under load the trip here queues at the ingress and the way back does
+# not, and at a 100 ms SLO the default p99 (26-55 ms here) left too little to load a model in.
+TRIP_BACK = 0.5
+
+
+@dataclass(frozen=True)
+class Point:
+    workload: str
+    system: str
+    offered: int
+    seconds: float
+    within_slo: float  # share of offered answered within the SLO
+    goodput: float  # answers within the SLO per second
+    within_or_refused: float  # share answered within the SLO or refused before any work
+    late: int
+    refused: int
+    expired: int
+    errors: int
+    p50_ms: float
+    p99_ms: float
+    loads: int
+    evictions: int
+    cold_per_s: float
+    peak_weights_mb: float  # the most weight one worker held
+    peak_rss_mb: float  # the largest worker process's peak memory (nan: not measured)
+    capacity: float  # queries/s measured before the workload
+    simulated: float  # within SLO in the simulator (nan: not run)
+
+
+class _Client(HandleClient):
+    """A handle client that also tallies why queries were not answered."""
+
+    def __init__(self, call: Any, pairs: list[tuple[str, np.ndarray]]) -> None:
+        super().__init__(call, pairs)
+        self.reasons: collections.Counter[str] = collections.Counter()
+
+    async def send(self, i: int) -> int:
+        response = self._call(self._inputs[i % len(self._inputs)])
+        try:
+            result = await asyncio.wait_for(_awaited(response), self._timeout_s)
+        except asyncio.TimeoutError:
+            response.cancel()
+            self.reasons["client timeout"] += 1
+            return 0
+        except Exception as exc:
+            self.reasons[type(exc).__name__] += 1
+            return _exception_status(exc)
+        if isinstance(result, dict) and "error" in result:
+            self.reasons[result.get("message", "").split(": ", 1)[-1][:60]] += 1
+            return int(result.get("status", 500))
+        return 200
+
+
+class Bench:
+    """One run: the zoo, the Ray session, the workloads' arrivals."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.slo_s = args.slo_ms / 1000.0
+        self.paths = build_zoo(DEFAULT_DIR, args.models)
+        self.names = [p.stem for p in self.paths]
+        self.size = model_size()
+        self.per_worker = max(1, round(SHARE * args.models / WORKERS))
+        self.inputs = list(digits_like(np.random.default_rng(7), INPUTS))
+
+    # -- systems ---------------------------------------------------------------------------
+
+    def raysrv_spec(self, models: list[str] | None = None, pool: bool = True) -> dict[str, Any]:
+        """The raysrv spec: every zoo model (or ``models``) in one shared pool, or (without
+        ``pool``) each on a dedicated pool of 2 workers."""
+        template = {
+            "runtime": "onnx",
+            "batching": {"policy": "deadline", "params": {"max_batch_size": MAX_BATCH}},
+            "slo_ms": self.args.slo_ms,
+            "input": {"shape": [64], "dtype": "float32"},
+        }
+        spec: dict[str, Any] = {"ingress": {"num_cpus": 0, "trip_back_quantile": TRIP_BACK}}
+        if not pool:
+            dedicated = {**template, "replicas": WORKERS, "resources": {"num_cpus": 1}}
+            path = DEFAULT_DIR / f"{models[0]}.onnx" if models else self.paths[0]
+            spec["models"] = [{**dedicated, "name": path.stem, "source": str(path)}]
+            return spec
+        memory_mb = self.per_worker * self.size / (1 << 20) + 0.01
+        spec["pools"] = [
+            {
+                "name": "zoo",
+                "workers": WORKERS,
+                "resources": {"num_cpus": 1},
+                "memory_mb": memory_mb,
+            }
+        ]
+        template["pool"] = "zoo"
+        if models is None:
+            source = str(DEFAULT_DIR / "m*.onnx")
+            spec["model_sets"] = [{"name": "zoo", "source": source, "template": template}]
+        else:
+            paths = [DEFAULT_DIR / f"{m}.onnx" for m in models]
+            spec["models"] = [{**template, "name": p.stem, "source": str(p)} for p in paths]
+        return spec
+
+    def deploy(self, system: str, spec: dict[str, Any] | None = None) -> Any:
+        from ray import serve
+        from ray.serve.schema import LoggingConfig
+
+        from raysrv.app import build_app
+
+        for name in list(serve.status().applications):
+            serve.delete(name)
+        quiet = LoggingConfig(enable_access_log=False, log_level="WARNING")
+        if system == "multiplexed":
+            app = build_multiplexed(DEFAULT_DIR, WORKERS, models_per_replica=self.per_worker)
+        else:
+            app = build_app(spec or self.raysrv_spec())
+        serve.run(app, name=system, route_prefix=f"/{system}", logging_config=quiet)
+        return serve.get_app_handle(system)
+
+    def call(self, system: str, handle: Any, slo_ms: float) -> Any:
+        if system == "multiplexed":
+            handles: dict[str, Any] = {}
+
+            def multiplexed(pair: tuple[str, np.ndarray]) -> Any:
+                name, x = pair
+                if name not in handles:
+                    handles[name] = handle.options(multiplexed_model_id=name)
+                return handles[name].predict.remote(x)
+
+            return multiplexed
+        return lambda pair: handle.predict_model.remote(
+            pair[0], pair[1], slo_ms=slo_ms, sent_at=time.time()
+        )
+
+    def pairs(self, models: np.ndarray) -> list[tuple[str, np.ndarray]]:
+        return [(self.names[m], self.inputs[i % INPUTS]) for i, m in enumerate(models)]
+
+    # -- workloads -------------------------------------------------------------------------
+
+    def mix(self, workload: str, n: int) -> np.ndarray:
+        """``n`` models in the order the workload asks for them (for a closed loop)."""
+        rng = np.random.default_rng(11)
+        if workload == "zipf":
+            return zipf_arrivals(n, 1.0, len(self.names), self.args.zipf, rng)[1]
+        _, models = self.arrivals(workload, 50.0)
+        return np.resize(models, n)
+
+    def arrivals(self, workload: str, rate: float) -> tuple[np.ndarray, np.ndarray]:
+        rng = np.random.default_rng(3)
+        seconds = self.args.seconds
+        if workload == "zipf":
+            return zipf_arrivals(rate, seconds, len(self.names), self.args.zipf, rng)
+        counts = read_functions(MANY_FUNCTIONS)
+        matrix = np.vstack(list(counts.values()))[: len(self.names)]
+        return replay_functions(matrix, rate, seconds, rng, minute_s=1.0, start=0)
+
+    async def capacity(self, workload: str) -> float:
+        """raysrv's closed-loop throughput on the workload's mix (no SLO reached)."""
+        handle = self.deploy("raysrv")
+        pairs = self.pairs(self.mix(workload, 200_000))
+        client = HandleClient(self.call("raysrv", handle, 60_000.0), pairs, timeout_s=60.0)
+        await closed_loop(client, 8, 5.0)  # warm-up
+        result = await closed_loop(client, CONCURRENCY, self.args.capacity_seconds, first=50_000)
+        return result.throughput_rps
+
+    async def point(
+        self, workload: str, system: str, capacity: float
+    ) -> tuple[Point, RequestLog, dict[str, Any]]:
+        times, models = self.arrivals(workload, self.args.load * capacity)
+        handle = self.deploy(system)
+        warm = HandleClient(
+            self.call(system, handle, self.args.slo_ms), self.pairs(self.mix(workload, 100_000))
+        )
+        await closed_loop(warm, 8, WARM_S)
+        client = _Client(self.call(system, handle, self.args.slo_ms), self.pairs(models))
+        log = await replay(client, times)
+        server = await self.server_state(system, handle)
+        server["reasons"] = dict(client.reasons.most_common(8))
+        print(f"  {system} on {workload}: not answered because {server['reasons']}")
+        point = summarize(log, workload, system, self.slo_s, self.args.seconds, capacity, server)
+        return point, log, {"times": times, "models": models, **server}
+
+    async def server_state(self, system: str, handle: Any) -> dict[str, Any]:
+        if system == "multiplexed":
+            stats = await replica_stats(handle, WORKERS)
+            resident = max(len(s["models"]) for s in stats)
+            return {
+                "loads": sum(s["loads"] for s in stats),
+                "evictions": sum(s["evictions"] for s in stats),
+                "cold": sum(s["loads"] for s in stats),
+                "peak_weights": resident * self.size,  # models kept at most, as configured
+                "peak_rss": float("nan"),
+                "replicas": stats,
+            }
+        (pool,) = await handle.pools.remote()
+        models = await handle.models.remote()
+        return {
+            "loads": pool["loads"],
+            "evictions": pool["evictions"],
+            "cold": pool["cold_starts"],
+            "peak_weights": max(w["peak_bytes"] for w in pool["workers"]),
+            "worker_peak_weights": max(w["process"]["peak_bytes"] for w in pool["workers"]),
+            "peak_rss": max(w["process"]["peak_rss_bytes"] for w in pool["workers"]),
+            "profiles": {
+                m["name"]: {"batch_p50": m["batch_seconds"]["p50"], "load_ms": m["load_ms"]}
+                for m in models
+                if m["batches"] or m["loads"]
+            },
+        }
+
+    async def hot(self) -> list[dict[str, Any]]:
+        """One model's goodput, with every model registered, alone in the pool, and on a
+        dedicated pool; alternating, twice each."""
+        hot = self.names[0]
+        configs = {
+            "pool, every model registered": self.raysrv_spec(),
+            "pool, the model alone": self.raysrv_spec([hot]),
+            "dedicated pool": self.raysrv_spec([hot], pool=False),
+        }
+        rows = []
+        for repeat in range(2):
+            for label, spec in configs.items():
+                handle = self.deploy("raysrv", spec)
+                pairs = self.pairs(np.zeros(200_000, dtype=int))
+                client = HandleClient(self.call("raysrv", handle, self.args.slo_ms), pairs)
+                await closed_loop(client, 8, WARM_S)  # loads the model, warms up
+                log = await _closed_log(client, self.args.hot_seconds, HOT_CONCURRENCY)
+                goodput = _goodput(log, self.slo_s)
+                rows.append({"config": label, "repeat": repeat, "goodput": goodput})
+                print(f"  hot: {label}: {goodput:.1f} answers within the SLO per second")
+        return rows
+
+    def simulate(self, workload: str, extra: dict[str, Any], capacity_bytes: int) -> float:
+        """Within-SLO share of the same arrivals in the simulator, with the point's measured
+        run times and LOAD times per model (the pool's medians for a model that ran none)."""
+        profiles = extra["profiles"]
+        pooled = _pooled_table(p["batch_p50"] for p in profiles.values())
+        loads = [p["load_ms"]["p50"] for p in profiles.values() if p["load_ms"]["p50"]]
+        pooled_load = float(np.median(loads)) / 1000.0 if loads else 0.0
+        used = sorted({self.names[m] for m in extra["models"]})
+        models = {}
+        for name in used:
+            own = profiles.get(name, {})
+            table = _table(own.get("batch_p50") or {}) or pooled
+            load_ms = (own.get("load_ms") or {}).get("p50")
+            models[name] = SimModel(
+                make_policy("deadline", {"max_batch_size": MAX_BATCH}, self.slo_s),
+                _service(table),
+                load_s=pooled_load if load_ms is None else load_ms / 1000.0,
+                weight_bytes=self.size,
+                group="zoo",
+            )
+        names = [self.names[m] for m in extra["models"]]
+        result = simulate_pool(
+            extra["times"],
+            names,
+            models,
+            workers=WORKERS,
+            capacity_bytes=capacity_bytes,
+            depth=2,
+            slo=self.slo_s,
+        )
+        return float(np.sum(result.within(self.slo_s))) / max(1, len(names))
+
+
+async def _closed_log(client: HandleClient, seconds: float, concurrency: int) -> RequestLog:
+    log = RequestLog()
+    t0 = time.perf_counter()
+    ids = iter(range(10_000, 10**9))
+
+    async def worker() -> None:
+        while (now := time.perf_counter() - t0) < seconds:
+            await log.timed(client, next(ids), now, t0)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return log
+
+
+def _goodput(log: RequestLog, slo_s: float) -> float:
+    latency = np.asarray(log.done) - np.asarray(log.scheduled)
+    ok = (np.asarray(log.status) == 200) & (latency <= slo_s)
+    return float(ok.sum()) / max(float(np.max(log.done)), 1e-9)
+
+
+def _table(p50: dict[str, float]) -> dict[int, float]:
+    return {int(k): float(v) for k, v in p50.items()}
+
+
+def _pooled_table(tables: Any) -> dict[int, float]:
+    seen: dict[int, list[float]] = {}
+    for table in tables:
+        for size, seconds in _table(table).items():
+            seen.setdefault(size, []).append(seconds)
+    return {k: float(np.median(v)) for k, v in sorted(seen.items())}
+
+
+def _service(table: dict[int, float]) -> Any:
+    from raysrv.batching.profile import interpolate_batches
+
+    sizes = sorted(table)
+    values = [table[k] for k in sizes]
+    return lambda k: float(interpolate_batches(sizes, values, k)) if sizes else 0.0
+
+
+def summarize(
+    log: RequestLog,
+    workload: str,
+    system: str,
+    slo_s: float,
+    seconds: float,
+    capacity: float,
+    server: dict[str, Any],
+) -> Point:
+    status = np.asarray(log.status)
+    latency = np.asarray(log.done) - np.asarray(log.scheduled)
+    answered = status == 200
+    within = answered & (latency <= slo_s)
+    refused = np.isin(status, (429, 503))
+    shown = latency[answered] * 1e3
+    p50, p99 = np.percentile(shown, [50, 99]) if shown.size else (np.nan, np.nan)
+    n = max(1, status.size)
+    return Point(
+        workload,
+        system,
+        int(status.size),
+        seconds,
+        float(within.sum()) / n,
+        float(within.sum()) / seconds,
+        float((within | refused).sum()) / n,
+        int((answered & ~within).sum()),
+        int(refused.sum()),
+        int((status == 504).sum()),
+        int((~answered & ~refused & (status != 504)).sum()),
+        float(p50),
+        float(p99),
+        int(server["loads"]),
+        int(server["evictions"]),
+        float(server["cold"]) / seconds,
+        float(server["peak_weights"]) / (1 << 20),
+        float(server["peak_rss"]) / (1 << 20),
+        capacity,
+        float("nan"),
+    )
+
+
+def table(points: list[Point]) -> str:
+    head = (
+        "| workload | system | offered | within SLO | within or refused | goodput/s | late "
+        "| refused | 504 | p50 ms | p99 ms | loads | evictions | cold/s | peak weights MiB "
+        "| simulator |"
+    )
+    rule = "|" + "---|" * 16
+    rows = [
+        f"| {p.workload} | {p.system} | {p.offered} | {p.within_slo:.2%} | "
+        f"{p.within_or_refused:.2%} | {p.goodput:.1f} | {p.late} | {p.refused} | {p.expired} | "
+        f"{p.p50_ms:.0f} | {p.p99_ms:.0f} | {p.loads} | {p.evictions} | {p.cold_per_s:.1f} | "
+        f"{p.peak_weights_mb:.1f} | {'' if np.isnan(p.simulated) else f'{p.simulated:.2%}'} |"
+        for p in points
+    ]
+    return "\n".join([head, rule, *rows])
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    bench = Bench(args)
+    start_ray()
+    points: list[Point] = []
+    logs: dict[str, dict[str, RequestLog]] = {}
+    capacities: dict[str, float] = {}
+    for workload in [w for w in args.workloads if w != "hot"]:
+        capacities[workload] = await bench.capacity(workload)
+        print(f"{workload}: capacity {capacities[workload]:.1f} queries/s")
+        for system in args.systems:
+            point, log, extra = await bench.point(workload, system, capacities[workload])
+            if system == "raysrv":
+                capacity_bytes = int(bench.per_worker * bench.size + 0.01 * (1 << 20))
+                simulated = bench.simulate(workload, extra, capacity_bytes)
+                point = Point(**{**asdict(point), "simulated": simulated})
+            points.append(point)
+            logs.setdefault(workload, {})[system] = log
+            print(table([point]).splitlines()[-1])
+    hot = await bench.hot() if "hot" in args.workloads else []
+    if logs:
+        FIGURES.mkdir(exist_ok=True)
+        attainment_panels(logs, bench.slo_s, FIGURES / "many_models_cdf.png")
+        goodput_panels(logs, bench.slo_s, capacities, FIGURES / "many_models_goodput.png")
+    return {
+        "args": vars(args),
+        "per_worker_models": bench.per_worker,
+        "model_bytes": bench.size,
+        "capacities": capacities,
+        "points": [asdict(p) for p in points],
+        "hot": hot,
+    }
+
+
+def _serve_mode(default_mode: bool) -> None:
+    """Ray Serve's throughput-optimized mode (Ray 2.56+) for every system, unless asked not
+    to: the best a Ray user could configure. It must be set before Ray starts."""
+    import os
+
+    if not default_mode:
+        os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] = "1"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", type=int, default=1000)
+    parser.add_argument("--seconds", type=float, default=120.0)
+    parser.add_argument("--slo-ms", type=float, default=100.0)
+    parser.add_argument("--load", type=float, default=0.8)
+    parser.add_argument("--zipf", type=float, default=1.0)
+    parser.add_argument("--capacity-seconds", type=float, default=30.0)
+    parser.add_argument("--hot-seconds", type=float, default=30.0)
+    parser.add_argument("--workloads", nargs="+", default=["zipf", "trace", "hot"])
+    parser.add_argument("--systems", nargs="+", default=["raysrv", "multiplexed"])
+    parser.add_argument("--quick", action="store_true", help="short points: a smoke test")
+    parser.add_argument(
+        "--default-serve",
+        action="store_true",
+        help="Serve's default mode instead of RAY_SERVE_THROUGHPUT_OPTIMIZED=1",
+    )
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.seconds, args.capacity_seconds, args.hot_seconds = 20.0, 10.0, 8.0
+    _serve_mode(args.default_serve)
+    result = asyncio.run(run(args))
+    print()
+    print(table([Point(**p) for p in result["points"]]))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
