@@ -12,9 +12,11 @@ What a step decides:
 
 1. **Which model gets a worker** that can take work (idle, or busy with work predicted to end
    by now and fewer than ``depth`` calls in flight: the next call travels while the last one
-   runs). Models are served in order of urgency: their earliest latency-sensitive deadline
-   less the planned run time of a batch of one (less the LOAD too, for a model loaded nowhere);
-   batch-priority queries (clockwork §6.4) only count once no latency-sensitive one waits. The
+   runs). Models are served earliest deadline first (their earliest latency-sensitive query's;
+   batch-priority queries, clockwork §6.4, only count once no latency-sensitive one waits), a
+   model loaded nowhere too: ordered by the latest time its LOAD could start instead, a cold
+   query would jump ahead of every query of a loaded model up to a LOAD's time younger, and a
+   stream of them starve it behind LOADs that cannot be interrupted. The
    actions a step gives one worker travel as one call: after the first, more models may add a
    batch each while the call's predicted work ends within ``ahead_s`` (clockwork §5.3
    "schedules 5ms into the future"), so a call to a worker serves many cold-ish models at once.
@@ -33,7 +35,11 @@ What a step decides:
    inverse proportion to their load ``l_g`` (their work in flight plus the demand split evenly
    over holders), and ``capacity_g`` one SLO of work (a worker that would need longer serves
    only its share). A worker here runs LOAD and INFER one at a time, so a LOAD competes with
-   INFERs for it by urgency, where Clockwork gives loads their own executor.
+   INFERs for it by deadline, where Clockwork gives loads their own executor. A model with
+   steady traffic (a query per SLO or more: its arrival rate, decayed over a second) is loaded
+   on every worker with room, and while such models are held one worker loads at a time:
+   their queries need not wait behind other models' LOADs, which would otherwise take most of
+   every worker's time when cold queries are many.
 4. **Cold refusals**: a query for a model loaded nowhere whose deadline falls before the
    earliest a worker could load the model and run it alone is refused before any work
    (``cannot meet deadline (cold start)``); one that can make it is served. A worker left
@@ -91,6 +97,7 @@ COLD_DOOMED = "cannot meet deadline (cold start)"
 NOT_LOADED = "not_loaded"  # ActionResult.error of an INFER the worker had no model for
 PLAN_Q, PLAN_WINDOW = 0.99, 10  # the run-time estimates of refusals and load priorities
 PREDICT_Q = 0.5  # when work in flight should end
+RATE_TAU_S = 1.0  # the time constant of each model's arrival rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,6 +281,11 @@ class _Model:
     cold_starts: int = 0
     batches: int = 0
     batched: int = 0
+    rate: float = 0.0  # arrivals per second, decayed with RATE_TAU_S, as of ``seen``
+    seen: float = -math.inf
+
+    def rate_at(self, now: float) -> float:
+        return self.rate * math.exp(-(now - self.seen) / RATE_TAU_S) if self.rate else 0.0
 
 
 @dataclass(slots=True)
@@ -289,6 +301,7 @@ class _Out:
     wake: float = math.inf
     used: set[int] = field(default_factory=set)  # workers given an action in this step
     used_by: dict[str, set[int]] = field(default_factory=dict)  # per model
+    steady: set[str] | None = None  # held models with steady traffic, once asked
 
     def open_for(self, w: _Worker, model: str) -> bool:
         """Whether ``model`` may add an INFER to what ``w`` gets in this step: one per model,
@@ -413,6 +426,8 @@ class PoolScheduler:
         if len(model.queue) >= model.max_queue:
             raise QueueFull(f"model {name!r} has {len(model.queue)} queries waiting (max_queue)")
         cold = not any(name in w.held and name not in w.loading for w in self.workers)
+        model.rate = model.rate_at(query.arrival) + 1.0 / RATE_TAU_S
+        model.seen = query.arrival
         model.queue.append(query)
         model.dirty = True
         self._active[name] = model
@@ -452,6 +467,8 @@ class PoolScheduler:
         out.refusals.extend(self._stash)
         self._stash.clear()
         self._emit_removals(now, out)
+        if offered and len(self.workers) > 1:
+            self._replicate(now, offered, out)
         for model in self._consulted(now, offered):
             self._plan(model, now, out)
             if self._holders(model.name):
@@ -459,7 +476,7 @@ class PoolScheduler:
             else:
                 self._cold(model, now, out)
         free = [w for w in offered if out.fresh(w)]
-        if free and self._active:
+        if free:
             self._scale_out(now, free, out)
         for w in self.workers if self._active else ():
             opening = w.opening(now)
@@ -483,15 +500,15 @@ class PoolScheduler:
                 or (cold_room and not holders)
             ):
                 chosen.append(model)
-        return sorted(chosen, key=lambda m: self._urgency(m, bool(self._holders(m.name))))
+        return sorted(chosen, key=self._urgency)
 
-    def _urgency(self, model: _Model, held: bool) -> tuple[int, float, float]:
+    def _urgency(self, model: _Model) -> tuple[int, float, float]:
+        """Earliest deadline first; batch clients' queries after every latency-sensitive one."""
         urgent = [q.deadline for q in model.queue if q.priority <= 0]
         oldest = min(q.arrival for q in model.queue)
         if not urgent:
             return (1, oldest, oldest)
-        lead = _estimate(model.runs, 1) + (0.0 if held else _load_estimate(model.runs))
-        return (0, min(urgent) - lead, oldest)
+        return (0, min(urgent), oldest)
 
     def _holders(self, name: str) -> list[_Worker]:
         return [w for w in self.workers if name in w.held]
@@ -613,7 +630,7 @@ class PoolScheduler:
             reason = f"model could not be loaded: {model.error}"
             self._refuse(model, _ids(model.queue), reason, out, "failed")
             return
-        finish = self._cold_finish(model, now)
+        finish = self._cold_finish(model, now, out)
         doomed = [
             q.query_id
             for q in model.queue
@@ -624,7 +641,7 @@ class PoolScheduler:
             if doomed:
                 self._probe(model, now, out)
             return
-        for w in self._load_order(model, out):
+        for w in self._load_order(model, now, out):
             if self._load(model, w, now, out):
                 self._serve(model, now, out, chained=w)  # its INFER right behind it
                 return
@@ -638,16 +655,42 @@ class PoolScheduler:
         """Load a model whose queries were all refused on an idle worker all the same: they
         were refused on LOAD times that only another LOAD can correct (a slow one measured
         would otherwise keep every later one from happening), and idle time costs nothing."""
-        for w in self._load_order(model, out):
+        for w in self._load_order(model, now, out):
             if not w.inflight:
                 self._load(model, w, now, out)
                 return
 
-    def _cold_finish(self, model: _Model, now: float) -> float:
+    def _steady(self, now: float, out: _Out) -> set[str]:
+        """The held models with steady traffic, a query per SLO or more (once per step)."""
+        if out.steady is None:
+            held = {name for w in self.workers for name in w.held if name in self._models}
+            out.steady = {
+                name
+                for name in held
+                if self._models[name].rate_at(now) * self._models[name].policy.slo_s >= 1.0
+            }
+        return out.steady
+
+    def _may_load(self, w: _Worker, now: float, out: _Out) -> bool:
+        """Whether a LOAD may take ``w``: while models with steady traffic are held, one
+        worker loads at a time, so that another, holding them too once replicated, serves
+        their queries meanwhile (a LOAD holds its worker for its whole run). A pool of one
+        worker has no choice."""
+        if len(self.workers) == 1 or not self._steady(now, out):
+            return True
+        return not any(v.loading for v in self.workers if v is not w)
+
+    def _cold_finish(self, model: _Model, now: float, out: _Out) -> float:
         """The earliest a batch of one could be done after loading ``model``."""
         need = model.weight_bytes or 0
+        loads_end = max(
+            (v.open_at for v in self.workers if v.loading and v.open_at < math.inf), default=now
+        )
         starts = [
-            max(now, w.open_at) if w.inflight and w.open_at < math.inf else now
+            max(
+                max(now, w.open_at) if w.inflight and w.open_at < math.inf else now,
+                now if self._may_load(w, now, out) else loads_end,
+            )
             for w in self.workers
             if self.capacity_bytes is None or need <= self.capacity_bytes
         ]
@@ -655,12 +698,12 @@ class PoolScheduler:
             return math.inf
         return min(starts) + _load_estimate(model.runs) + _estimate(model.runs, 1)
 
-    def _load_order(self, model: _Model, out: _Out) -> list[_Worker]:
-        """Workers with no work from this step where ``model`` fits, those needing fewer
-        evictions first."""
+    def _load_order(self, model: _Model, now: float, out: _Out) -> list[_Worker]:
+        """Workers with no work from this step where ``model`` fits and a LOAD may go
+        (:meth:`_may_load`), those needing fewer evictions first."""
         fits = []
         for w in self.workers:
-            if not out.fresh(w) or model.name in w.held:
+            if not out.fresh(w) or model.name in w.held or not self._may_load(w, now, out):
                 continue
             victims = self._room(w, model.weight_bytes)
             if victims is not None:
@@ -722,15 +765,34 @@ class PoolScheduler:
                 self._unload(w, name, now, out, evicted=False)
         self._removals.clear()
 
+    def _replicate(self, now: float, offered: list[_Worker], out: _Out) -> None:
+        """Before anything else, load the models with steady traffic on the offered workers
+        that lack them: on a worker that runs LOADs of other models too, their queries would
+        wait behind those, so they go on every worker with room."""
+        steady = sorted(self._steady(now, out), key=lambda n: -self._models[n].rate_at(now))
+        self._load_on(steady, now, offered, out)
+
     def _scale_out(self, now: float, free: list[_Worker], out: _Out) -> None:
-        """Load models whose unfulfilled demand exceeds a LOAD's cost on free workers too."""
+        """Load on free workers too the models whose unfulfilled demand exceeds a LOAD's
+        cost."""
+        if not self._active:
+            return
         priorities = self._load_priorities(now)
-        for name, priority in sorted(priorities.items(), key=lambda kv: -kv[1]):
+        wanted = [
+            name
+            for name, priority in sorted(priorities.items(), key=lambda kv: -kv[1])
+            if priority > _load_estimate(self._models[name].runs)
+        ]
+        self._load_on(wanted, now, free, out)
+
+    def _load_on(self, wanted: list[str], now: float, free: list[_Worker], out: _Out) -> None:
+        """Load each of ``wanted`` on the first of ``free`` that lacks it and may take it."""
+        for name in wanted:
             model = self._models[name]
-            if priority <= _load_estimate(model.runs) or model.failed_until > now:
+            if model.failed_until > now:
                 continue
             for w in free:
-                if not out.fresh(w) or name in w.held:
+                if not out.fresh(w) or name in w.held or not self._may_load(w, now, out):
                     continue
                 if self._load(model, w, now, out):
                     break

@@ -4,10 +4,13 @@ Clockwork (OSDI'20) §6.2-6.5 serves thousands of model instances from a pool of
 memory holds only some of them, so that loading and evicting models is part of serving. This
 module builds such a zoo for CPU workers: ``count`` MLPs on the digits input ([N, 64] float32,
 pixel values 0..16, dynamic batch) to 10 logits, 64 -> 1024 -> 448 -> 10 with ReLUs (Gemm
-nodes), 530,250 float32 parameters, about 2.0 MiB a file. Each model's weights come from its own
-generator, seeded by ``(seed, index)``: files are reproducible and no two models are equal, so
-nothing can share or deduplicate them. Model ``i`` is ``m{i:04d}.onnx``; the file stem is the
-model's name (lowercase, starts with a letter).
+nodes), 530,250 float32 parameters, about 2.0 MiB a file. With ``passes`` > 0 a square
+448 x 448 layer follows the second, applied ``passes`` times with its one set of weights
+(2.8 MiB a file): the weights stay few while a batch costs what a larger network's would,
+and a batch of one costs nearly as much as a small batch, as on a GPU. Each model's weights
+come from its own generator, seeded by ``(seed, index)``: files are reproducible and no two
+models are equal, so nothing can share or deduplicate them. Model ``i`` is ``m{i:04d}.onnx``;
+the file stem is the model's name (lowercase, starts with a letter).
 
 The zoo is rebuilt from code, never downloaded: ``python -m bench.zoo`` builds 1,000 models in
 ``bench/out/zoo`` (git-ignored; files already there with the right size are kept, so a rerun is
@@ -59,35 +62,70 @@ def model_name(index: int) -> str:
     return f"m{index:04d}"
 
 
-def _shapes(width: int, narrow: int) -> list[tuple[int, int]]:
-    return [(INPUT_DIM, width), (width, narrow), (narrow, N_CLASSES)]
+def _shapes(width: int, narrow: int, passes: int = 0) -> list[tuple[int, int]]:
+    square = [(narrow, narrow)] if passes else []
+    return [(INPUT_DIM, width), (width, narrow), *square, (narrow, N_CLASSES)]
 
 
-def _weights(rng: np.random.Generator, width: int, narrow: int) -> Weights:
+def _weights(rng: np.random.Generator, width: int, narrow: int, passes: int = 0) -> Weights:
     """He-normal weight matrices and zero biases, layer by layer."""
     return [
         (_he(rng, shape, shape[0]), np.zeros(shape[1], np.float32))
-        for shape in _shapes(width, narrow)
+        for shape in _shapes(width, narrow, passes)
     ]
 
 
-def _stamp(index: int, seed: int, width: int, narrow: int) -> str:
+def _stamp(index: int, seed: int, width: int, narrow: int, passes: int = 0) -> str:
     """What a zoo file says of itself: fixed width, so that every file of a shape has one size."""
-    return f"raysrv bench zoo: model {index:>7}, seed {seed:>12}, hidden {width:>6} {narrow:>6}"
+    head = f"raysrv bench zoo: model {index:>7}, seed {seed:>12}, hidden {width:>6} {narrow:>6}"
+    return head + (f", passes {passes:>4}" if passes else "")
 
 
-def _graph(weights: Weights, stamp: str) -> onnx.ModelProto:
-    """Gemm (+ Relu between layers) over ``weights``: input [N, 64] -> logits [N, 10]."""
-    nodes: list[onnx.NodeProto] = []
+def _layer(x: str, k: int, out: str, relu: bool) -> list[onnx.NodeProto]:
+    """Gemm over weights ``w{k}``, ``b{k}`` (and a Relu): ``x`` -> ``out``."""
+    if not relu:
+        return [helper.make_node("Gemm", [x, f"w{k}", f"b{k}"], [out])]
+    return [
+        helper.make_node("Gemm", [x, f"w{k}", f"b{k}"], [f"{out}_pre"]),
+        helper.make_node("Relu", [f"{out}_pre"], [out]),
+    ]
+
+
+def _loop(x: str, k: int, passes: int, out: str) -> tuple[list[onnx.NodeProto], TensorProto]:
+    """Layer ``k`` applied ``passes`` times: one ONNX Loop node, so the graph stays small and a
+    session is as quick to create as without it."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond"], ["cond_out"]), *_layer("h", k, "h_out", True)],
+        "square_layer",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("h", TensorProto.FLOAT, None),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("h_out", TensorProto.FLOAT, None),
+        ],
+    )
+    trips = numpy_helper.from_array(np.array(passes, np.int64), "passes")
+    node = helper.make_node("Loop", ["passes", "", x], [out], body=body)
+    return [node], trips
+
+
+def _graph(weights: Weights, stamp: str, passes: int = 0) -> onnx.ModelProto:
+    """Gemm (+ Relu between layers) over ``weights``: input [N, 64] -> logits [N, 10]; with
+    ``passes``, the third layer (square) runs that many times (an ONNX Loop)."""
     inits: list[TensorProto] = []
-    x = "input"
     for k, (w, b) in enumerate(weights):
         inits += [numpy_helper.from_array(w, f"w{k}"), numpy_helper.from_array(b, f"b{k}")]
-        out = "logits" if k == len(weights) - 1 else f"gemm{k}"
-        nodes.append(helper.make_node("Gemm", [x, f"w{k}", f"b{k}"], [out]))
-        if out != "logits":
-            nodes.append(helper.make_node("Relu", [out], [f"relu{k}"]))
-            x = f"relu{k}"
+    last = len(weights) - 1
+    nodes = _layer("input", 0, "h0", True) + _layer("h0", 1, "h1", True)
+    x = "h1"
+    if passes:
+        loop, trips = _loop(x, 2, passes, "h2")
+        nodes, x = nodes + loop, "h2"
+        inits.append(trips)
+    nodes += _layer(x, last, "logits", False)
     graph = helper.make_graph(
         nodes,
         "zoo_mlp",
@@ -104,22 +142,23 @@ def _graph(weights: Weights, stamp: str) -> onnx.ModelProto:
 
 
 def zoo_model(
-    index: int, seed: int = 0, width: int = WIDTH, narrow: int = NARROW
+    index: int, seed: int = 0, width: int = WIDTH, narrow: int = NARROW, passes: int = 0
 ) -> onnx.ModelProto:
     """Model ``index`` of the zoo built with ``seed``: its own generator, ``(seed, index)``."""
-    weights = _weights(np.random.default_rng([seed, index]), width, narrow)
-    return _graph(weights, _stamp(index, seed, width, narrow))
+    weights = _weights(np.random.default_rng([seed, index]), width, narrow, passes)
+    return _graph(weights, _stamp(index, seed, width, narrow, passes), passes)
 
 
-def parameters(width: int = WIDTH, narrow: int = NARROW) -> int:
+def parameters(width: int = WIDTH, narrow: int = NARROW, passes: int = 0) -> int:
     """Weights and biases of one zoo model of this shape."""
-    return sum(n_in * n_out + n_out for n_in, n_out in _shapes(width, narrow))
+    return sum(n_in * n_out + n_out for n_in, n_out in _shapes(width, narrow, passes))
 
 
-def model_size(width: int = WIDTH, narrow: int = NARROW) -> int:
+def model_size(width: int = WIDTH, narrow: int = NARROW, passes: int = 0) -> int:
     """Bytes of every zoo file of this shape (weights are raw data: values do not change it)."""
-    zeros = [(np.zeros(s, np.float32), np.zeros(s[1], np.float32)) for s in _shapes(width, narrow)]
-    return _graph(zeros, _stamp(0, 0, width, narrow)).ByteSize()
+    shapes = _shapes(width, narrow, passes)
+    zeros = [(np.zeros(s, np.float32), np.zeros(s[1], np.float32)) for s in shapes]
+    return _graph(zeros, _stamp(0, 0, width, narrow, passes), passes).ByteSize()
 
 
 def _built(path: Path, size: int, stamp: str) -> bool:
@@ -136,6 +175,7 @@ def build_zoo(
     seed: int = 0,
     width: int = WIDTH,
     narrow: int = NARROW,
+    passes: int = 0,
 ) -> list[Path]:
     """Write models ``m0000.onnx`` ... to ``directory`` (each atomically) and return their paths.
 
@@ -147,12 +187,12 @@ def build_zoo(
         raise ValueError(f"count must be at least 1, got {count}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    size, checked = model_size(width, narrow), False
+    size, checked = model_size(width, narrow, passes), False
     paths = [directory / f"{model_name(i)}.onnx" for i in range(count)]
     for i, path in enumerate(paths):
-        if _built(path, size, _stamp(i, seed, width, narrow)):
+        if _built(path, size, _stamp(i, seed, width, narrow, passes)):
             continue
-        model = zoo_model(i, seed, width, narrow)
+        model = zoo_model(i, seed, width, narrow, passes)
         if not checked:
             onnx.checker.check_model(model, full_check=True)
             checked = True
@@ -238,8 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_DIR, help="the zoo's folder")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--samples", type=int, default=20, help="models timed per figure")
+    parser.add_argument("--passes", type=int, default=0, help="runs of the square layer")
     args = parser.parse_args(argv)
-    seconds, paths = _timed(lambda: build_zoo(args.out, args.count, args.seed))
+    seconds, paths = _timed(lambda: build_zoo(args.out, args.count, args.seed, passes=args.passes))
     print(f"zoo: {len(paths)} models in {args.out} ({seconds:.1f} s to build or check)")
     _report(paths, args.samples)
     return 0

@@ -29,6 +29,7 @@ import numpy as np
 from raysrv._planner import PlanSnapshot
 from raysrv._workers import Call, Report, Workers, wall
 from raysrv.batching import BatchingPolicy, QueuedQuery
+from raysrv.batching.profile import SortedWindow
 from raysrv.batching.scheduler import (
     NOT_LOADED,
     Action,
@@ -49,6 +50,7 @@ __all__ = ["LATE_START", "PROFILE_RUNS", "Pool"]
 PROFILE_RUNS = 3  # measured runs per batch size in the profiling step, after one to warm up
 ARRIVAL_WINDOW = 2000  # arrival times kept per model for the plan view
 SHOWN_WINDOW = 100  # batches per size behind the run times ``GET /v1/models`` shows
+OVERHEAD_WINDOW = 500  # calls behind the round-trip overhead ``GET /v1/pools`` shows
 LATE_START = "deadline passed before the batch could start"
 
 logger = logging.getLogger(__name__)
@@ -90,6 +92,9 @@ class Pool:
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._running: set[asyncio.Task[Any]] = set()
+        # a call's round trip beyond its actions' run times: the hop to the worker and back
+        self._overheads = SortedWindow(OVERHEAD_WINDOW)
+        self._back = [-math.inf] * len(workers)  # when each worker's last call came back
 
     # -- models ----------------------------------------------------------------------------
 
@@ -271,7 +276,7 @@ class Pool:
             self._wake.set()
             return
         pending = self._workers.run(worker, calls)
-        self._track(self._finish(sent, pending))
+        self._track(self._finish(worker, now, sent, pending))
 
     def _track(self, coroutine: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coroutine)
@@ -279,7 +284,11 @@ class Pool:
         task.add_done_callback(self._running.discard)
 
     async def _finish(
-        self, sent: list[tuple[Action, list[_Entry]]], pending: Awaitable[list[Report]]
+        self,
+        worker: int,
+        now: float,
+        sent: list[tuple[Action, list[_Entry]]],
+        pending: Awaitable[list[Report]],
     ) -> None:
         try:
             reports = await pending
@@ -288,10 +297,18 @@ class Pool:
             failed = Report("failed", error=f"{type(exc).__name__}: {exc}")
             reports = [failed] * len(sent)
         finished = self._clock()
+        ran = sum(r.duration for r in reports if math.isfinite(r.duration))
+        self._overheads.add(finished - max(now, self._back[worker]) - ran)
+        self._back[worker] = finished
+        late_loads: set[str] = set()  # the worker did not start them: too late
         for (action, entries), report in zip(sent, reports, strict=True):
             if isinstance(action, Infer):
+                if report.status == "not_loaded" and action.model in late_loads:
+                    report = Report("late")  # its LOAD was too late for it: so was it
                 self._infer_done(action, entries, report, finished)
             elif isinstance(action, Load):
+                if report.status == "late":
+                    late_loads.add(action.model)
                 self._load_done(action, report, finished)
             else:
                 self._unload_done(action, report, finished)
@@ -466,10 +483,15 @@ class Pool:
             measured = [{}] * len(workers)
         for shown, seen in zip(workers, measured, strict=True):
             shown["process"] = {k: v for k, v in seen.items() if k != "rss_growth"}
+        overhead_ms = {
+            f"p{round(q * 100)}": self._overheads.quantile(q) * 1e3 if self._overheads else None
+            for q in (0.5, 0.99)
+        }
         return {
             "name": self.name,
             "shared": self.spec.capacity_bytes is not None,
             "device": self.spec.device,
+            "call_overhead_ms": overhead_ms,
             "capacity_bytes": self.spec.capacity_bytes,
             "models": len(s.models()),
             "loads": s.loads,

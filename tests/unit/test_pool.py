@@ -473,3 +473,22 @@ def test_deadlines_travel_to_the_worker_as_wall_clock_times() -> None:
     asyncio.run(scenario())
     assert seen[0] == pytest.approx(0.5, abs=0.05)
     assert seen[1] == math.inf
+
+
+def test_an_infer_behind_a_load_that_came_too_late_is_refused_not_failed() -> None:
+    """A worker that starts a LOAD after its window refuses it; the batch sent right behind
+    it finds no model. Its queries could not be served in time: 429, not a model failure."""
+
+    class LateLoads(LocalWorkers):
+        async def _load(self, worker: int, call: Call) -> Report:
+            self.actions.append((worker, "late load", call.model))
+            return Report("late")
+
+    async def scenario() -> None:
+        workers = LateLoads(1, {"a": EchoModel()}, weight_bytes=1)
+        pool = _shared(["a"], workers, capacity_mb=1)
+        with pytest.raises(Rejected, match=LATE_START):
+            await pool.submit("a", _x())
+        await pool.close()
+
+    asyncio.run(scenario())

@@ -377,3 +377,22 @@ def test_an_idle_worker_loads_a_model_whose_cold_queries_were_refused() -> None:
     s.submit("m0", _q(1, 0.02, deadline=0.12))
     (infer,) = s.step(0.02).actions
     assert isinstance(infer, Infer)
+
+
+def test_a_model_with_steady_traffic_is_loaded_on_every_worker() -> None:
+    """A worker here runs other models' LOADs too: a model that gets a query per SLO or more
+    would wait behind them, so it is kept on each worker with room."""
+    s = PoolScheduler(2, capacity_bytes=2 * MB)
+    for name in ("m0", "m1"):
+        s.add_model(name, _policy("deadline", slo_s=0.1, max_batch_size=4), weight_bytes=MB)
+        s.runs(name).observe_load(0.010)
+        s.runs(name).observe(1, 0.001)
+    now = 0.0
+    for i in range(600):  # m0: 500 queries a second, served as they come
+        _serve(s, "m0", i, now)
+        now += 0.002
+    assert s.describe_model("m0")["loaded_on"] == [0, 1]
+    for i in range(600, 603):  # m1: a query a second, against an SLO of 100 ms
+        _serve(s, "m1", i, now)
+        now += 1.0
+    assert len(s.describe_model("m1")["loaded_on"]) == 1
