@@ -59,12 +59,32 @@ event, a due wait, or an offered worker), plus O(workers x loaded models) for ev
 
 from __future__ import annotations
 
-import collections
 import logging
 import math
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 
+from raysrv.batching._placement import Placement
+from raysrv.batching._pool_state import (
+    PREDICT_Q,
+    _estimate,
+    _ids,
+    _Model,
+    _Out,
+    _Worker,
+)
+from raysrv.batching.actions import (
+    COLD_DOOMED,
+    NOT_LOADED,
+    Action,
+    ActionResult,
+    Infer,
+    Load,
+    PlanJob,
+    QueueFull,
+    Refusal,
+    Step,
+    Unload,
+)
 from raysrv.batching.base import (
     BatcherView,
     BatchingPolicy,
@@ -72,7 +92,6 @@ from raysrv.batching.base import (
     Dispatch,
     QueuedQuery,
     Reject,
-    ReplicaSlot,
 )
 from raysrv.batching.profile import RunProfile, RunTimes
 
@@ -93,229 +112,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-COLD_DOOMED = "cannot meet deadline (cold start)"
-NOT_LOADED = "not_loaded"  # ActionResult.error of an INFER the worker had no model for
-PLAN_Q, PLAN_WINDOW = 0.99, 10  # the run-time estimates of refusals and load priorities
-PREDICT_Q = 0.5  # when work in flight should end
-RATE_TAU_S = 1.0  # the time constant of each model's arrival rate
 
-
-@dataclass(frozen=True, slots=True)
-class Infer:
-    """Run ``query_ids`` of ``model`` as one batch on ``worker``; start by ``latest``."""
-
-    worker: int
-    model: str
-    query_ids: tuple[int, ...]
-    sent: float
-    expected_start: float
-    latest: float
-
-
-@dataclass(frozen=True, slots=True)
-class Load:
-    """Bring ``model``'s weights into ``worker``; start by ``latest`` or not at all."""
-
-    worker: int
-    model: str
-    sent: float
-    expected_start: float
-    latest: float
-    weight_bytes: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class Unload:
-    """Drop ``model`` from ``worker``: to make room (``evicted``) or because it was removed."""
-
-    worker: int
-    model: str
-    sent: float
-    evicted: bool = True
-
-
-Action = Infer | Load | Unload
-
-
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    """Queries answered without work: ``error`` is ``rejected`` (they cannot be served in
-    time), ``failed`` (their model cannot be loaded) or ``removed`` (their model is gone)."""
-
-    model: str
-    query_ids: tuple[int, ...]
-    reason: str
-    error: str = "rejected"
-
-
-@dataclass(frozen=True, slots=True)
-class ActionResult:
-    """What a worker reported for one action. ``ran`` is False when it did not start it
-    (outside its window, or the model was not loaded); ``ok`` is False when it ran and failed.
-    ``size``: queries an INFER actually ran (callers may have left since it was chosen)."""
-
-    action: Action
-    finished: float
-    ran: bool = True
-    ok: bool = True
-    duration: float = math.nan
-    size: int | None = None
-    weight_bytes: int | None = None
-    error: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class PlanJob:
-    """A policy's planning job (``plan_request``), to run off the scheduling loop."""
-
-    model: str
-    policy: BatchingPolicy
-    job: Callable[[], object]
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    actions: tuple[Action, ...]
-    refusals: tuple[Refusal, ...]
-    wake_at: float | None  # call step again by then, or at the next submit / result
-    plans: tuple[PlanJob, ...] = ()
-
-
-class QueueFull(Exception):
-    """A model's queue holds ``max_queue`` queries."""
-
-
-@dataclass(slots=True)
-class _Sent:
-    action: Action
-    predicted: float
-    call: int  # the step that sent it: a step's actions for one worker travel as one call
-
-
-class _Worker:
-    """What the scheduler knows of one worker: the models it holds and its work in flight."""
-
-    def __init__(self, index: int, depth: int) -> None:
-        self.index = index
-        self.depth = depth
-        self.held: dict[str, int] = {}  # model -> weight bytes, loaded or loading
-        self.loading: set[str] = set()
-        self.pinned: set[str] = set()
-        self.last_used: dict[str, float] = {}
-        self.running: collections.Counter[str] = collections.Counter()  # INFERs in flight
-        self.inflight: list[_Sent] = []
-        self.open_at = -math.inf  # when the work in flight should end
-        self.busy_since: float | None = None
-        self.peak_bytes = 0
-
-    @property
-    def resident(self) -> int:
-        return sum(self.held.values())
-
-    def counted(self) -> int:
-        """Calls in flight that occupy the worker (an UNLOAD alone only updates its state)."""
-        return len({s.call for s in self.inflight if not isinstance(s.action, Unload)})
-
-    def can_take(self, now: float) -> bool:
-        n = self.counted()
-        return n == 0 or (n < self.depth and now >= self.open_at)
-
-    def opening(self, now: float) -> float | None:
-        """When this busy worker can take more, if later than ``now`` and known."""
-        n = self.counted()
-        if 0 < n < self.depth and now < self.open_at < math.inf:
-            return self.open_at
-        return None
-
-    def sent(self, action: Action, predicted: float, now: float, call: int) -> None:
-        if not self.inflight:
-            self.busy_since = now
-        base = now if not self.inflight else max(now, self.open_at)
-        self.inflight.append(_Sent(action, predicted, call))
-        self.open_at = base + predicted
-
-    def done(self, action: Action, now: float) -> None:
-        """``action`` came back at ``now``: what is still in flight runs from now."""
-        self.inflight = [s for s in self.inflight if s.action is not action]
-        if not self.inflight:
-            self.busy_since, self.open_at = None, -math.inf
-        else:
-            self.open_at = now + sum(s.predicted for s in self.inflight)
-
-    def slot(self, now: float, offered: bool) -> ReplicaSlot:
-        until = self.open_at if self.inflight and math.isfinite(self.open_at) else None
-        if offered:
-            return ReplicaSlot(self.index, busy_until=until)
-        sizes = [len(s.action.query_ids) for s in self.inflight if isinstance(s.action, Infer)]
-        busy_since = now if self.busy_since is None else self.busy_since
-        return ReplicaSlot(self.index, busy_since, sizes[-1] if sizes else 0, until)
-
-    def evictable(self, models: dict[str, _Model]) -> list[str]:
-        """Held models no queued query needs, least recently used first."""
-        idle = [
-            name
-            for name in self.held
-            if name not in self.pinned
-            and name not in self.loading
-            and not self.running[name]
-            and not (name in models and models[name].queue)
-        ]
-        return sorted(idle, key=lambda name: self.last_used.get(name, -math.inf))
-
-
-@dataclass(slots=True)
-class _Model:
-    name: str
-    policy: BatchingPolicy
-    runs: RunTimes
-    weight_bytes: int | None
-    max_queue: int
-    queue: list[QueuedQuery] = field(default_factory=list)
-    dirty: bool = True
-    wake: float = math.inf
-    planning: bool = False
-    failed_until: float = -math.inf
-    error: str = ""
-    loads: int = 0
-    evictions: int = 0
-    cold_starts: int = 0
-    batches: int = 0
-    batched: int = 0
-    rate: float = 0.0  # arrivals per second, decayed with RATE_TAU_S, as of ``seen``
-    seen: float = -math.inf
-
-    def rate_at(self, now: float) -> float:
-        return self.rate * math.exp(-(now - self.seen) / RATE_TAU_S) if self.rate else 0.0
-
-
-@dataclass(slots=True)
-class _Out:
-    """What one step decides, and which workers it has given work to."""
-
-    call: int  # the step's number: its actions for one worker form one call
-    window: dict[int, float]  # workers that could take work at the step's start -> until when
-    # the step may fill them (the first action always goes)
-    actions: list[Action] = field(default_factory=list)
-    refusals: list[Refusal] = field(default_factory=list)
-    plans: list[PlanJob] = field(default_factory=list)
-    wake: float = math.inf
-    used: set[int] = field(default_factory=set)  # workers given an action in this step
-    used_by: dict[str, set[int]] = field(default_factory=dict)  # per model
-    steady: set[str] | None = None  # held models with steady traffic, once asked
-
-    def open_for(self, w: _Worker, model: str) -> bool:
-        """Whether ``model`` may add an INFER to what ``w`` gets in this step: one per model,
-        and while the call's predicted work still ends within the window."""
-        if w.index not in self.window or w.index in self.used_by.get(model, ()):
-            return False
-        return w.index not in self.used or w.open_at < self.window[w.index]
-
-    def fresh(self, w: _Worker) -> bool:
-        """Whether ``w`` could take work and has none from this step (for a LOAD)."""
-        return w.index in self.window and w.index not in self.used
-
-
-class PoolScheduler:
+class PoolScheduler(Placement):
     """The controller of one pool of ``workers`` identical workers (see the module docstring).
 
     ``capacity_bytes``: the model weights one worker may hold (None: no limit, for a dedicated
@@ -426,8 +224,7 @@ class PoolScheduler:
         if len(model.queue) >= model.max_queue:
             raise QueueFull(f"model {name!r} has {len(model.queue)} queries waiting (max_queue)")
         cold = not any(name in w.held and name not in w.loading for w in self.workers)
-        model.rate = model.rate_at(query.arrival) + 1.0 / RATE_TAU_S
-        model.seen = query.arrival
+        model.arrived(query.arrival)
         model.queue.append(query)
         model.dirty = True
         self._active[name] = model
@@ -509,9 +306,6 @@ class PoolScheduler:
         if not urgent:
             return (1, oldest, oldest)
         return (0, min(urgent), oldest)
-
-    def _holders(self, name: str) -> list[_Worker]:
-        return [w for w in self.workers if name in w.held]
 
     def _plan(self, model: _Model, now: float, out: _Out) -> None:
         if model.planning:
@@ -620,213 +414,6 @@ class PoolScheduler:
             self._take(model, ids)
             out.refusals.append(Refusal(model.name, ids, reason, error))
 
-    # -- LOAD and UNLOAD -------------------------------------------------------------------
-
-    def _cold(self, model: _Model, now: float, out: _Out) -> None:
-        """A model loaded nowhere: refuse what a LOAD cannot save, then load it if a worker
-        is offered."""
-        model.dirty, model.wake = False, math.inf
-        if model.failed_until > now:
-            reason = f"model could not be loaded: {model.error}"
-            self._refuse(model, _ids(model.queue), reason, out, "failed")
-            return
-        finish = self._cold_finish(model, now, out)
-        doomed = [
-            q.query_id
-            for q in model.queue
-            if (q.deadline < finish if q.priority <= 0 else q.deadline < now)
-        ]
-        self._refuse(model, doomed, COLD_DOOMED, out)
-        if not model.queue:
-            if doomed:
-                self._probe(model, now, out)
-            return
-        for w in self._load_order(model, now, out):
-            if self._load(model, w, now, out):
-                self._serve(model, now, out, chained=w)  # its INFER right behind it
-                return
-        lead = _estimate(model.runs, 1) + _load_estimate(model.runs)
-        urgent = [q.deadline - lead for q in model.queue if q.priority <= 0]
-        if urgent:  # look again when the first becomes doomed
-            model.wake = max(min(urgent), now)
-            out.wake = min(out.wake, model.wake)
-
-    def _probe(self, model: _Model, now: float, out: _Out) -> None:
-        """Load a model whose queries were all refused on an idle worker all the same: they
-        were refused on LOAD times that only another LOAD can correct (a slow one measured
-        would otherwise keep every later one from happening), and idle time costs nothing."""
-        for w in self._load_order(model, now, out):
-            if not w.inflight:
-                self._load(model, w, now, out)
-                return
-
-    def _steady(self, now: float, out: _Out) -> set[str]:
-        """The held models with steady traffic, a query per SLO or more (once per step)."""
-        if out.steady is None:
-            held = {name for w in self.workers for name in w.held if name in self._models}
-            out.steady = {
-                name
-                for name in held
-                if self._models[name].rate_at(now) * self._models[name].policy.slo_s >= 1.0
-            }
-        return out.steady
-
-    def _may_load(self, w: _Worker, now: float, out: _Out) -> bool:
-        """Whether a LOAD may take ``w``: while models with steady traffic are held, one
-        worker loads at a time, so that another, holding them too once replicated, serves
-        their queries meanwhile (a LOAD holds its worker for its whole run). A pool of one
-        worker has no choice."""
-        if len(self.workers) == 1 or not self._steady(now, out):
-            return True
-        return not any(v.loading for v in self.workers if v is not w)
-
-    def _cold_finish(self, model: _Model, now: float, out: _Out) -> float:
-        """The earliest a batch of one could be done after loading ``model``."""
-        need = model.weight_bytes or 0
-        loads_end = max(
-            (v.open_at for v in self.workers if v.loading and v.open_at < math.inf), default=now
-        )
-        starts = [
-            max(
-                max(now, w.open_at) if w.inflight and w.open_at < math.inf else now,
-                now if self._may_load(w, now, out) else loads_end,
-            )
-            for w in self.workers
-            if self.capacity_bytes is None or need <= self.capacity_bytes
-        ]
-        if not starts:
-            return math.inf
-        return min(starts) + _load_estimate(model.runs) + _estimate(model.runs, 1)
-
-    def _load_order(self, model: _Model, now: float, out: _Out) -> list[_Worker]:
-        """Workers with no work from this step where ``model`` fits and a LOAD may go
-        (:meth:`_may_load`), those needing fewer evictions first."""
-        fits = []
-        for w in self.workers:
-            if not out.fresh(w) or model.name in w.held or not self._may_load(w, now, out):
-                continue
-            victims = self._room(w, model.weight_bytes)
-            if victims is not None:
-                fits.append((len(victims), w.counted(), w.index, w))
-        return [w for *_, w in sorted(fits)]
-
-    def _room(self, w: _Worker, need: int | None) -> list[str] | None:
-        """The models to evict from ``w`` so that ``need`` bytes fit; None if they cannot."""
-        if self.capacity_bytes is None:
-            return []
-        need = need or 0
-        free = self.capacity_bytes - w.resident
-        victims: list[str] = []
-        for name in w.evictable(self._models):
-            if free >= need:
-                break
-            victims.append(name)
-            free += w.held[name]
-        return victims if free >= need else None
-
-    def _load(self, model: _Model, w: _Worker, now: float, out: _Out) -> bool:
-        victims = self._room(w, model.weight_bytes)
-        if victims is None:
-            return False
-        for name in victims:
-            self._unload(w, name, now, out, evicted=True)
-        one = _estimate(model.runs, 1)
-        needed = [q.deadline - one for q in model.queue]
-        latest = max(needed) - _load_estimate(model.runs) if needed else math.inf
-        start = max(now, w.open_at)
-        action = Load(w.index, model.name, now, start, latest, model.weight_bytes)
-        w.held[model.name] = model.weight_bytes or 0
-        w.loading.add(model.name)
-        w.last_used[model.name] = now
-        w.peak_bytes = max(w.peak_bytes, w.resident)
-        w.sent(action, _load_estimate(model.runs, PREDICT_Q, default=math.inf), now, out.call)
-        out.used.add(w.index)
-        out.actions.append(action)
-        return True
-
-    def _unload(self, w: _Worker, name: str, now: float, out: _Out, evicted: bool) -> None:
-        w.held.pop(name, None)
-        w.last_used.pop(name, None)
-        runs = self._models[name].runs if name in self._models else None
-        predicted = 0.0 if runs is None else runs.unload_time(PREDICT_Q) or 0.0
-        action = Unload(w.index, name, now, evicted)
-        w.sent(action, predicted, now, out.call)
-        self.unloads += 1
-        if evicted:
-            self.evictions += 1
-            if name in self._models:
-                self._models[name].evictions += 1
-        out.actions.append(action)
-
-    def _emit_removals(self, now: float, out: _Out) -> None:
-        for index, name in self._removals:
-            w = self.workers[index]
-            if name in w.held and name not in self._models:
-                self._unload(w, name, now, out, evicted=False)
-        self._removals.clear()
-
-    def _replicate(self, now: float, offered: list[_Worker], out: _Out) -> None:
-        """Before anything else, load the models with steady traffic on the offered workers
-        that lack them: on a worker that runs LOADs of other models too, their queries would
-        wait behind those, so they go on every worker with room."""
-        steady = sorted(self._steady(now, out), key=lambda n: -self._models[n].rate_at(now))
-        self._load_on(steady, now, offered, out)
-
-    def _scale_out(self, now: float, free: list[_Worker], out: _Out) -> None:
-        """Load on free workers too the models whose unfulfilled demand exceeds a LOAD's
-        cost."""
-        if not self._active:
-            return
-        priorities = self._load_priorities(now)
-        wanted = [
-            name
-            for name, priority in sorted(priorities.items(), key=lambda kv: -kv[1])
-            if priority > _load_estimate(self._models[name].runs)
-        ]
-        self._load_on(wanted, now, free, out)
-
-    def _load_on(self, wanted: list[str], now: float, free: list[_Worker], out: _Out) -> None:
-        """Load each of ``wanted`` on the first of ``free`` that lacks it and may take it."""
-        for name in wanted:
-            model = self._models[name]
-            if model.failed_until > now:
-                continue
-            for w in free:
-                if not out.fresh(w) or name in w.held or not self._may_load(w, now, out):
-                    continue
-                if self._load(model, w, now, out):
-                    break
-
-    def _load_priorities(self, now: float) -> dict[str, float]:
-        """Appendix B's ``p_m`` of every held model with queued queries (see the module
-        docstring): one allocation pass, no fixed point."""
-        demand = {name: self._demand(m) for name, m in self._active.items()}
-        holders = {name: self._holders(name) for name in demand}
-        load = {w.index: _outstanding(w, now) for w in self.workers}
-        for name, ws in holders.items():
-            for w in ws:
-                load[w.index] += demand[name] / len(ws)
-        priorities = {}
-        for name, ws in holders.items():
-            if not ws or not demand[name]:
-                continue
-            weights = [1.0 / max(load[w.index], 1e-9) for w in ws]
-            horizon = self._models[name].policy.slo_s
-            served = 0.0
-            for w, weight in zip(ws, weights, strict=True):
-                share = demand[name] * weight / sum(weights)  # a_mg
-                served += share * min(1.0, horizon / max(load[w.index], 1e-9))
-            priorities[name] = demand[name] - served
-        return priorities
-
-    def _demand(self, model: _Model) -> float:
-        """Run time of the model's queued latency-sensitive queries in full batches."""
-        n = sum(q.priority <= 0 for q in model.queue)
-        if not n:
-            return 0.0
-        size = max(1, min(n, model.policy.max_batch_size))
-        return math.ceil(n / size) * _estimate(model.runs, size)
-
     # -- results ---------------------------------------------------------------------------
 
     def finished(self, result: ActionResult) -> None:
@@ -904,12 +491,6 @@ class PoolScheduler:
         if model is not None and result.ran and math.isfinite(result.duration):
             model.runs.observe_unload(result.duration)
 
-    def forget_worker(self, worker: int) -> None:
-        """The worker restarted with nothing loaded but its pinned models."""
-        w = self.workers[worker]
-        w.held = {name: w.held[name] for name in w.pinned if name in w.held}
-        w.loading.clear()
-
     # -- what users see --------------------------------------------------------------------
 
     def describe_model(self, name: str) -> dict[str, object]:
@@ -948,24 +529,3 @@ class PoolScheduler:
 
     def busy(self) -> int:
         return sum(bool(w.inflight) for w in self.workers)
-
-
-def _outstanding(w: _Worker, now: float) -> float:
-    """Seconds of work in flight on ``w`` (0 when none, or when its end is not known)."""
-    if not w.inflight or not math.isfinite(w.open_at):
-        return 0.0
-    return max(0.0, w.open_at - now)
-
-
-def _ids(queue: Iterable[QueuedQuery]) -> tuple[int, ...]:
-    return tuple(q.query_id for q in queue)
-
-
-def _estimate(runs: RunTimes, size: int, quantile: float = PLAN_Q, default: float = 0.0) -> float:
-    value = runs.estimate(size, quantile, PLAN_WINDOW)
-    return default if value is None else value
-
-
-def _load_estimate(runs: RunTimes, quantile: float = PLAN_Q, default: float = 0.0) -> float:
-    value = runs.load_time(quantile, PLAN_WINDOW)
-    return default if value is None else value

@@ -186,7 +186,8 @@ class Bench:
             "slo_ms": self.args.slo_ms,
             "input": {"shape": [64], "dtype": "float32"},
         }
-        spec: dict[str, Any] = {"ingress": {"num_cpus": 0, "trip_back_quantile": TRIP_BACK}}
+        trip_back = getattr(self.args, "trip_back", TRIP_BACK)
+        spec: dict[str, Any] = {"ingress": {"num_cpus": 0, "trip_back_quantile": trip_back}}
         if not pool:
             dedicated = {**template, "replicas": WORKERS, "resources": {"num_cpus": 1}}
             path = self.zoo / f"{models[0]}.onnx" if models else self.paths[0]
@@ -544,6 +545,12 @@ def main(argv: list[str] | None = None) -> int:
         nargs="*",
         metavar="KEY=JSON",
         help="a parameter of raysrv's deadline policy, e.g. overrun_quantile=0.9",
+    )
+    parser.add_argument(
+        "--trip-back",
+        type=float,
+        default=TRIP_BACK,
+        help="raysrv's ingress.trip_back_quantile (default %(default)s)",
     )
     parser.add_argument("--quick", action="store_true", help="short points: a smoke test")
     parser.add_argument(

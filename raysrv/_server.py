@@ -99,6 +99,8 @@ class Server:
     ) -> None:
         """``spec`` with its model sets expanded; ``workers``: each pool's (a dedicated pool is
         named after its model); ``root``: where relative sources of models added live are."""
+        if spec.model_sets:
+            raise ValueError("list the model sets' models first: RaysrvSpec.expanded(root)")
         self.spec = spec
         self._store = store or MemoryStore()
         self._metrics = metrics or Metrics()

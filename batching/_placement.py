@@ -1,0 +1,253 @@
+"""Where models live in a pool: LOAD, UNLOAD, cold refusals and the load priorities (Clockwork,
+OSDI'20, Appendix B, "Loading Models"); the reasoning is :mod:`raysrv.batching.scheduler`'s
+docstring, item 3 and 4. A part of :class:`~raysrv.batching.scheduler.PoolScheduler`, kept apart
+from the choice of batches."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from raysrv.batching._pool_state import (
+    PREDICT_Q,
+    _estimate,
+    _ids,
+    _load_estimate,
+    _Model,
+    _Out,
+    _outstanding,
+    _Worker,
+)
+from raysrv.batching.actions import COLD_DOOMED, Load, Refusal, Unload
+
+__all__ = ["Placement"]
+
+
+class Placement:
+    """The LOAD and UNLOAD half of a pool's scheduler (a mixin of ``PoolScheduler``)."""
+
+    workers: list[_Worker]
+    capacity_bytes: int | None
+    _models: dict[str, _Model]
+    _active: dict[str, _Model]
+    _removals: list[tuple[int, str]]
+    _stash: list[Refusal]
+    loads: int
+    unloads: int
+    evictions: int
+
+    def _serve(self, model: _Model, now: float, out: _Out, chained: _Worker | None = None) -> None:
+        raise NotImplementedError  # the scheduler's: a model's batches
+
+    def _refuse(
+        self, model: _Model, ids: Iterable[int], reason: str, out: _Out, error: str = "rejected"
+    ) -> None:
+        raise NotImplementedError  # the scheduler's
+
+    def _holders(self, name: str) -> list[_Worker]:
+        return [w for w in self.workers if name in w.held]
+
+    def _cold(self, model: _Model, now: float, out: _Out) -> None:
+        """A model loaded nowhere: refuse what a LOAD cannot save, then load it if a worker
+        is offered."""
+        model.dirty, model.wake = False, math.inf
+        if model.failed_until > now:
+            reason = f"model could not be loaded: {model.error}"
+            self._refuse(model, _ids(model.queue), reason, out, "failed")
+            return
+        finish = self._cold_finish(model, now, out)
+        doomed = [
+            q.query_id
+            for q in model.queue
+            if (q.deadline < finish if q.priority <= 0 else q.deadline < now)
+        ]
+        self._refuse(model, doomed, COLD_DOOMED, out)
+        if not model.queue:
+            if doomed:
+                self._probe(model, now, out)
+            return
+        for w in self._load_order(model, now, out):
+            if self._load(model, w, now, out):
+                self._serve(model, now, out, chained=w)  # its INFER right behind it
+                return
+        lead = _estimate(model.runs, 1) + _load_estimate(model.runs)
+        urgent = [q.deadline - lead for q in model.queue if q.priority <= 0]
+        if urgent:  # look again when the first becomes doomed
+            model.wake = max(min(urgent), now)
+            out.wake = min(out.wake, model.wake)
+
+    def _probe(self, model: _Model, now: float, out: _Out) -> None:
+        """Load a model whose queries were all refused on an idle worker all the same: they
+        were refused on LOAD times that only another LOAD can correct (a slow one measured
+        would otherwise keep every later one from happening), and idle time costs nothing."""
+        for w in self._load_order(model, now, out):
+            if not w.inflight:
+                self._load(model, w, now, out)
+                return
+
+    def _steady(self, now: float, out: _Out) -> set[str]:
+        """The held models with steady traffic, a query per SLO or more (once per step)."""
+        if out.steady is None:
+            held = {name for w in self.workers for name in w.held if name in self._models}
+            out.steady = {
+                name
+                for name in held
+                if self._models[name].rate_at(now) * self._models[name].policy.slo_s >= 1.0
+            }
+        return out.steady
+
+    def _may_load(self, w: _Worker, now: float, out: _Out) -> bool:
+        """Whether a LOAD may take ``w``: while models with steady traffic are held, one
+        worker loads at a time, so that another, holding them too once replicated, serves
+        their queries meanwhile (a LOAD holds its worker for its whole run). A pool of one
+        worker has no choice."""
+        if len(self.workers) == 1 or not self._steady(now, out):
+            return True
+        return not any(v.loading for v in self.workers if v is not w)
+
+    def _cold_finish(self, model: _Model, now: float, out: _Out) -> float:
+        """The earliest a batch of one could be done after loading ``model``."""
+        need = model.weight_bytes or 0
+        loads_end = max(
+            (v.open_at for v in self.workers if v.loading and v.open_at < math.inf), default=now
+        )
+        starts = [
+            max(
+                max(now, w.open_at) if w.inflight and w.open_at < math.inf else now,
+                now if self._may_load(w, now, out) else loads_end,
+            )
+            for w in self.workers
+            if self.capacity_bytes is None or need <= self.capacity_bytes
+        ]
+        if not starts:
+            return math.inf
+        return min(starts) + _load_estimate(model.runs) + _estimate(model.runs, 1)
+
+    def _load_order(self, model: _Model, now: float, out: _Out) -> list[_Worker]:
+        """Workers with no work from this step where ``model`` fits and a LOAD may go
+        (:meth:`_may_load`), those needing fewer evictions first."""
+        fits = []
+        for w in self.workers:
+            if not out.fresh(w) or model.name in w.held or not self._may_load(w, now, out):
+                continue
+            victims = self._room(w, model.weight_bytes)
+            if victims is not None:
+                fits.append((len(victims), w.counted(), w.index, w))
+        return [w for *_, w in sorted(fits)]
+
+    def _room(self, w: _Worker, need: int | None) -> list[str] | None:
+        """The models to evict from ``w`` so that ``need`` bytes fit; None if they cannot."""
+        if self.capacity_bytes is None:
+            return []
+        need = need or 0
+        free = self.capacity_bytes - w.resident
+        victims: list[str] = []
+        for name in w.evictable(self._models):
+            if free >= need:
+                break
+            victims.append(name)
+            free += w.held[name]
+        return victims if free >= need else None
+
+    def _load(self, model: _Model, w: _Worker, now: float, out: _Out) -> bool:
+        victims = self._room(w, model.weight_bytes)
+        if victims is None:
+            return False
+        for name in victims:
+            self._unload(w, name, now, out, evicted=True)
+        one = _estimate(model.runs, 1)
+        needed = [q.deadline - one for q in model.queue]
+        latest = max(needed) - _load_estimate(model.runs) if needed else math.inf
+        start = max(now, w.open_at)
+        action = Load(w.index, model.name, now, start, latest, model.weight_bytes)
+        w.held[model.name] = model.weight_bytes or 0
+        w.loading.add(model.name)
+        w.last_used[model.name] = now
+        w.peak_bytes = max(w.peak_bytes, w.resident)
+        w.sent(action, _load_estimate(model.runs, PREDICT_Q, default=math.inf), now, out.call)
+        out.used.add(w.index)
+        out.actions.append(action)
+        return True
+
+    def _unload(self, w: _Worker, name: str, now: float, out: _Out, evicted: bool) -> None:
+        w.held.pop(name, None)
+        w.last_used.pop(name, None)
+        runs = self._models[name].runs if name in self._models else None
+        predicted = 0.0 if runs is None else runs.unload_time(PREDICT_Q) or 0.0
+        action = Unload(w.index, name, now, evicted)
+        w.sent(action, predicted, now, out.call)
+        self.unloads += 1
+        if evicted:
+            self.evictions += 1
+            if name in self._models:
+                self._models[name].evictions += 1
+        out.actions.append(action)
+
+    def _emit_removals(self, now: float, out: _Out) -> None:
+        for index, name in self._removals:
+            w = self.workers[index]
+            if name in w.held and name not in self._models:
+                self._unload(w, name, now, out, evicted=False)
+        self._removals.clear()
+
+    def _replicate(self, now: float, offered: list[_Worker], out: _Out) -> None:
+        """Before anything else, load the models with steady traffic on the offered workers
+        that lack them: on a worker that runs LOADs of other models too, their queries would
+        wait behind those, so they go on every worker with room."""
+        steady = sorted(self._steady(now, out), key=lambda n: -self._models[n].rate_at(now))
+        self._load_on(steady, now, offered, out)
+
+    def _scale_out(self, now: float, free: list[_Worker], out: _Out) -> None:
+        """Load on free workers too the models whose unfulfilled demand exceeds a LOAD's
+        cost."""
+        if not self._active:
+            return
+        priorities = self._load_priorities(now)
+        wanted = [
+            name
+            for name, priority in sorted(priorities.items(), key=lambda kv: -kv[1])
+            if priority > _load_estimate(self._models[name].runs)
+        ]
+        self._load_on(wanted, now, free, out)
+
+    def _load_on(self, wanted: list[str], now: float, free: list[_Worker], out: _Out) -> None:
+        """Load each of ``wanted`` on the first of ``free`` that lacks it and may take it."""
+        for name in wanted:
+            model = self._models[name]
+            if model.failed_until > now:
+                continue
+            for w in free:
+                if not out.fresh(w) or name in w.held or not self._may_load(w, now, out):
+                    continue
+                if self._load(model, w, now, out):
+                    break
+
+    def _load_priorities(self, now: float) -> dict[str, float]:
+        """Appendix B's ``p_m`` of every held model with queued queries (see the module
+        docstring): one allocation pass, no fixed point."""
+        demand = {name: self._demand(m) for name, m in self._active.items()}
+        holders = {name: self._holders(name) for name in demand}
+        load = {w.index: _outstanding(w, now) for w in self.workers}
+        for name, ws in holders.items():
+            for w in ws:
+                load[w.index] += demand[name] / len(ws)
+        priorities = {}
+        for name, ws in holders.items():
+            if not ws or not demand[name]:
+                continue
+            weights = [1.0 / max(load[w.index], 1e-9) for w in ws]
+            horizon = self._models[name].policy.slo_s
+            served = 0.0
+            for w, weight in zip(ws, weights, strict=True):
+                share = demand[name] * weight / sum(weights)  # a_mg
+                served += share * min(1.0, horizon / max(load[w.index], 1e-9))
+            priorities[name] = demand[name] - served
+        return priorities
+
+    def _demand(self, model: _Model) -> float:
+        """Run time of the model's queued latency-sensitive queries in full batches."""
+        n = sum(q.priority <= 0 for q in model.queue)
+        if not n:
+            return 0.0
+        size = max(1, min(n, model.policy.max_batch_size))
+        return math.ceil(n / size) * _estimate(model.runs, size)
