@@ -26,18 +26,18 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from raysrv.batching.base import BatchingPolicy, QueuedQuery
-from raysrv.batching.scheduler import (
+from raysrv.batching.actions import (
     NOT_LOADED,
     Action,
     ActionResult,
     Infer,
     Load,
-    PoolScheduler,
     QueueFull,
     Step,
     Unload,
 )
+from raysrv.batching.base import BatchingPolicy, QueuedQuery
+from raysrv.batching.scheduler import PoolScheduler
 
 __all__ = ["PoolSimResult", "ServiceFn", "ServiceSource", "SimModel", "service_fn", "simulate_pool"]
 

@@ -12,6 +12,16 @@ from raysrv.batching.actions import Action, Infer, PlanJob, Refusal, Unload
 from raysrv.batching.base import BatchingPolicy, QueuedQuery, ReplicaSlot
 from raysrv.batching.profile import RunTimes
 
+__all__ = [
+    "PLAN_Q",
+    "PLAN_WINDOW",
+    "PREDICT_Q",
+    "RATE_TAU_S",
+    "_Model",
+    "_Out",
+    "_Worker",
+]
+
 PLAN_Q, PLAN_WINDOW = 0.99, 10  # the run-time estimates of refusals and load priorities
 PREDICT_Q = 0.5  # when work in flight should end
 RATE_TAU_S = 1.0  # the time constant of each model's arrival rate

@@ -73,9 +73,7 @@ from raysrv.batching._pool_state import (
     _Worker,
 )
 from raysrv.batching.actions import (
-    COLD_DOOMED,
     NOT_LOADED,
-    Action,
     ActionResult,
     Infer,
     Load,
@@ -95,20 +93,7 @@ from raysrv.batching.base import (
 )
 from raysrv.batching.profile import RunProfile, RunTimes
 
-__all__ = [
-    "COLD_DOOMED",
-    "NOT_LOADED",
-    "Action",
-    "ActionResult",
-    "Infer",
-    "Load",
-    "PlanJob",
-    "PoolScheduler",
-    "QueueFull",
-    "Refusal",
-    "Step",
-    "Unload",
-]
+__all__ = ["PoolScheduler"]
 
 logger = logging.getLogger(__name__)
 

@@ -8,6 +8,7 @@ profiles the models whose batching policy asks before it takes traffic.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -79,22 +80,8 @@ class Ingress:
         An error comes back as ``{"error", "message", "status"}``, not raised (``raysrv.errors``
         says why); ``raysrv.errors.raise_for_error(result)`` raises it.
         """
-        start = time.monotonic()
-        try:
-            result = await self._server.predict(
-                app,
-                input,
-                context,
-                slo_ms,
-                best_effort=best_effort,
-                priority=priority,
-                sent_at=sent_at,
-            )
-        except RaysrvError as exc:
-            self._metrics.error(app, exc)
-            return exc.to_json()
-        self._metrics.request(app, 200, time.monotonic() - start)
-        return result
+        options = {"best_effort": best_effort, "priority": priority, "sent_at": sent_at}
+        return await self._answer(app, self._server.predict(app, input, context, slo_ms, **options))
 
     async def predict_model(
         self,
@@ -106,20 +93,20 @@ class Ingress:
         sent_at: float | None = None,
     ) -> dict[str, Any]:
         """The handle twin of ``POST /v1/models/{model}/predict`` (errors as result objects)."""
+        options = {"best_effort": best_effort, "priority": priority, "sent_at": sent_at}
+        return await self._answer(
+            MODELS, self._server.predict_model(model, input, slo_ms, **options)
+        )
+
+    async def _answer(self, tag: str, query: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+        """The answer of ``query``, or its error as a result object; counted under ``tag``."""
         start = time.monotonic()
         try:
-            result = await self._server.predict_model(
-                model,
-                input,
-                slo_ms,
-                best_effort=best_effort,
-                priority=priority,
-                sent_at=sent_at,
-            )
+            result = await query
         except RaysrvError as exc:
-            self._metrics.error(MODELS, exc)
+            self._metrics.error(tag, exc)
             return exc.to_json()
-        self._metrics.request(MODELS, 200, time.monotonic() - start)
+        self._metrics.request(tag, 200, time.monotonic() - start)
         return result
 
     async def feedback(self, app: str, query_id: str, label: Any) -> dict[str, Any]:

@@ -30,39 +30,6 @@ __all__ = [
 ]
 
 
-class PredictRequest(BaseModel):
-    """Body of ``POST /v1/{app}/predict`` (the context field is named by the app's config)."""
-
-    model_config = ConfigDict(extra="forbid")
-    input: Any = Field(description="One input of the app's shape and dtype, as nested lists.")
-    context: str | None = Field(None, description="Context key for per-user model selection.")
-    slo_ms: float | None = Field(None, gt=0, description="Latency objective of this query.")
-    best_effort: bool = Field(
-        False, description="Answer late rather than refuse when the objective cannot be met."
-    )
-    priority: int = Field(
-        0, ge=0, le=1, description="0: latency-sensitive; 1: batch client, fills idle time."
-    )
-    sent_at: float | None = Field(
-        None, description="Wall-clock seconds when the caller sent it: the SLO starts there."
-    )
-
-
-class PredictResponse(BaseModel):
-    output: Any = Field(description="The (combined) prediction.")
-    models: list[str] = Field(
-        description="Models asked (see missing for those that did not answer)."
-    )
-    cache_hit: bool = Field(description="True when no model evaluation was started for it.")
-    query_id: str = Field(description="Quote it in feedback.")
-    latency_ms: float = Field(description="Time spent inside raysrv.")
-    confidence: float = Field(description="The selection policy's confidence in the output.")
-    missing: list[str] = Field(
-        description="Models asked whose prediction did not arrive by the deadline (or failed)."
-    )
-    default: bool = Field(description="True when the output is the app's default answer.")
-
-
 class ModelPredictRequest(BaseModel):
     """Body of ``POST /v1/models/{model}/predict``: one model, no selection, cache or feedback."""
 
@@ -78,6 +45,28 @@ class ModelPredictRequest(BaseModel):
     sent_at: float | None = Field(
         None, description="Wall-clock seconds when the caller sent it: the SLO starts there."
     )
+
+
+class PredictRequest(ModelPredictRequest):
+    """Body of ``POST /v1/{app}/predict`` (the context field is named by the app's config)."""
+
+    input: Any = Field(description="One input of the app's shape and dtype, as nested lists.")
+    context: str | None = Field(None, description="Context key for per-user model selection.")
+
+
+class PredictResponse(BaseModel):
+    output: Any = Field(description="The (combined) prediction.")
+    models: list[str] = Field(
+        description="Models asked (see missing for those that did not answer)."
+    )
+    cache_hit: bool = Field(description="True when no model evaluation was started for it.")
+    query_id: str = Field(description="Quote it in feedback.")
+    latency_ms: float = Field(description="Time spent inside raysrv.")
+    confidence: float = Field(description="The selection policy's confidence in the output.")
+    missing: list[str] = Field(
+        description="Models asked whose prediction did not arrive by the deadline (or failed)."
+    )
+    default: bool = Field(description="True when the output is the app's default answer.")
 
 
 class ModelPredictResponse(BaseModel):

@@ -29,18 +29,18 @@ import numpy as np
 from raysrv._planner import PlanSnapshot
 from raysrv._workers import Call, Report, Workers, wall
 from raysrv.batching import BatchingPolicy, QueuedQuery
-from raysrv.batching.profile import SortedWindow
-from raysrv.batching.scheduler import (
+from raysrv.batching.actions import (
     NOT_LOADED,
     Action,
     ActionResult,
     Infer,
     Load,
     PlanJob,
-    PoolScheduler,
     QueueFull,
     Refusal,
 )
+from raysrv.batching.profile import SortedWindow
+from raysrv.batching.scheduler import PoolScheduler
 from raysrv.config import ModelSpec, ResolvedPool
 from raysrv.errors import ModelFailed, NotFound, Overloaded, RaysrvError, Rejected
 from raysrv.metrics import Metrics

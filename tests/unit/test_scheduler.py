@@ -12,16 +12,16 @@ import pytest
 from raysrv import batching
 from raysrv.analytics import SimModel, simulate_pool
 from raysrv.batching import QueuedQuery
-from raysrv.batching.scheduler import (
+from raysrv.batching.actions import (
     COLD_DOOMED,
     NOT_LOADED,
     ActionResult,
     Infer,
     Load,
-    PoolScheduler,
     QueueFull,
     Unload,
 )
+from raysrv.batching.scheduler import PoolScheduler
 
 MB = 1 << 20
 

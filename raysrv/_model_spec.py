@@ -1,0 +1,322 @@
+"""The models of a raysrv spec and the workers they run on: one model, many models from files
+and a template, and the pools of workers (see :mod:`raysrv.config`, which gathers the whole
+spec and re-exports these)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from raysrv import batching
+
+__all__ = [
+    "MIB",
+    "BatchingSpec",
+    "InputSpec",
+    "ModelSetSpec",
+    "ModelSpec",
+    "ModelTemplate",
+    "PoolSpec",
+    "ResolvedPool",
+    "ResourcesSpec",
+    "check_pools",
+    "resolve_pools",
+]
+
+_NAME = r"^[a-z][a-z0-9_-]{0,62}$"
+DTYPES = ("float32", "float64", "float16", "int64", "int32", "int8", "uint8", "bool")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _describe(error: Any) -> str:
+    where = ".".join(str(p) for p in error["loc"]) or "<root>"
+    return f"params.{where}: {error['msg']} (got {error.get('input')!r})"
+
+
+def _check_params(kind: str, resolve: Any, name: str, params: dict[str, Any]) -> None:
+    """Validate ``params`` with the named plugin's ``Params``, naming the inner field on error."""
+    cls = resolve(name)
+    try:
+        cls.Params.model_validate(params)
+    except ValueError as exc:  # pydantic.ValidationError is a ValueError
+        errors = getattr(exc, "errors", None)
+        if errors is None:
+            raise
+        parts = [_describe(e) for e in errors()]
+        raise ValueError(f"invalid {kind} params for {name!r}: " + "; ".join(parts)) from None
+
+
+class InputSpec(_Strict):
+    shape: tuple[int, ...] = Field(description="Shape of one input, without the batch dimension.")
+    dtype: Literal[DTYPES] = Field("float32", description="Element type of the input.")  # type: ignore[valid-type]
+
+    @field_validator("shape")
+    @classmethod
+    def _positive_dims(cls, shape: tuple[int, ...]) -> tuple[int, ...]:
+        if any(d <= 0 for d in shape):
+            raise ValueError(f"every dimension must be > 0, got {list(shape)}")
+        return shape
+
+
+class ResourcesSpec(_Strict):
+    num_cpus: float = Field(1.0, ge=0.0, description="Logical CPUs reserved per replica.")
+    num_gpus: float = Field(0.0, ge=0.0, description="GPUs reserved per replica.")
+    memory_mb: int | None = Field(None, gt=0, description="Memory reserved per replica, in MiB.")
+    threads: int = Field(1, ge=1, le=256, description="Intra-op threads of the runtime.")
+
+
+class BatchingSpec(_Strict):
+    policy: str = Field("fixed", description="Registered batching policy name or 'pkg.mod:Class'.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Parameters of the policy.")
+
+    @model_validator(mode="after")
+    def _params_fit_policy(self) -> BatchingSpec:
+        _check_params("batching", batching.policy_class, self.policy, self.params)
+        return self
+
+
+class ModelTemplate(_Strict):
+    """Everything of a model but its name and source: one model's settings, or a set's."""
+
+    runtime: Literal["onnx", "torch", "python"] = Field(description="What executes the model.")
+    build: str | None = Field(
+        None,
+        description="'pkg.mod:fn' called as fn(source) when the source file does not exist yet.",
+    )
+    init_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments for a factory or class source."
+    )
+    version: str = Field("1", min_length=1, description="Model version; part of the cache key.")
+    pool: str | None = Field(
+        None,
+        pattern=_NAME,
+        description="A shared pool from `pools` that loads the model on demand; unset: a "
+        "dedicated pool of `replicas` workers with `device` and `resources`.",
+    )
+    group: str | None = Field(
+        None,
+        description="Models with alike run times (one architecture): a model never run yet is "
+        "planned with its group's run times. A model set's models form a group.",
+    )
+    weights_mb: float | None = Field(
+        None,
+        gt=0.0,
+        description="Memory the model's weights take in a worker, in MiB, for sources whose "
+        "size is not a file's (factories, python classes); measured at the first load.",
+    )
+    device: Literal["cpu", "gpu"] = Field("cpu", description="Where the replicas run.")
+    replicas: int = Field(1, ge=1, le=1024, description="Number of replica actors.")
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Per replica.")
+    batching: BatchingSpec = Field(default_factory=BatchingSpec, description="Batching policy.")
+    slo_ms: float = Field(100.0, gt=0.0, description="Default latency objective of a query.")
+    max_queue: int = Field(
+        1024, ge=1, description="Queries waiting at most; beyond it requests are refused with 503."
+    )
+    pipeline_depth: int = Field(
+        2,
+        ge=1,
+        le=8,
+        description="Batches a replica may hold at once (1 executing, the rest on their way); "
+        "2 sends the next batch so it arrives as the replica frees up, 1 waits until it is idle.",
+    )
+    input: InputSpec = Field(description="Shape and dtype of one input.")
+
+    @model_validator(mode="after")
+    def _device_and_resources_agree(self) -> ModelTemplate:
+        if self.device == "gpu" and self.resources.num_gpus <= 0:
+            raise ValueError("device 'gpu' needs resources.num_gpus > 0 (got 0)")
+        if self.device == "cpu" and self.resources.num_gpus > 0:
+            raise ValueError(f"device 'cpu' with resources.num_gpus={self.resources.num_gpus}")
+        return self
+
+    @model_validator(mode="after")
+    def _pooled_takes_the_pools_workers(self) -> ModelTemplate:
+        worker_keys = ("device", "replicas", "resources", "pipeline_depth")
+        fields = type(self).model_fields
+        clash = [
+            k
+            for k in worker_keys
+            if getattr(self, k) != fields[k].get_default(call_default_factory=True)
+        ]
+        if self.pool is not None and clash:
+            raise ValueError(
+                f"a model in pool {self.pool!r} runs on the pool's workers: {clash} belong to "
+                f"the pool, not to the model"
+            )
+        return self
+
+
+class ModelSpec(ModelTemplate):
+    name: str = Field(pattern=_NAME, description="Unique model name (lowercase, digits, - and _).")
+    source: str = Field(
+        min_length=1,
+        description="onnx: a .onnx file; torch: a TorchScript file or 'pkg.mod:factory' returning "
+        "an nn.Module; python: 'pkg.mod:Class' implementing predict_batch(inputs) -> outputs.",
+    )
+
+    @model_validator(mode="after")
+    def _onnx_is_a_file(self) -> ModelSpec:
+        if self.runtime == "onnx" and _is_import_path(self.source):
+            raise ValueError(f"onnx source must be a .onnx file, got {self.source!r}")
+        return self
+
+    def weight_bytes(self) -> int | None:
+        """The bytes its weights take: ``weights_mb`` if given, else its source file's size;
+        None when neither is known before a load."""
+        if self.weights_mb is not None:
+            return int(self.weights_mb * MIB)
+        if _is_import_path(self.source) or not os.path.isfile(self.source):
+            return None
+        return os.path.getsize(self.source)
+
+
+MIB = 1 << 20
+
+
+class ModelSetSpec(_Strict):
+    """Many models as one entry: every file a glob (or directory) matches, one model each, all
+    with one template. Model names are ``prefix`` + the file's stem."""
+
+    name: str = Field(pattern=_NAME, description="The set's name; its models' group.")
+    source: str = Field(
+        min_length=1,
+        description="A glob ('models/*.onnx') or a directory (every file in it), relative to "
+        "the directory `serve run` starts in.",
+    )
+    prefix: str = Field("", pattern=r"^[a-z0-9_-]{0,32}$", description="Put before each stem.")
+    template: ModelTemplate = Field(description="The settings of every model of the set.")
+
+    def expand(self, root: Path) -> list[ModelSpec]:
+        """One model per matching file, sorted by name; raises naming the set if none match
+        or a name is not a valid model name."""
+        pattern = Path(self.source).expanduser()
+        pattern = pattern if pattern.is_absolute() else root / pattern
+        if pattern.is_dir():
+            pattern = pattern / "*"
+        files = sorted(Path(p) for p in glob.glob(str(pattern)) if Path(p).is_file())
+        if not files:
+            raise ValueError(f"model set {self.name!r}: no file matches {str(pattern)!r}")
+        group = self.template.group or self.name
+        base = self.template.model_dump(exclude_unset=True)
+        models = []
+        for path in files:
+            name = self.prefix + path.stem
+            if not re.match(_NAME, name):
+                raise ValueError(
+                    f"model set {self.name!r}: file {path.name!r} gives the model name {name!r}, "
+                    f"not of the form {_NAME}"
+                )
+            models.append(
+                ModelSpec.model_validate(
+                    {**base, "name": name, "source": str(path), "group": group}
+                )
+            )
+        return models
+
+
+def _is_import_path(source: str) -> bool:
+    return bool(re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", source))
+
+
+class PoolSpec(_Strict):
+    """A shared pool: ``workers`` identical workers that load the models naming it on demand
+    and unload the least recently used ones to stay within ``memory_mb`` of weights each."""
+
+    name: str = Field(pattern=_NAME, description="The pool's name, which models give as `pool`.")
+    workers: int = Field(1, ge=1, le=1024, description="Worker actors in the pool.")
+    device: Literal["cpu", "gpu"] = Field("cpu", description="Where the workers run.")
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Per worker.")
+    memory_mb: float = Field(
+        gt=0.0, description="Model weights one worker may hold, in MiB; never exceeded."
+    )
+    pipeline_depth: int = Field(
+        2, ge=1, le=8, description="Actions a worker may have in flight (1 running)."
+    )
+
+    @model_validator(mode="after")
+    def _device_and_resources_agree(self) -> PoolSpec:
+        if (self.device == "gpu") != (self.resources.num_gpus > 0):
+            raise ValueError(
+                f"pool {self.name!r}: device {self.device!r} with resources.num_gpus="
+                f"{self.resources.num_gpus}"
+            )
+        return self
+
+
+@dataclass(frozen=True)
+class ResolvedPool:
+    """A pool as it runs: a shared one from ``pools``, or a model's dedicated one (named after
+    the model, its model pinned on every worker, no capacity)."""
+
+    name: str
+    workers: int
+    device: str
+    resources: ResourcesSpec
+    capacity_bytes: int | None
+    depth: int
+    pinned: tuple[ModelSpec, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        """What run times are recorded under: the device and threads of a worker."""
+        return f"{self.device}/{self.resources.threads}t"
+
+    def worker_model(self, model: ModelSpec) -> ModelSpec:
+        """``model`` as this pool's workers load it: on their device, with their threads."""
+        if model.pool is None:
+            return model
+        resources = model.resources.model_copy(update={"threads": self.resources.threads})
+        return model.model_copy(update={"device": self.device, "resources": resources})
+
+
+def resolve_pools(pools: list[PoolSpec], models: list[ModelSpec]) -> list[ResolvedPool]:
+    """Every pool the models run on: the shared ones, then one dedicated pool per model that
+    names none."""
+    shared = [
+        ResolvedPool(
+            p.name, p.workers, p.device, p.resources, int(p.memory_mb * MIB), p.pipeline_depth
+        )
+        for p in pools
+    ]
+    dedicated = [
+        ResolvedPool(m.name, m.replicas, m.device, m.resources, None, m.pipeline_depth, (m,))
+        for m in models
+        if m.pool is None
+    ]
+    return shared + dedicated
+
+
+def _set_member(model_set: ModelSetSpec) -> ModelSpec:
+    """A stand-in for a set's models in checks that need only the template."""
+    fields = model_set.template.model_dump(exclude_unset=True)
+    return ModelSpec.model_validate({**fields, "name": f"{model_set.name}-x", "source": "x"})
+
+
+def check_pools(pools: list[PoolSpec], models: list[ModelSpec]) -> None:
+    """Every named pool exists and no dedicated pool (named after its model) shadows one."""
+    names = {p.name for p in pools}
+    for model in models:
+        if model.pool is not None and model.pool not in names:
+            raise ValueError(
+                f"model {model.name!r} names unknown pool {model.pool!r}; pools: {sorted(names)}"
+            )
+        if model.pool is None and model.name in names:
+            raise ValueError(
+                f"model {model.name!r} has a dedicated pool named like the shared pool "
+                f"{model.name!r}: rename one"
+            )
+
+
+def _no_duplicates(kind: str, names: list[str]) -> None:
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"{kind} names must be unique, repeated: {dupes}")
