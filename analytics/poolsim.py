@@ -3,11 +3,14 @@
 :func:`simulate_pool` runs :class:`raysrv.batching.scheduler.PoolScheduler`, the code that
 schedules a live pool, against simulated workers: it submits each query at its arrival time,
 calls ``step`` after every arrival, result or requested wake-up, carries the returned actions
-out on workers that run one action at a time in the order they were sent, and reports each
-result back. Only the workers are simulated: an INFER of k queries runs for ``service(k)``
-seconds, a LOAD for the model's ``load_s`` and an UNLOAD for its ``unload_s``; an action that
-reaches its worker after its ``latest`` start is not run (clockwork §4.4); ``hop_s`` is the
-round trip of an action to its worker and its result back (half each way).
+out on simulated workers and reports each result back. Only the workers are simulated, as the
+live ones run: two executors each (clockwork §4.4), one for INFERs and one for LOADs and
+UNLOADs, each running its actions one at a time in the order they were sent; an INFER of a
+model whose LOAD is still running starts when the LOAD ends. An INFER of k queries runs for
+``service(k)`` seconds, a LOAD for the model's ``load_s`` and an UNLOAD for its ``unload_s``,
+with no interference between the two executors; an action that would start after its
+``latest`` is not run (§4.4); ``hop_s`` is the round trip of an action to its worker and its
+result back (half each way).
 
 Each simulated worker also keeps its own account of the weights it holds and refuses a LOAD
 that would take it past the capacity, as a live worker does, so the result's
@@ -123,8 +126,10 @@ class PoolSimResult:
 
 class _SimWorker:
     def __init__(self, capacity: int | None) -> None:
-        self.free_at = 0.0
+        self.infer_free = 0.0  # when its INFER executor is next free
+        self.load_free = 0.0  # when its LOAD executor is next free
         self.held: dict[str, int] = {}
+        self.ready: dict[str, float] = {}  # model -> when its LOAD ends
         self.capacity = capacity
         self.peak = 0
 
@@ -201,10 +206,15 @@ class _PoolRun:
 
     def _carry_out(self, action: Action, now: float) -> None:
         w = self.workers[action.worker]
-        start = max(now + self.hop / 2, w.free_at)
+        arrives = now + self.hop / 2
         ran, ok, error, size, weight = True, True, "", None, None
+        if isinstance(action, Infer):
+            start = max(arrives, w.infer_free, w.ready.get(action.model, arrives))
+        else:
+            start = max(arrives, w.load_free)
         if isinstance(action, Unload):
             w.held.pop(action.model, None)
+            w.ready.pop(action.model, None)
             duration = self.specs[action.model].unload_s if action.model in self.specs else 0.0
         elif start > action.latest:
             ran, duration = False, 0.0
@@ -212,12 +222,17 @@ class _PoolRun:
             duration, weight = self._load(w, action)
             ok = weight is not None
             error = "" if ok else "does not fit"
+            if ok:
+                w.ready[action.model] = start + duration
         elif action.model not in w.held:  # its LOAD did not run: as a live worker answers
             ran, duration, error = False, 0.0, NOT_LOADED
         else:
             duration, size = self._infer(action, start)
         end = start + duration
-        w.free_at = end
+        if isinstance(action, Infer):
+            w.infer_free = max(w.infer_free, end)
+        else:
+            w.load_free = end
         result = ActionResult(action, end + self.hop / 2, ran, ok, duration, size, weight, error)
         self.seq += 1
         heapq.heappush(self.events, (result.finished, self.seq, result))

@@ -15,7 +15,6 @@ from raysrv.batching._pool_state import (
     _load_estimate,
     _Model,
     _Out,
-    _outstanding,
     _Worker,
 )
 from raysrv.batching.actions import COLD_DOOMED, Load, Refusal, Unload
@@ -36,7 +35,7 @@ class Placement:
     unloads: int
     evictions: int
 
-    def _serve(self, model: _Model, now: float, out: _Out, chained: _Worker | None = None) -> None:
+    def _serve(self, model: _Model, now: float, out: _Out) -> None:
         raise NotImplementedError  # the scheduler's: a model's batches
 
     def _refuse(
@@ -55,7 +54,7 @@ class Placement:
             reason = f"model could not be loaded: {model.error}"
             self._refuse(model, _ids(model.queue), reason, out, "failed")
             return
-        finish = self._cold_finish(model, now, out)
+        finish = self._cold_finish(model, now)
         doomed = [
             q.query_id
             for q in model.queue
@@ -68,7 +67,7 @@ class Placement:
             return
         for w in self._load_order(model, now, out):
             if self._load(model, w, now, out):
-                self._serve(model, now, out, chained=w)  # its INFER right behind it
+                self._serve(model, now, out)  # its INFER right behind it, if w can take it
                 return
         lead = _estimate(model.runs, 1) + _load_estimate(model.runs)
         urgent = [q.deadline - lead for q in model.queue if q.priority <= 0]
@@ -81,7 +80,7 @@ class Placement:
         were refused on LOAD times that only another LOAD can correct (a slow one measured
         would otherwise keep every later one from happening), and idle time costs nothing."""
         for w in self._load_order(model, now, out):
-            if not w.inflight:
+            if not w.busy:
                 self._load(model, w, now, out)
                 return
 
@@ -96,43 +95,29 @@ class Placement:
             }
         return out.steady
 
-    def _may_load(self, w: _Worker, now: float, out: _Out) -> bool:
-        """Whether a LOAD may take ``w``: while models with steady traffic are held, one
-        worker loads at a time, so that another, holding them too once replicated, serves
-        their queries meanwhile (a LOAD holds its worker for its whole run). A pool of one
-        worker has no choice."""
-        if len(self.workers) == 1 or not self._steady(now, out):
-            return True
-        return not any(v.loading for v in self.workers if v is not w)
-
-    def _cold_finish(self, model: _Model, now: float, out: _Out) -> float:
-        """The earliest a batch of one could be done after loading ``model``."""
-        need = model.weight_bytes or 0
-        loads_end = max(
-            (v.open_at for v in self.workers if v.loading and v.open_at < math.inf), default=now
-        )
-        starts = [
-            max(
-                max(now, w.open_at) if w.inflight and w.open_at < math.inf else now,
-                now if self._may_load(w, now, out) else loads_end,
-            )
-            for w in self.workers
-            if self.capacity_bytes is None or need <= self.capacity_bytes
-        ]
-        if not starts:
+    def _cold_finish(self, model: _Model, now: float) -> float:
+        """The earliest a batch of one could be done after loading ``model`` on a worker where
+        it fits: its LOAD after the LOADs in flight there, its INFER after both the LOAD and
+        the INFERs in flight."""
+        if self.capacity_bytes is not None and (model.weight_bytes or 0) > self.capacity_bytes:
             return math.inf
-        return min(starts) + _load_estimate(model.runs) + _estimate(model.runs, 1)
+        load, one = _load_estimate(model.runs), _estimate(model.runs, 1)
+        return min(
+            max(w.loads.free_at(now) + load, w.infers.free_at(now)) + one for w in self.workers
+        )
 
     def _load_order(self, model: _Model, now: float, out: _Out) -> list[_Worker]:
-        """Workers with no work from this step where ``model`` fits and a LOAD may go
-        (:meth:`_may_load`), those needing fewer evictions first."""
+        """Workers whose LOAD executor is free in this step and where ``model`` fits, those
+        that would finish its first batch soonest first, then those needing fewer evictions."""
+        load = _load_estimate(model.runs)
         fits = []
         for w in self.workers:
-            if not out.fresh(w) or model.name in w.held or not self._may_load(w, now, out):
+            if not out.may_load(w) or model.name in w.held:
                 continue
             victims = self._room(w, model.weight_bytes)
             if victims is not None:
-                fits.append((len(victims), w.counted(), w.index, w))
+                ready = max(w.loads.free_at(now) + load, w.infers.free_at(now))
+                fits.append((ready, len(victims), w.index, w))
         return [w for *_, w in sorted(fits)]
 
     def _room(self, w: _Worker, need: int | None) -> list[str] | None:
@@ -158,14 +143,15 @@ class Placement:
         one = _estimate(model.runs, 1)
         needed = [q.deadline - one for q in model.queue]
         latest = max(needed) - _load_estimate(model.runs) if needed else math.inf
-        start = max(now, w.open_at)
+        start = w.loads.free_at(now)
+        predicted = _load_estimate(model.runs, PREDICT_Q, default=math.inf)
         action = Load(w.index, model.name, now, start, latest, model.weight_bytes)
         w.held[model.name] = model.weight_bytes or 0
-        w.loading.add(model.name)
+        w.loading[model.name] = start + predicted
         w.last_used[model.name] = now
         w.peak_bytes = max(w.peak_bytes, w.resident)
-        w.sent(action, _load_estimate(model.runs, PREDICT_Q, default=math.inf), now, out.call)
-        out.used.add(w.index)
+        w.loads.sent(action, predicted, now, out.call, start)
+        out.loaded.add(w.index)
         out.actions.append(action)
         return True
 
@@ -175,7 +161,7 @@ class Placement:
         runs = self._models[name].runs if name in self._models else None
         predicted = 0.0 if runs is None else runs.unload_time(PREDICT_Q) or 0.0
         action = Unload(w.index, name, now, evicted)
-        w.sent(action, predicted, now, out.call)
+        w.loads.sent(action, predicted, now, out.call, now)
         self.unloads += 1
         if evicted:
             self.evictions += 1
@@ -190,16 +176,15 @@ class Placement:
                 self._unload(w, name, now, out, evicted=False)
         self._removals.clear()
 
-    def _replicate(self, now: float, offered: list[_Worker], out: _Out) -> None:
-        """Before anything else, load the models with steady traffic on the offered workers
-        that lack them: on a worker that runs LOADs of other models too, their queries would
-        wait behind those, so they go on every worker with room."""
+    def _replicate(self, now: float, out: _Out) -> None:
+        """Before anything else, load the models with steady traffic on the workers that lack
+        them: both INFER executors then serve their queries, which otherwise queue on one
+        worker behind other models' batches."""
         steady = sorted(self._steady(now, out), key=lambda n: -self._models[n].rate_at(now))
-        self._load_on(steady, now, offered, out)
+        self._load_on(steady, now, out)
 
-    def _scale_out(self, now: float, free: list[_Worker], out: _Out) -> None:
-        """Load on free workers too the models whose unfulfilled demand exceeds a LOAD's
-        cost."""
+    def _scale_out(self, now: float, out: _Out) -> None:
+        """Load on more workers the models whose unfulfilled demand exceeds a LOAD's cost."""
         if not self._active:
             return
         priorities = self._load_priorities(now)
@@ -208,18 +193,16 @@ class Placement:
             for name, priority in sorted(priorities.items(), key=lambda kv: -kv[1])
             if priority > _load_estimate(self._models[name].runs)
         ]
-        self._load_on(wanted, now, free, out)
+        self._load_on(wanted, now, out)
 
-    def _load_on(self, wanted: list[str], now: float, free: list[_Worker], out: _Out) -> None:
-        """Load each of ``wanted`` on the first of ``free`` that lacks it and may take it."""
+    def _load_on(self, wanted: list[str], now: float, out: _Out) -> None:
+        """Load each of ``wanted`` on the first worker that lacks it and may take a LOAD."""
         for name in wanted:
             model = self._models[name]
             if model.failed_until > now:
                 continue
-            for w in free:
-                if not out.fresh(w) or name in w.held or not self._may_load(w, now, out):
-                    continue
-                if self._load(model, w, now, out):
+            for w in self.workers:
+                if out.may_load(w) and name not in w.held and self._load(model, w, now, out):
                     break
 
     def _load_priorities(self, now: float) -> dict[str, float]:
@@ -227,7 +210,7 @@ class Placement:
         docstring): one allocation pass, no fixed point."""
         demand = {name: self._demand(m) for name, m in self._active.items()}
         holders = {name: self._holders(name) for name in demand}
-        load = {w.index: _outstanding(w, now) for w in self.workers}
+        load = {w.index: w.infers.outstanding(now) for w in self.workers}
         for name, ws in holders.items():
             for w in ws:
                 load[w.index] += demand[name] / len(ws)

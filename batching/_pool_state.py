@@ -17,6 +17,7 @@ __all__ = [
     "PLAN_WINDOW",
     "PREDICT_Q",
     "RATE_TAU_S",
+    "_Executor",
     "_Model",
     "_Out",
     "_Worker",
@@ -34,28 +35,18 @@ class _Sent:
     call: int  # the step that sent it: a step's actions for one worker travel as one call
 
 
-class _Worker:
-    """What the scheduler knows of one worker: the models it holds and its work in flight."""
+class _Executor:
+    """One of a worker's executors (clockwork §4.4: one per action type), as the scheduler
+    knows it: the calls in flight on it and when their work should end."""
 
-    def __init__(self, index: int, depth: int) -> None:
-        self.index = index
+    def __init__(self, depth: int) -> None:
         self.depth = depth
-        self.held: dict[str, int] = {}  # model -> weight bytes, loaded or loading
-        self.loading: set[str] = set()
-        self.pinned: set[str] = set()
-        self.last_used: dict[str, float] = {}
-        self.running: collections.Counter[str] = collections.Counter()  # INFERs in flight
         self.inflight: list[_Sent] = []
         self.open_at = -math.inf  # when the work in flight should end
         self.busy_since: float | None = None
-        self.peak_bytes = 0
-
-    @property
-    def resident(self) -> int:
-        return sum(self.held.values())
 
     def counted(self) -> int:
-        """Calls in flight that occupy the worker (an UNLOAD alone only updates its state)."""
+        """Calls in flight that occupy the executor (an UNLOAD alone only updates state)."""
         return len({s.call for s in self.inflight if not isinstance(s.action, Unload)})
 
     def can_take(self, now: float) -> bool:
@@ -63,18 +54,22 @@ class _Worker:
         return n == 0 or (n < self.depth and now >= self.open_at)
 
     def opening(self, now: float) -> float | None:
-        """When this busy worker can take more, if later than ``now`` and known."""
+        """When this busy executor can take more, if later than ``now`` and known."""
         n = self.counted()
         if 0 < n < self.depth and now < self.open_at < math.inf:
             return self.open_at
         return None
 
-    def sent(self, action: Action, predicted: float, now: float, call: int) -> None:
+    def free_at(self, now: float) -> float:
+        """When work sent now would start: after what is in flight, as far as predicted."""
+        return max(now, self.open_at) if self.inflight and self.open_at < math.inf else now
+
+    def sent(self, action: Action, predicted: float, now: float, call: int, start: float) -> None:
+        """``action`` leaves now, to start at ``start`` or later, for ``predicted`` seconds."""
         if not self.inflight:
             self.busy_since = now
-        base = now if not self.inflight else max(now, self.open_at)
         self.inflight.append(_Sent(action, predicted, call))
-        self.open_at = base + predicted
+        self.open_at = max(start, self.free_at(now)) + predicted
 
     def done(self, action: Action, now: float) -> None:
         """``action`` came back at ``now``: what is still in flight runs from now."""
@@ -84,13 +79,55 @@ class _Worker:
         else:
             self.open_at = now + sum(s.predicted for s in self.inflight)
 
-    def slot(self, now: float, offered: bool) -> ReplicaSlot:
-        until = self.open_at if self.inflight and math.isfinite(self.open_at) else None
+    def outstanding(self, now: float) -> float:
+        """Seconds of work in flight (0 when none, or when its end is not known)."""
+        if not self.inflight or not math.isfinite(self.open_at):
+            return 0.0
+        return max(0.0, self.open_at - now)
+
+
+class _Worker:
+    """What the scheduler knows of one worker: the models it holds, and its two executors,
+    one for INFERs and one for LOADs and UNLOADs (clockwork §4.4), each running one action at
+    a time."""
+
+    def __init__(self, index: int, depth: int) -> None:
+        self.index = index
+        self.infers = _Executor(depth)
+        self.loads = _Executor(depth)
+        self.held: dict[str, int] = {}  # model -> weight bytes, loaded or loading
+        self.loading: dict[str, float] = {}  # model -> when its LOAD should end
+        self.pinned: set[str] = set()
+        self.last_used: dict[str, float] = {}
+        self.running: collections.Counter[str] = collections.Counter()  # INFERs in flight
+        self.peak_bytes = 0
+
+    @property
+    def resident(self) -> int:
+        return sum(self.held.values())
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.infers.inflight or self.loads.inflight)
+
+    def executor(self, action: Action) -> _Executor:
+        return self.infers if isinstance(action, Infer) else self.loads
+
+    def ready_at(self, name: str, now: float) -> float:
+        """When an INFER of ``name`` sent now could start: after the INFERs in flight and, if
+        the model is loading here, after its LOAD."""
+        return max(self.infers.free_at(now), self.loading.get(name, now))
+
+    def slot(self, name: str, now: float, offered: bool) -> ReplicaSlot:
+        """This worker as ``name``'s policy sees it (``offered``: free to take a batch)."""
+        ready = self.ready_at(name, now)
+        until = ready if ready > now or self.infers.inflight else None
         if offered:
             return ReplicaSlot(self.index, busy_until=until)
-        sizes = [len(s.action.query_ids) for s in self.inflight if isinstance(s.action, Infer)]
-        busy_since = now if self.busy_since is None else self.busy_since
-        return ReplicaSlot(self.index, busy_since, sizes[-1] if sizes else 0, until)
+        running = [s.action for s in self.infers.inflight if isinstance(s.action, Infer)]
+        since = now if self.infers.busy_since is None else self.infers.busy_since
+        size = len(running[-1].query_ids) if running else 0
+        return ReplicaSlot(self.index, since, size, until)
 
     def evictable(self, models: dict[str, _Model]) -> list[str]:
         """Held models no queued query needs, least recently used first."""
@@ -140,14 +177,16 @@ class _Out:
     """What one step decides, and which workers it has given work to."""
 
     call: int  # the step's number: its actions for one worker form one call
-    window: dict[int, float]  # workers that could take work at the step's start -> until when
-    # the step may fill them (the first action always goes)
+    window: dict[int, float]  # workers whose INFER executor could take work at the step's
+    # start -> until when the step may fill it (the first INFER always goes)
+    loadable: set[int]  # workers whose LOAD executor could take work at the step's start
     actions: list[Action] = field(default_factory=list)
     refusals: list[Refusal] = field(default_factory=list)
     plans: list[PlanJob] = field(default_factory=list)
     wake: float = math.inf
-    used: set[int] = field(default_factory=set)  # workers given an action in this step
+    used: set[int] = field(default_factory=set)  # workers given an INFER in this step
     used_by: dict[str, set[int]] = field(default_factory=dict)  # per model
+    loaded: set[int] = field(default_factory=set)  # workers given a LOAD in this step
     steady: set[str] | None = None  # held models with steady traffic, once asked
 
     def open_for(self, w: _Worker, model: str) -> bool:
@@ -155,18 +194,11 @@ class _Out:
         and while the call's predicted work still ends within the window."""
         if w.index not in self.window or w.index in self.used_by.get(model, ()):
             return False
-        return w.index not in self.used or w.open_at < self.window[w.index]
+        return w.index not in self.used or w.infers.open_at < self.window[w.index]
 
-    def fresh(self, w: _Worker) -> bool:
-        """Whether ``w`` could take work and has none from this step (for a LOAD)."""
-        return w.index in self.window and w.index not in self.used
-
-
-def _outstanding(w: _Worker, now: float) -> float:
-    """Seconds of work in flight on ``w`` (0 when none, or when its end is not known)."""
-    if not w.inflight or not math.isfinite(w.open_at):
-        return 0.0
-    return max(0.0, w.open_at - now)
+    def may_load(self, w: _Worker) -> bool:
+        """Whether ``w``'s LOAD executor could take work and has none from this step."""
+        return w.index in self.loadable and w.index not in self.loaded
 
 
 def _ids(queue: Iterable[QueuedQuery]) -> tuple[int, ...]:

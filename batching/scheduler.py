@@ -10,38 +10,40 @@ result (:meth:`~PoolScheduler.finished`). Simulated and live scheduling are the 
 
 What a step decides:
 
-1. **Which model gets a worker** that can take work (idle, or busy with work predicted to end
-   by now and fewer than ``depth`` calls in flight: the next call travels while the last one
-   runs). Models are served earliest deadline first (their earliest latency-sensitive query's;
-   batch-priority queries, clockwork §6.4, only count once no latency-sensitive one waits), a
-   model loaded nowhere too: ordered by the latest time its LOAD could start instead, a cold
-   query would jump ahead of every query of a loaded model up to a LOAD's time younger, and a
-   stream of them starve it behind LOADs that cannot be interrupted. The
-   actions a step gives one worker travel as one call: after the first, more models may add a
-   batch each while the call's predicted work ends within ``ahead_s`` (clockwork §5.3
-   "schedules 5ms into the future"), so a call to a worker serves many cold-ish models at once.
+1. **Which model gets a worker** whose INFER executor can take work (idle, or busy with work
+   predicted to end by now and fewer than ``depth`` calls in flight: the next call travels
+   while the last one runs). Each worker has two executors, as Clockwork's (§4.4): one runs
+   INFERs, one LOADs and UNLOADs, each one at a time, so a LOAD goes on beside the batches of
+   the models already loaded. Models are served earliest deadline first (their earliest
+   latency-sensitive query's; batch-priority queries, clockwork §6.4, only count once no
+   latency-sensitive one waits), a model loaded nowhere too. (Ordered instead by the latest
+   time its LOAD could start, a cold query would jump ahead of every query of a loaded model
+   up to a LOAD's time younger.) The actions a step gives one worker travel as one call:
+   after the first, more models may add a batch each while the call's predicted work ends
+   within ``ahead_s`` (clockwork §5.3 "schedules 5ms into the future"), so a call to a worker
+   serves many cold-ish models at once.
 2. **Which batch**, asked of the model's own :class:`~raysrv.batching.BatchingPolicy`, shown
    the workers that hold the model (free only those offered to it in this step): the policy
    dispatches, waits (the worker is offered to the next model) or refuses queries. A pool with
    one model always loaded (a dedicated pool) is exactly the per-model batcher.
-3. **LOAD and UNLOAD** (clockwork Appendix B, "Loading Models"). A model loaded nowhere takes an
-   offered worker when its turn comes, after UNLOADs of the least recently used models there
-   that no queued query needs, if that makes room within the worker's capacity; its first
-   INFER follows the LOAD at once when the worker's ``depth`` allows (§4.1's example: "a LOAD
-   action ... followed by an INFER action"), so it starts as the weights are in. A model loaded
+3. **LOAD and UNLOAD** (clockwork Appendix B, "Loading Models"). A model loaded nowhere takes,
+   when its turn comes, the worker whose LOAD executor can take work and which would finish its
+   first batch soonest, after UNLOADs of the least recently used models there that no queued
+   query needs, if that makes room within the worker's capacity. Its first INFER is sent once
+   the LOAD should end within ``ahead_s`` (§4.1's example: "a LOAD action ... followed by an
+   INFER action"), so it starts as the weights are in; sent earlier it would hold the INFER
+   executor, waiting, while other models' batches queue behind it. A model loaded
    somewhere is loaded on another worker too when its load priority, Appendix B's
    ``p_m = d_m - sum_g a_mg * capacity_g / l_g``, exceeds the LOAD's cost: ``d_m`` is the run
    time of its queued queries, ``a_mg`` that demand split over the workers holding the model in
    inverse proportion to their load ``l_g`` (their work in flight plus the demand split evenly
    over holders), and ``capacity_g`` one SLO of work (a worker that would need longer serves
-   only its share). A worker here runs LOAD and INFER one at a time, so a LOAD competes with
-   INFERs for it by deadline, where Clockwork gives loads their own executor. A model with
-   steady traffic (a query per SLO or more: its arrival rate, decayed over a second) is loaded
-   on every worker with room, and while such models are held one worker loads at a time:
-   their queries need not wait behind other models' LOADs, which would otherwise take most of
-   every worker's time when cold queries are many.
+   only its share). A model with steady traffic (a query per SLO or more: its arrival rate,
+   decayed over a second) is loaded on every worker with room, so that every INFER executor
+   can serve it.
 4. **Cold refusals**: a query for a model loaded nowhere whose deadline falls before the
-   earliest a worker could load the model and run it alone is refused before any work
+   earliest a worker could load the model (after the LOADs in flight there) and run it alone
+   (after the LOAD and the INFERs in flight) is refused before any work
    (``cannot meet deadline (cold start)``); one that can make it is served. A worker left
    idle loads the model all the same, so that LOAD times measured slow once are measured
    again rather than refuse every later cold query.
@@ -244,34 +246,34 @@ class PoolScheduler(Placement):
     def step(self, now: float) -> Step:
         """Everything to do at ``now``: actions for workers, refusals and planning jobs."""
         self._calls += 1
-        offered = [w for w in self.workers if w.can_take(now)]
-        out = _Out(self._calls, {w.index: now + self._ahead for w in offered})
+        offered = [w for w in self.workers if w.infers.can_take(now)]
+        loadable = {w.index for w in self.workers if w.loads.can_take(now)}
+        out = _Out(self._calls, {w.index: now + self._ahead for w in offered}, loadable)
         out.refusals.extend(self._stash)
         self._stash.clear()
         self._emit_removals(now, out)
-        if offered and len(self.workers) > 1:
-            self._replicate(now, offered, out)
-        for model in self._consulted(now, offered):
+        if loadable and len(self.workers) > 1:
+            self._replicate(now, out)
+        for model in self._consulted(now, offered, bool(loadable)):
             self._plan(model, now, out)
             if self._holders(model.name):
                 self._serve(model, now, out)
             else:
                 self._cold(model, now, out)
-        free = [w for w in offered if out.fresh(w)]
-        if free:
-            self._scale_out(now, free, out)
+        if loadable - out.loaded:
+            self._scale_out(now, out)
         for w in self.workers if self._active else ():
-            opening = w.opening(now)
-            if opening is not None:
-                out.wake = min(out.wake, opening)
+            for executor in (w.infers, w.loads):
+                opening = executor.opening(now)
+                if opening is not None:
+                    out.wake = min(out.wake, opening)
         wake = out.wake if out.wake < math.inf else None
         return Step(tuple(out.actions), tuple(out.refusals), wake, tuple(out.plans))
 
-    def _consulted(self, now: float, offered: list[_Worker]) -> list[_Model]:
-        """Models with queries that have something new, a due wait or an offered worker,
-        most urgent first."""
+    def _consulted(self, now: float, offered: list[_Worker], cold_room: bool) -> list[_Model]:
+        """Models with queries that have something new, a due wait or an offered worker (a
+        worker that may LOAD, for a cold model), most urgent first."""
         held = {name for w in offered for name in w.held}
-        cold_room = bool(offered)
         chosen = []
         for model in list(self._active.values()):
             holders = self._holders(model.name)
@@ -313,18 +315,28 @@ class PoolScheduler(Placement):
 
     # -- INFER -----------------------------------------------------------------------------
 
-    def _serve(self, model: _Model, now: float, out: _Out, chained: _Worker | None = None) -> None:
-        """Ask the model's policy until it waits, offering it the workers holding it that can
-        take work (and ``chained``, just sent its LOAD in this step)."""
+    def _serve(self, model: _Model, now: float, out: _Out) -> None:
+        """Ask the model's policy until it waits, offering it the workers holding it whose
+        INFER executor can take work, where it is loaded or its LOAD should end within
+        ``ahead_s``: an INFER sent earlier would hold the INFER executor, waiting for the LOAD,
+        while other models' batches queue behind it."""
         model.dirty, model.wake = False, math.inf
         holders = self._holders(model.name)
+        soon = now + self._ahead
+        loading = [w.loading[model.name] - self._ahead for w in holders if model.name in w.loading]
+        if loading and min(loading) > now:  # look again when the first LOAD is nearly done
+            model.wake = min(loading)
+            out.wake = min(out.wake, model.wake)
         for _ in range(10_000):
             if not model.queue:
                 return
-            offer = {w.index for w in holders if out.open_for(w, model.name)}
-            if chained is not None and chained.index not in out.used_by.get(model.name, ()):
-                offer.add(chained.index)
-            view = BatcherView(now, model.queue, [w.slot(now, w.index in offer) for w in holders])
+            offer = {
+                w.index
+                for w in holders
+                if out.open_for(w, model.name) and w.loading.get(model.name, now) <= soon
+            }
+            slots = [w.slot(model.name, now, w.index in offer) for w in holders]
+            view = BatcherView(now, model.queue, slots)
             try:
                 decision = model.policy.decide(view)
                 if isinstance(decision, Dispatch):
@@ -340,7 +352,7 @@ class PoolScheduler(Placement):
                 return
             else:
                 if decision.until is not None and decision.until > now:
-                    model.wake = decision.until
+                    model.wake = min(model.wake, decision.until)
                     out.wake = min(out.wake, decision.until)
                 return
         raise RuntimeError(f"policy of {model.name!r} did not wait after 10,000 decisions")
@@ -360,13 +372,12 @@ class PoolScheduler(Placement):
             )
         queries = self._take(model, decision.query_ids)
         w = self.workers[decision.replica]
-        expected = (
-            max(now, w.open_at) if decision.expected_start is None else decision.expected_start
-        )
+        ready = w.ready_at(model.name, now)
+        expected = ready if decision.expected_start is None else decision.expected_start
         latest = min(q.deadline for q in queries)
         action = Infer(w.index, model.name, decision.query_ids, now, expected, latest)
         predicted = _estimate(model.runs, len(queries), PREDICT_Q, default=math.inf)
-        w.sent(action, predicted, now, out.call)
+        w.infers.sent(action, predicted, now, out.call, ready)
         w.running[model.name] += 1
         w.last_used[model.name] = now
         out.used.add(w.index)
@@ -405,7 +416,7 @@ class PoolScheduler(Placement):
         """A worker's report of one action, at ``result.finished``."""
         action = result.action
         w = self.workers[action.worker]
-        w.done(action, result.finished)
+        w.executor(action).done(action, result.finished)
         if isinstance(action, Infer):
             self._infer_done(w, action, result)
         elif isinstance(action, Load):
@@ -417,7 +428,7 @@ class PoolScheduler(Placement):
         w.running[action.model] -= 1
         if result.error == NOT_LOADED:  # the worker lost it (it restarted): forget it there
             w.held.pop(action.model, None)
-            w.loading.discard(action.model)
+            w.loading.pop(action.model, None)
         model = self._models.get(action.model)
         if model is None:
             return
@@ -442,7 +453,7 @@ class PoolScheduler(Placement):
             model.runs.observe(size, result.duration)
 
     def _load_done(self, w: _Worker, action: Load, result: ActionResult) -> None:
-        w.loading.discard(action.model)
+        w.loading.pop(action.model, None)
         model = self._models.get(action.model)
         if model is not None:
             model.dirty = True
@@ -505,12 +516,12 @@ class PoolScheduler(Placement):
                 "resident_bytes": w.resident,
                 "peak_bytes": w.peak_bytes,
                 "capacity_bytes": self.capacity_bytes,
-                "in_flight": len(w.inflight),
-                "busy": bool(w.inflight),
-                "free_in_s": max(0.0, w.open_at - now) if w.inflight else 0.0,
+                "in_flight": len(w.infers.inflight) + len(w.loads.inflight),
+                "busy": w.busy,
+                "free_in_s": w.infers.outstanding(now),
             }
             for w in self.workers
         ]
 
     def busy(self) -> int:
-        return sum(bool(w.inflight) for w in self.workers)
+        return sum(w.busy for w in self.workers)

@@ -4,7 +4,7 @@
 each query's input and future, the workers, and the clock. On every arrival, result or wake-up
 it calls ``scheduler.step(now)``, answers the refusals, sends the actions and sleeps until the
 step's wake time or the next event. The actions of one step for one worker (an UNLOAD, a LOAD
-and the INFER behind it) travel as one call, submitted at once, so a worker receives them in the
+and the INFER behind it) travel as one call, and the worker hands each to its executor in the
 order they were made. Each report goes back to ``scheduler.finished``. Planning jobs
 of the policies (``ctmc``'s optimizer) run in a worker thread, off the loop.
 
@@ -297,18 +297,14 @@ class Pool:
             failed = Report("failed", error=f"{type(exc).__name__}: {exc}")
             reports = [failed] * len(sent)
         finished = self._clock()
-        ran = sum(r.duration for r in reports if math.isfinite(r.duration))
-        self._overheads.add(finished - max(now, self._back[worker]) - ran)
-        self._back[worker] = finished
-        late_loads: set[str] = set()  # the worker did not start them: too late
+        if all(isinstance(action, Infer) for action, _ in sent):  # one executor: run in turn
+            ran = sum(r.duration for r in reports if math.isfinite(r.duration))
+            self._overheads.add(finished - max(now, self._back[worker]) - ran)
+            self._back[worker] = finished
         for (action, entries), report in zip(sent, reports, strict=True):
             if isinstance(action, Infer):
-                if report.status == "not_loaded" and action.model in late_loads:
-                    report = Report("late")  # its LOAD was too late for it: so was it
                 self._infer_done(action, entries, report, finished)
             elif isinstance(action, Load):
-                if report.status == "late":
-                    late_loads.add(action.model)
                 self._load_done(action, report, finished)
             else:
                 self._unload_done(action, report, finished)

@@ -1,11 +1,17 @@
-"""Pool workers: Ray actors that LOAD, UNLOAD and INFER, one action at a time, as told.
+"""Pool workers: Ray actors that LOAD, UNLOAD and INFER as told.
 
 Each worker of a pool is a plain Ray actor (not a Serve deployment) that the ingress calls
 directly: a direct actor call costs about 0.9 ms here against 3 to 6 ms for a Serve handle call
 (``python -m bench.hops``, figures in bench/RESULTS.md), and the scheduler must pick the worker
-itself, which a Serve handle's router does not allow. A serial actor (``max_concurrency=1``)
-runs the calls it receives one at a time in the order the ingress sent them, so a worker
-executes exactly one action at a time (Clockwork, OSDI'20, §4.4).
+itself, which a Serve handle's router does not allow.
+
+A worker has two executors, each one thread that runs its actions one at a time in the order
+the ingress sent them (Clockwork, OSDI'20, §4.4: "a dedicated executor for each action type"):
+one for INFERs, one for LOADs and UNLOADs. A LOAD thus runs while the worker's INFERs of other
+models go on, as Clockwork's PCIe copies run beside its kernels. An INFER of a model whose LOAD
+was sent before it waits, in its executor, for that LOAD to end, and is refused (``late``) if
+the LOAD was. The ingress numbers its calls to each worker and a worker takes them in that
+order, waiting at most ``ORDER_WAIT_S`` for an earlier one that Ray delivers late.
 
 Every action carries a window ``[earliest, latest]`` in wall-clock seconds, which the machines
 of a cluster share: the worker waits until ``earliest`` if the action arrives before it and
@@ -27,6 +33,7 @@ else; an INFER for a model it no longer holds answers ``not_loaded``.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import math
@@ -34,7 +41,9 @@ import os
 import resource
 import time
 from collections.abc import Awaitable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -47,6 +56,8 @@ from raysrv.runtimes import Runtime, load_runtime
 __all__ = ["Call", "PoolWorker", "RayWorkers", "Report", "Workers", "rss_bytes", "wall"]
 
 MAX_EARLY_WAIT_S = 1.0  # an action that arrives before its window waits at most this long
+ORDER_WAIT_S = 0.05  # how long a call waits for the ingress's earlier call to the worker
+MAX_CALLS = 256  # calls a worker accepts at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +125,10 @@ class PoolWorker:
         self._models: dict[str, _Loaded] = {}
         self._peak = 0
         self._execution: Any = None
+        self._infers = ThreadPoolExecutor(1, thread_name_prefix="infer")
+        self._loads = ThreadPoolExecutor(1, thread_name_prefix="load")
+        self._pending: dict[str, Future[Report]] = {}  # model -> its last LOAD sent
+        self._next: int | None = None  # the number of the call expected next
         for spec in pinned:
             report = self._load(ModelSpec.model_validate(spec))
             if report.status != "ok":
@@ -128,10 +143,45 @@ class PoolWorker:
             "raysrv_execution_ms", "Worker run time of a batch.", LATENCY_BOUNDARIES_MS, ("model",)
         )
 
-    def run(self, calls: list[Call]) -> list[Report]:
-        """Carry out ``calls`` one after another, in the order given: the actions the scheduler
-        sent this worker in one step travel as one call (one hop, not one per action)."""
-        return [self._carry_out(call) for call in calls]
+    async def run(self, calls: list[Call], seq: int | None = None) -> list[Report]:
+        """Carry out ``calls`` (the actions the scheduler sent this worker in one step: one
+        hop, not one per action), each on its executor in the order given; ``seq`` numbers
+        the ingress's calls to this worker. Returns when all are done."""
+        await self._turn(seq)
+        loop = asyncio.get_running_loop()
+        done: list[Awaitable[Report]] = []
+        for call in calls:
+            if call.kind == "infer":
+                after = self._pending.get(call.model)
+                done.append(loop.run_in_executor(self._infers, self._infer_after, after, call))
+                continue
+            future = self._loads.submit(self._carry_out, call)
+            if call.kind == "load":
+                self._pending[call.model] = future
+                future.add_done_callback(partial(self._loaded, call.model))
+            done.append(asyncio.wrap_future(future))
+        if seq is not None:
+            self._next = max(seq + 1, self._next or 0)
+        return list(await asyncio.gather(*done))
+
+    async def _turn(self, seq: int | None) -> None:
+        """Wait, at most ``ORDER_WAIT_S``, until the calls numbered before ``seq`` are in."""
+        if seq is None or self._next is None:
+            return
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + ORDER_WAIT_S
+        while seq > self._next and loop.time() < give_up:
+            await asyncio.sleep(0.001)
+
+    def _loaded(self, name: str, future: Future[Report]) -> None:
+        if self._pending.get(name) is future:
+            del self._pending[name]
+
+    def _infer_after(self, load: Future[Report] | None, call: Call) -> Report:
+        """On the INFER executor: wait for the model's LOAD if one was sent before, then run."""
+        if load is not None and load.result().status == "late":
+            return Report("late")
+        return self._carry_out(call)
 
     def _carry_out(self, call: Call) -> Report:
         if call.kind == "infer":
@@ -144,10 +194,11 @@ class PoolWorker:
 
     def ready(self) -> dict[str, Any]:
         """What the worker holds: its process, its models' weights and its memory."""
+        models = list(self._models.items())  # a LOAD may be adding to them meanwhile
         return {
             "pid": os.getpid(),
-            "models": {name: m.weight_bytes for name, m in self._models.items()},
-            "rss_growth": {name: m.rss_growth for name, m in self._models.items()},
+            "models": {name: m.weight_bytes for name, m in models},
+            "rss_growth": {name: m.rss_growth for name, m in models},
             "resident_bytes": self.resident,
             "peak_bytes": self._peak,
             "rss_bytes": rss_bytes(),
@@ -156,7 +207,7 @@ class PoolWorker:
 
     @property
     def resident(self) -> int:
-        return sum(m.weight_bytes for m in self._models.values())
+        return sum(m.weight_bytes for m in list(self._models.values()))  # LOADs run beside
 
     def load(self, spec: dict[str, Any], earliest: float, latest: float) -> Report:
         """LOAD: bring a model into memory and run it once, within the window."""
@@ -251,7 +302,7 @@ def _actor_options(pool: ResolvedPool, name: str) -> dict[str, Any]:
         "num_cpus": pool.resources.num_cpus,
         "num_gpus": pool.resources.num_gpus,
         "max_restarts": -1,
-        "max_concurrency": 1,
+        "max_concurrency": MAX_CALLS,
     }
     if pool.resources.memory_mb is not None:
         options["memory"] = pool.resources.memory_mb * 1024 * 1024
@@ -282,12 +333,14 @@ class RayWorkers(Workers):
             ).remote(pool.capacity_bytes, pinned)
             for i in range(pool.workers)
         ]
+        self._calls = [0] * pool.workers
 
     def __len__(self) -> int:
         return len(self.actors)
 
     def run(self, worker: int, calls: list[Call]) -> Awaitable[list[Report]]:
-        return self.actors[worker].run.remote(calls)
+        self._calls[worker] += 1
+        return self.actors[worker].run.remote(calls, self._calls[worker])
 
     async def ready(self) -> list[dict[str, Any]]:
         import asyncio

@@ -3,7 +3,8 @@
 ``EchoModel`` is a real ``python``-runtime model (it implements ``predict_batch``) whose answers
 say which batch they came from, so a test can see batching from the outside; ``LocalWorkers``
 (and :func:`fake_workers` for a dedicated pool) stand in for a pool's Ray actors in Ray-free
-tests: each worker runs its actions one at a time, in the order they were submitted.
+tests: each worker has two executors, as a live one (INFERs; LOADs and UNLOADs), each running
+its actions one at a time in the order they were submitted.
 """
 
 from __future__ import annotations
@@ -153,31 +154,52 @@ class LocalWorkers(Workers):
         self.actions: list[tuple[int, str, str]] = []
         self.held: list[dict[str, int]] = [{} for _ in range(count)]
         self.peak_bytes = [0] * count
-        self._queues: list[asyncio.Queue[Any] | None] = [None] * count
+        # each worker's two executors (INFER; LOAD and UNLOAD), as a live worker has
+        self._queues: dict[tuple[int, bool], asyncio.Queue[Any]] = {}
+        self._pending: list[dict[str, asyncio.Future[Report]]] = [{} for _ in range(count)]
 
     def __len__(self) -> int:
         return len(self.held)
 
     def run(self, worker: int, calls: list[Call]) -> Awaitable[list[Report]]:
-        queue = self._queues[worker]
+        loop = asyncio.get_running_loop()
+        pending = self._pending[worker]
+        reports = []
+        for call in calls:
+            report: asyncio.Future[Report] = loop.create_future()
+            infer = call.kind == "infer"
+            after = pending.get(call.model) if infer else None
+            self._queue(worker, infer).put_nowait((call, report, after))
+            if call.kind == "load":
+                pending[call.model] = report
+                report.add_done_callback(
+                    lambda f, m=call.model: pending.pop(m) if pending.get(m) is f else None
+                )
+            reports.append(report)
+        return asyncio.gather(*reports)
+
+    def _queue(self, worker: int, infer: bool) -> asyncio.Queue[Any]:
+        queue = self._queues.get((worker, infer))
         if queue is None:
-            queue = self._queues[worker] = asyncio.Queue()
+            queue = self._queues[worker, infer] = asyncio.Queue()
             asyncio.get_running_loop().create_task(self._serve(worker, queue))
-        future: asyncio.Future[list[Report]] = asyncio.get_running_loop().create_future()
-        queue.put_nowait((calls, future))
-        return future
+        return queue
 
     async def _serve(self, worker: int, queue: asyncio.Queue[Any]) -> None:
+        """One executor: its actions one at a time, an INFER after the LOAD sent before it."""
         while True:
-            calls, future = await queue.get()
+            call, report, after = await queue.get()
             try:
-                reports = [await self._carry_out(worker, call) for call in calls]
+                if after is not None and (await asyncio.shield(after)).status == "late":
+                    result = Report("late")
+                else:
+                    result = await self._carry_out(worker, call)
             except Exception as exc:
-                if not future.done():
-                    future.set_exception(exc)
+                if not report.done():
+                    report.set_exception(exc)
                 continue
-            if not future.done():
-                future.set_result(reports)
+            if not report.done():
+                report.set_result(result)
 
     async def _carry_out(self, worker: int, call: Call) -> Report:
         self.actions.append((worker, call.kind, call.model))

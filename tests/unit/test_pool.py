@@ -1,10 +1,12 @@
-"""The live driver of a pool over in-process workers: batches form, workers run one action at a
-time, models load and unload within capacity, and every query gets exactly one answer."""
+"""The live driver of a pool over in-process workers: batches form, each executor of a worker
+runs one action at a time, models load and unload within capacity, and every query gets exactly
+one answer."""
 
 from __future__ import annotations
 
 import asyncio
 import math
+import threading
 import time
 from collections.abc import Awaitable
 from typing import Any
@@ -14,7 +16,7 @@ import pytest
 
 from raysrv import batching
 from raysrv._pool import LATE_START, PROFILE_RUNS, Pool
-from raysrv._workers import Call, Report
+from raysrv._workers import Call, PoolWorker, Report
 from raysrv.config import ModelSpec, PoolSpec, resolve_pools
 from raysrv.errors import ModelFailed, NotFound, Overloaded, Rejected
 from raysrv.testing import EchoModel, LocalWorkers, fake_workers, model_spec, one_model_pool
@@ -476,19 +478,99 @@ def test_deadlines_travel_to_the_worker_as_wall_clock_times() -> None:
 
 
 def test_an_infer_behind_a_load_that_came_too_late_is_refused_not_failed() -> None:
-    """A worker that starts a LOAD after its window refuses it; the batch sent right behind
-    it finds no model. Its queries could not be served in time: 429, not a model failure."""
+    """A worker whose LOAD executor reaches a LOAD after its window refuses it; the batch sent
+    behind it, waiting for it, is refused with it. Its queries could not be served in time:
+    429, not a model failure."""
 
-    class LateLoads(LocalWorkers):
+    class HeldUp(LocalWorkers):
         async def _load(self, worker: int, call: Call) -> Report:
-            self.actions.append((worker, "late load", call.model))
-            return Report("late")
+            await asyncio.sleep(0.4)  # the executor reaches it after its window
+            return await super()._load(worker, call)
 
     async def scenario() -> None:
-        workers = LateLoads(1, {"a": EchoModel()}, weight_bytes=1)
+        workers = HeldUp(1, {"a": EchoModel()}, weight_bytes=1)
         pool = _shared(["a"], workers, capacity_mb=1)
+        pool.scheduler.runs("a").observe_load(0.05)
+        pool.scheduler.runs("a").observe(1, 0.001)
+        loop = asyncio.get_running_loop()
         with pytest.raises(Rejected, match=LATE_START):
-            await pool.submit("a", _x())
+            await pool.submit("a", _x(), deadline=loop.time() + 0.3)
+        assert [kind for _, kind, _ in workers.actions] == ["load"]  # the INFER never ran
         await pool.close()
 
     asyncio.run(scenario())
+
+
+# -- a worker's two executors ----------------------------------------------------------------
+
+_GATE = threading.Event()
+
+
+class _Gated:
+    """A model whose batches of non-zero inputs wait up to 5 s for the gate to open, and say
+    whether it did."""
+
+    def predict_batch(self, inputs: Any) -> list[dict[str, bool]]:
+        opened = _GATE.wait(5.0) if np.asarray(inputs).any() else True
+        return [{"opened": opened}] * len(inputs)
+
+
+class _Opener(EchoModel):
+    """Opens the gate as it loads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        _GATE.set()
+
+
+def _worker_spec(name: str, source: str) -> dict[str, Any]:
+    spec = model_spec(name, pool="shared", source=source, weights_mb=1)
+    return ModelSpec.model_validate(spec).model_dump(mode="json")
+
+
+def test_a_worker_loads_one_model_while_it_runs_a_batch_of_another() -> None:
+    """clockwork §4.4: a dedicated executor per action type. The batch of ``gated`` waits for a
+    gate that only the LOAD of ``opener`` opens: run one after the other, it would wait in
+    vain."""
+    _GATE.clear()
+    worker = PoolWorker(None, [])
+
+    async def scenario() -> None:
+        (loaded,) = await worker.run([Call("load", "gated", spec=_worker_spec("gated", GATED))], 1)
+        assert loaded.status == "ok"
+        batch = asyncio.ensure_future(worker.run([Call("infer", "gated", inputs=_ones(2))], 2))
+        opener = _worker_spec("opener", OPENER)
+        (load,) = await worker.run([Call("load", "opener", spec=opener)], 3)
+        (infer,) = await batch
+        assert load.status == infer.status == "ok"
+        assert infer.outputs == [{"opened": True}] * 2
+
+    asyncio.run(scenario())
+
+
+def test_an_infer_waits_for_the_load_sent_before_it_even_if_ray_delivers_it_first() -> None:
+    """The ingress numbers its calls to a worker: the INFER numbered after a LOAD of its model
+    waits for that LOAD, even when it reaches the worker first; behind a LOAD refused for its
+    window, it is refused too (``late``), not failed."""
+    worker = PoolWorker(None, [])
+    spec = _worker_spec("a", "raysrv.testing:EchoModel")
+
+    async def scenario() -> None:
+        await worker.run([], 1)
+        infer = asyncio.ensure_future(worker.run([Call("infer", "a", inputs=_ones(1))], 3))
+        await asyncio.sleep(0.01)  # the INFER is in first
+        (load,) = await worker.run([Call("load", "a", spec=spec)], 2)
+        (answer,) = await infer
+        assert (load.status, answer.status, answer.outputs[0]["sum"]) == ("ok", "ok", 4.0)
+        late = Call("load", "b", latest=time.time() - 1.0, spec={**spec, "name": "b"})
+        reports = await worker.run([late, Call("infer", "b", inputs=_ones(1))], 4)
+        assert [r.status for r in reports] == ["late", "late"]
+
+    asyncio.run(scenario())
+
+
+def _ones(n: int) -> np.ndarray:
+    return np.ones((n, 4), dtype=np.float32)
+
+
+GATED, OPENER = f"{__name__}:_Gated", f"{__name__}:_Opener"

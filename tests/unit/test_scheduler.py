@@ -14,7 +14,6 @@ from raysrv.analytics import SimModel, simulate_pool
 from raysrv.batching import QueuedQuery
 from raysrv.batching.actions import (
     COLD_DOOMED,
-    NOT_LOADED,
     ActionResult,
     Infer,
     Load,
@@ -170,21 +169,66 @@ def _serve(s: PoolScheduler, name: str, i: int, now: float) -> list[object]:
 
 
 def test_a_cold_model_is_loaded_and_run_right_behind_its_load() -> None:
-    """clockwork §4.1: "a LOAD action ... followed by an INFER action", sent together."""
+    """clockwork §4.1: "a LOAD action ... followed by an INFER action". The INFER is sent once
+    the LOAD is predicted to end within ``ahead_s`` (5 ms), to start as the weights are in;
+    sent earlier it would hold the worker's INFER executor while it waits."""
     s = _shared(1, capacity=1)
     s.runs("m0").observe_load(0.02)
     assert s.submit("m0", _q(0)) is True  # cold
-    load, infer = s.step(0.0).actions
+    step = s.step(0.0)
+    (load,) = step.actions
     assert isinstance(load, Load)
     assert (load.worker, load.model, load.weight_bytes) == (0, "m0", MB)
+    assert step.wake_at == pytest.approx(0.015)
+    assert s.describe_model("m0")["loading_on"] == [0]
+    assert s.step(0.010).actions == ()
+    (infer,) = s.step(0.015).actions
     assert isinstance(infer, Infer)
     assert (infer.worker, infer.query_ids) == (0, (0,))
     assert infer.expected_start == pytest.approx(0.02)  # once the weights are in
-    assert s.describe_model("m0")["loading_on"] == [0]
     s.finished(_done(load, 0.02, 0.02))
     s.finished(_done(infer, 0.03, 0.01))
     assert s.describe_model("m0")["loaded_on"] == [0]
     assert s.submit("m0", _q(1, 0.03)) is False  # warm now
+
+
+def test_a_load_runs_beside_the_batches_of_other_models() -> None:
+    """clockwork §4.4: a worker's LOADs have an executor of their own. A cold model is loaded
+    on a worker whose INFER executor is busy, and its batch goes once that executor can take
+    it, planned to start after both the LOAD and the batches before it."""
+    s = PoolScheduler(1, capacity_bytes=2 * MB, depth=1)
+    for name in ("hot", "cold"):
+        s.add_model(name, _policy("deadline", max_batch_size=4), weight_bytes=MB)
+        s.runs(name).observe_load(0.010)
+        s.runs(name).observe(1, 0.030)
+    s.pin(0, "hot", MB)
+    s.submit("hot", _q(0, 0.0, deadline=1.0))
+    (hot,) = s.step(0.0).actions
+    s.submit("cold", _q(1, 0.001, deadline=1.0))
+    (load,) = s.step(0.001).actions  # the INFER executor is full (depth 1): only the LOAD
+    assert isinstance(load, Load)
+    assert load.expected_start == pytest.approx(0.001)
+    assert s.step(0.015).actions == ()  # loading, and the INFER executor still busy
+    s.finished(_done(hot, 0.020, 0.020))
+    (infer,) = s.step(0.020).actions  # the LOAD's result not back yet: planned behind it
+    assert (infer.model, infer.expected_start) == ("cold", pytest.approx(0.020))
+    s.finished(_done(load, 0.021, 0.010))
+    assert s.describe_model("cold")["loaded_on"] == [0]
+
+
+def test_a_cold_query_is_planned_behind_the_loads_in_flight() -> None:
+    """A LOAD waits for the LOADs before it on its executor: a cold query whose deadline
+    falls before they, its own LOAD and a batch of one could end is refused."""
+    s = _shared(3, capacity=3)
+    for i in range(3):
+        s.runs(f"m{i}").observe_load(0.050)
+        s.runs(f"m{i}").observe(1, 0.001)
+    s.submit("m0", _q(0, 0.0, deadline=1.0))
+    (load,) = s.step(0.0).actions
+    s.submit("m1", _q(1, 0.0, deadline=0.08))  # 50 ms behind m0's LOAD, 50 of its own: no
+    s.submit("m2", _q(2, 0.0, deadline=0.2))
+    step = s.step(0.0)
+    assert [(r.model, r.reason) for r in step.refusals] == [("m1", COLD_DOOMED)]
 
 
 def test_one_call_carries_batches_of_several_models_within_the_window() -> None:
@@ -246,7 +290,7 @@ def test_a_cold_query_that_cannot_make_its_deadline_is_refused_before_any_work()
     s.submit("m0", _q(1, 0.0, deadline=0.5))
     step = s.step(0.0)
     assert [(r.query_ids, r.reason) for r in step.refusals] == [((0,), COLD_DOOMED)]
-    assert [type(a).__name__ for a in step.actions] == ["Load", "Infer"]
+    assert [type(a).__name__ for a in step.actions] == ["Load"]
 
 
 def test_a_model_too_big_for_a_worker_is_refused_at_once() -> None:
@@ -258,13 +302,12 @@ def test_a_model_too_big_for_a_worker_is_refused_at_once() -> None:
 def test_a_failed_load_fails_the_queries_waiting_for_it_and_backs_off() -> None:
     s = _shared(1, capacity=1, load_backoff_s=1.0)
     s.submit("m0", _q(0))
-    load, infer = s.step(0.0).actions
+    (load,) = s.step(0.0).actions  # no LOAD measured yet: its INFER waits for the result
     s.submit("m0", _q(1, 0.01))
     s.finished(ActionResult(load, 0.02, ok=False, duration=0.02, error="corrupt file"))
-    s.finished(ActionResult(infer, 0.02, ran=False, error=NOT_LOADED))
-    assert s.load_error("m0") == "corrupt file"  # the driver answers the INFER's with it
+    assert s.load_error("m0") == "corrupt file"
     step = s.step(0.02)
-    assert [(r.query_ids, r.error) for r in step.refusals] == [((1,), "failed")]
+    assert [(r.query_ids, r.error) for r in step.refusals] == [((0, 1), "failed")]
     assert "corrupt file" in step.refusals[0].reason
     s.submit("m0", _q(2, 0.5))
     assert s.step(0.5).refusals[0].query_ids == (2,)  # backing off: answered at once
@@ -280,14 +323,17 @@ def test_a_busy_hot_model_is_loaded_on_a_second_worker() -> None:
     s.runs("hot").observe(4, 0.050)
     s.runs("hot").observe_load(0.010)
     s.submit("hot", _q(0))
-    load, infer = s.step(0.0).actions
+    (load,) = s.step(0.0).actions
+    (infer,) = s.step(0.005).actions
     s.finished(_done(load, 0.010, 0.010))
     s.finished(_done(infer, 0.011, 0.001))
     for i in range(1, 40):
-        s.submit("hot", _q(i, 0.010, deadline=5.0))
-    step = s.step(0.010)
+        s.submit("hot", _q(i, 0.011, deadline=5.0))
+    step = s.step(0.011)
     kinds = sorted((type(a).__name__, a.worker) for a in step.actions)
     assert kinds == [("Infer", 0), ("Load", 1)]
+    (second,) = s.step(0.016).actions  # the LOAD there nearly done: a batch right behind it
+    assert (second.worker, second.expected_start) == (1, pytest.approx(0.021))
 
 
 def test_a_removed_model_leaves_every_worker_holding_it() -> None:
@@ -380,8 +426,8 @@ def test_an_idle_worker_loads_a_model_whose_cold_queries_were_refused() -> None:
 
 
 def test_a_model_with_steady_traffic_is_loaded_on_every_worker() -> None:
-    """A worker here runs other models' LOADs too: a model that gets a query per SLO or more
-    would wait behind them, so it is kept on each worker with room."""
+    """A model that gets a query per SLO or more is kept on each worker with room, so that
+    every INFER executor can serve it rather than queue it on one behind other models."""
     s = PoolScheduler(2, capacity_bytes=2 * MB)
     for name in ("m0", "m1"):
         s.add_model(name, _policy("deadline", slo_s=0.1, max_batch_size=4), weight_bytes=MB)
@@ -396,3 +442,20 @@ def test_a_model_with_steady_traffic_is_loaded_on_every_worker() -> None:
         _serve(s, "m1", i, now)
         now += 1.0
     assert len(s.describe_model("m1")["loaded_on"]) == 1
+
+
+def test_in_simulation_loads_of_other_models_do_not_delay_a_loaded_models_batches() -> None:
+    """The simulated workers have both executors too: with a query of ``hot`` every 10 ms and
+    a cold model loaded for 50 ms every 100 ms on the same worker, no ``hot`` query waits
+    behind a LOAD (one executor for both would hold some for up to 50 ms)."""
+    times = np.arange(0.0, 2.0, 0.01)
+    names = ["cold" + str(i // 10) if i % 10 == 5 else "hot" for i in range(times.size)]
+    pool = {
+        name: SimModel(_policy(max_batch_size=4), [0.001] * 4, load_s=0.05, weight_bytes=MB)
+        for name in set(names)
+    }
+    result = simulate_pool(times, names, pool, workers=1, capacity_bytes=2 * MB, slo=1.0)
+    hot = result.models == "hot"
+    assert not result.rejected.any()
+    assert result.loads >= 20  # every cold model, and hot once
+    assert float(np.max(result.latencies[hot & ~result.cold])) < 0.01
