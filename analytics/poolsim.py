@@ -10,7 +10,8 @@ model whose LOAD is still running starts when the LOAD ends. An INFER of k queri
 ``service(k)`` seconds, a LOAD for the model's ``load_s`` and an UNLOAD for its ``unload_s``,
 with no interference between the two executors; an action that would start after its
 ``latest`` is not run (§4.4); ``hop_s`` is the round trip of an action to its worker and its
-result back (half each way).
+result back (half each way): seconds, or a function drawing one round trip per action (close
+over a ``numpy.random.Generator`` for trips measured live).
 
 Each simulated worker also keeps its own account of the weights it holds and refuses a LOAD
 that would take it past the capacity, as a live worker does, so the result's
@@ -141,13 +142,17 @@ class _PoolRun:
         workers: int,
         capacity_bytes: int | None,
         depth: int,
-        hop_s: float,
+        hop_s: float | Callable[[], float],
     ) -> None:
         self.specs = dict(models)
         self.service = {name: service_fn(m.service) for name, m in models.items()}
         self.scheduler = PoolScheduler(workers, capacity_bytes=capacity_bytes, depth=depth)
         self.workers = [_SimWorker(capacity_bytes) for _ in range(workers)]
-        self.hop = hop_s
+        if callable(hop_s):
+            self.hop = hop_s
+        else:
+            fixed = float(hop_s)
+            self.hop = lambda: fixed
         self.events: list[tuple[float, int, ActionResult]] = []
         self.seq = 0
         self.timer = math.inf
@@ -206,7 +211,8 @@ class _PoolRun:
 
     def _carry_out(self, action: Action, now: float) -> None:
         w = self.workers[action.worker]
-        arrives = now + self.hop / 2
+        way = self.hop() / 2
+        arrives = now + way
         ran, ok, error, size, weight = True, True, "", None, None
         if isinstance(action, Infer):
             start = max(arrives, w.infer_free, w.ready.get(action.model, arrives))
@@ -233,7 +239,7 @@ class _PoolRun:
             w.infer_free = max(w.infer_free, end)
         else:
             w.load_free = end
-        result = ActionResult(action, end + self.hop / 2, ran, ok, duration, size, weight, error)
+        result = ActionResult(action, end + way, ran, ok, duration, size, weight, error)
         self.seq += 1
         heapq.heappush(self.events, (result.finished, self.seq, result))
 
@@ -273,7 +279,7 @@ def simulate_pool(
     workers: int,
     capacity_bytes: int | None = None,
     depth: int = 1,
-    hop_s: float = 0.0,
+    hop_s: float | Callable[[], float] = 0.0,
     slo: float | Mapping[str, float] | None = None,
     deadlines: Sequence[float] | np.ndarray | None = None,
     priorities: Sequence[int] | np.ndarray | None = None,

@@ -85,6 +85,7 @@ __all__ = ["Point", "main"]
 
 FIGURES = Path(__file__).parent / "figures"
 OUT = Path(__file__).parent / "out" / "many_models.json"
+OVERRUN_BATCHES = 50  # models whose learned overrun the timing summary counts: enough batches
 MAX_BATCH = 16
 # The zoo's square layer runs 400 times: a batch of 1 takes about 4.6 ms on one thread, of 16
 # about 26 ms, while a model stays 2.8 MiB. With the plain 2 MiB models (0.05 ms a batch) the
@@ -287,7 +288,11 @@ class Bench:
         server = await self.server_state(system, handle)
         server["reasons"] = dict(client.reasons.most_common(8))
         server["trips_s"] = float(np.median(client.trips)) if client.trips else 0.0
+        server["trips"] = client.trips
         print(f"  {system} on {workload}: not answered because {server['reasons']}")
+        if system == "raysrv":
+            server["timing"] = _timing(client.trips, server)
+            print(f"  {system} on {workload}: timing (ms) {server['timing']}")
         point = summarize(log, workload, system, self.slo_s, self.args.seconds, capacity, server)
         return point, log, {"times": times, "models": models, **server}
 
@@ -318,6 +323,11 @@ class Bench:
                 for m in models
                 if m["batches"] or m["loads"]
             },
+            "overruns_ms": [
+                m["batching"]["learned_overrun_ms"]
+                for m in models
+                if m["batches"] >= OVERRUN_BATCHES and "learned_overrun_ms" in m["batching"]
+            ],
         }
 
     async def hot(self) -> list[dict[str, Any]]:
@@ -344,10 +354,12 @@ class Bench:
 
     def simulate(self, workload: str, extra: dict[str, Any], capacity_bytes: int) -> float:
         """Within-SLO share of the same arrivals in the simulator, with what the point measured:
-        run times and LOAD times per model (the pool's medians for a model that ran none), the
-        median hop of a call to a worker and back, and the median trips between the client and
-        the ingress (half each way: a query reaches the scheduler that much after it was sent,
-        and its deadline is that much before the SLO ends, as the ingress keeps it back)."""
+        run times and LOAD times per model (the pool's medians for a model that ran none), each
+        call to a worker drawn from the round trips measured beyond their runs (their
+        quantiles), and each query's trips between the client and the ingress drawn from the
+        client's (half each way: a query reaches the scheduler that much after it was sent;
+        its deadline is the ingress's, the SLO less the ``trip_back`` quantile of one-way trips;
+        it counts if its answer is back at the client within the SLO)."""
         profiles = extra["profiles"]
         pooled = _pooled_table(p["batch_p50"] for p in profiles.values())
         loads = [p["load_ms"]["p50"] for p in profiles.values() if p["load_ms"]["p50"]]
@@ -366,19 +378,55 @@ class Bench:
                 group="zoo",
             )
         names = [self.names[m] for m in extra["models"]]
-        way = extra["trips_s"] / 2.0
-        hop = (extra["call_overhead_ms"]["p50"] or 0.0) / 1000.0
+        rng = np.random.default_rng(11)
+        times = extra["times"]
+        trips = np.asarray(extra["trips"] or [0.0])
+        way = rng.choice(trips, times.size) / 2.0
+        kept = float(np.quantile(trips / 2.0, getattr(self.args, "trip_back", TRIP_BACK)))
+        order = np.argsort(times + way, kind="stable")
+        deadlines = times + self.slo_s - kept
         result = simulate_pool(
-            extra["times"] + way,
-            names,
+            (times + way)[order],
+            [names[i] for i in order],
             models,
             workers=WORKERS,
             capacity_bytes=capacity_bytes,
             depth=2,
-            hop_s=hop,
-            deadlines=extra["times"] + self.slo_s - way,
+            hop_s=_drawn(extra["call_overhead_ms"], rng),
+            deadlines=deadlines[order],
         )
-        return float(np.sum(~result.rejected & ~result.late)) / max(1, len(names))
+        back = result.arrivals + result.latencies + way[order]  # at the client
+        met = ~result.rejected & ~result.late & (back <= times[order] + self.slo_s)
+        return float(np.sum(met)) / max(1, len(names))
+
+
+def _drawn(quantiles_ms: dict[str, float | None], rng: np.random.Generator) -> Any:
+    """A function drawing seconds from the distribution given by its quantiles in ms
+    (``{"p10": ..., "p99": ...}``), linear between them and clamped at the ends."""
+    known = sorted((int(k[1:]) / 100.0, v / 1e3) for k, v in quantiles_ms.items() if v is not None)
+    if not known:
+        return 0.0
+    qs, values = [0.0] + [q for q, _ in known] + [1.0], [known[0][1]] + [v for _, v in known]
+    values.append(values[-1])
+    return lambda: float(np.interp(rng.random(), qs, values))
+
+
+def _timing(trips: list[float], server: dict[str, Any]) -> dict[str, float]:
+    """Where raysrv's time went beyond running models, in ms: the client's trips to the
+    ingress and back (p50, p90, p99), a call to a worker beyond its run (p50, p99), and the
+    overrun the ``deadline`` policy of the models with ``OVERRUN_BATCHES`` batches or more
+    plans for (median, max over models)."""
+    timing: dict[str, float] = {}
+    if trips:
+        for q in (50, 90, 99):
+            timing[f"trip_p{q}"] = round(float(np.percentile(trips, q)) * 1e3, 1)
+    for key, value in server["call_overhead_ms"].items():
+        if value is not None:
+            timing[f"call_{key}"] = round(value, 1)
+    if server["overruns_ms"]:
+        timing["overrun_median"] = round(float(np.median(server["overruns_ms"])), 1)
+        timing["overrun_max"] = round(float(np.max(server["overruns_ms"])), 1)
+    return timing
 
 
 async def _closed_log(client: HandleClient, seconds: float, concurrency: int) -> RequestLog:
@@ -484,6 +532,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     points: list[Point] = []
     logs: dict[str, dict[str, RequestLog]] = {}
     capacities: dict[str, float] = {}
+    timing: dict[str, dict[str, float]] = {}
     for workload in [w for w in args.workloads if w != "hot"]:
         capacities[workload] = await bench.capacity(workload)
         print(f"{workload}: capacity {capacities[workload]:.1f} queries/s")
@@ -493,6 +542,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 capacity_bytes = int(bench.per_worker * bench.size + 0.01 * (1 << 20))
                 simulated = bench.simulate(workload, extra, capacity_bytes)
                 point = Point(**{**asdict(point), "simulated": simulated})
+                timing[workload] = extra["timing"]
             points.append(point)
             logs.setdefault(workload, {})[system] = log
             print(table([point]).splitlines()[-1])
@@ -507,6 +557,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "model_bytes": bench.size,
         "capacities": capacities,
         "points": [asdict(p) for p in points],
+        "timing_ms": timing,
         "hot": hot,
     }
 

@@ -51,6 +51,7 @@ PROFILE_RUNS = 3  # measured runs per batch size in the profiling step, after on
 ARRIVAL_WINDOW = 2000  # arrival times kept per model for the plan view
 SHOWN_WINDOW = 100  # batches per size behind the run times ``GET /v1/models`` shows
 OVERHEAD_WINDOW = 500  # calls behind the round-trip overhead ``GET /v1/pools`` shows
+OVERHEAD_QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9, 0.99)  # the ones it shows
 LATE_START = "deadline passed before the batch could start"
 
 logger = logging.getLogger(__name__)
@@ -481,7 +482,7 @@ class Pool:
             shown["process"] = {k: v for k, v in seen.items() if k != "rss_growth"}
         overhead_ms = {
             f"p{round(q * 100)}": self._overheads.quantile(q) * 1e3 if self._overheads else None
-            for q in (0.5, 0.99)
+            for q in OVERHEAD_QUANTILES
         }
         return {
             "name": self.name,

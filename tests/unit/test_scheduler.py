@@ -459,3 +459,25 @@ def test_in_simulation_loads_of_other_models_do_not_delay_a_loaded_models_batche
     assert not result.rejected.any()
     assert result.loads >= 20  # every cold model, and hot once
     assert float(np.max(result.latencies[hot & ~result.cold])) < 0.01
+
+
+def test_in_simulation_each_action_may_draw_its_own_round_trip() -> None:
+    """``hop_s`` as a function is drawn once per action: a constant function gives what the
+    constant does, and the draws add up to one per action carried out."""
+    times = np.arange(0.0, 1.0, 0.01)
+    names = ["m0" if i % 3 else "m1" for i in range(times.size)]
+    draws: list[float] = []
+
+    def hop() -> float:
+        draws.append(0.004)
+        return 0.004
+
+    def pool() -> dict[str, SimModel]:
+        return {
+            n: SimModel(_policy(max_batch_size=4), [0.001] * 4, load_s=0.005) for n in ("m0", "m1")
+        }
+
+    fixed = simulate_pool(times, names, pool(), workers=1, hop_s=0.004, slo=1.0)
+    drawn = simulate_pool(times, names, pool(), workers=1, hop_s=hop, slo=1.0)
+    np.testing.assert_allclose(drawn.latencies, fixed.latencies)
+    assert len(draws) == drawn.batch_sizes.size + drawn.loads + drawn.unloads
