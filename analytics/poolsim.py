@@ -31,6 +31,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from raysrv.batching.actions import (
+    LATE_START,
+    NO_ROOM,
     NOT_LOADED,
     Action,
     ActionResult,
@@ -226,9 +228,9 @@ class _PoolRun:
             ran, duration = False, 0.0
         elif isinstance(action, Load):
             duration, weight = self._load(w, action)
-            ok = weight is not None
-            error = "" if ok else "does not fit"
-            if ok:
+            if weight is None:  # as a live worker answers: not run
+                ran, error = False, NO_ROOM
+            else:
                 w.ready[action.model] = start + duration
         elif action.model not in w.held:  # its LOAD did not run: as a live worker answers
             ran, duration, error = False, 0.0, NOT_LOADED
@@ -239,7 +241,8 @@ class _PoolRun:
             w.infer_free = max(w.infer_free, end)
         else:
             w.load_free = end
-        result = ActionResult(action, end + way, ran, ok, duration, size, weight, error)
+        when = (start, end) if ran else (math.nan, math.nan)  # as a live worker reports
+        result = ActionResult(action, end + way, ran, ok, duration, size, weight, error, *when)
         self.seq += 1
         heapq.heappush(self.events, (result.finished, self.seq, result))
 
@@ -265,7 +268,7 @@ class _PoolRun:
             for q in action.query_ids:
                 self.done[q] = result.finished
         elif isinstance(action, Infer):
-            reason = result.error or "deadline passed before the batch could start"
+            reason = result.error or LATE_START
             for q in action.query_ids:
                 self.refused[q] = reason
         self.scheduler.finished(result)

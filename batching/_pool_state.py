@@ -71,13 +71,15 @@ class _Executor:
         self.inflight.append(_Sent(action, predicted, call))
         self.open_at = max(start, self.free_at(now)) + predicted
 
-    def done(self, action: Action, now: float) -> None:
-        """``action`` came back at ``now``: what is still in flight runs from now."""
+    def done(self, action: Action, now: float, ended: float = math.nan) -> None:
+        """``action`` came back at ``now``, having ended on the worker at ``ended`` (NaN: not
+        known): what is still in flight runs from then."""
         self.inflight = [s for s in self.inflight if s.action is not action]
         if not self.inflight:
             self.busy_since, self.open_at = None, -math.inf
         else:
-            self.open_at = now + sum(s.predicted for s in self.inflight)
+            since = ended if math.isfinite(ended) and ended <= now else now
+            self.open_at = since + sum(s.predicted for s in self.inflight)
 
     def outstanding(self, now: float) -> float:
         """Seconds of work in flight (0 when none, or when its end is not known)."""
@@ -101,6 +103,7 @@ class _Worker:
         self.last_used: dict[str, float] = {}
         self.running: collections.Counter[str] = collections.Counter()  # INFERs in flight
         self.peak_bytes = 0
+        self.full_until = -math.inf  # it refused a LOAD for want of room: none until then
 
     @property
     def resident(self) -> int:

@@ -13,7 +13,9 @@ from raysrv.batching.base import BatchingPolicy
 
 __all__ = [
     "COLD_DOOMED",
+    "LATE_START",
     "NOT_LOADED",
+    "NO_ROOM",
     "Action",
     "ActionResult",
     "Infer",
@@ -26,7 +28,9 @@ __all__ = [
 ]
 
 COLD_DOOMED = "cannot meet deadline (cold start)"
+LATE_START = "deadline passed before the batch could start"  # a worker refused it (its window)
 NOT_LOADED = "not_loaded"  # ActionResult.error of an INFER the worker had no model for
+NO_ROOM = "no_room"  # ActionResult.error of a LOAD the worker had no room for (not run)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +84,12 @@ class Refusal:
 @dataclass(frozen=True, slots=True)
 class ActionResult:
     """What a worker reported for one action. ``ran`` is False when it did not start it
-    (outside its window, or the model was not loaded); ``ok`` is False when it ran and failed.
-    ``size``: queries an INFER actually ran (callers may have left since it was chosen)."""
+    (outside its window, the model was not loaded, or no room for a LOAD); ``ok`` is False
+    when it ran and failed.
+    ``size``: queries an INFER actually ran (callers may have left since it was chosen).
+    ``finished``: when the report reached the scheduler; ``started`` and ``ended``: when the
+    worker ran the action (clockwork §5.2: results carry "start and end times"), on the
+    scheduler's clock, NaN when not known."""
 
     action: Action
     finished: float
@@ -91,6 +99,8 @@ class ActionResult:
     size: int | None = None
     weight_bytes: int | None = None
     error: str = ""
+    started: float = math.nan
+    ended: float = math.nan
 
 
 @dataclass(frozen=True, slots=True)

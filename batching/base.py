@@ -129,7 +129,7 @@ class BatchOutcome:
 
     ``expected_start`` is when the batch was expected to start as it left (the dispatch's own,
     else the replica's ``start_time`` then), None when unknown; ``finished`` is when its answers
-    were back.
+    were back; ``ended`` when the replica finished running it, None when unknown.
     """
 
     size: int
@@ -139,6 +139,7 @@ class BatchOutcome:
     duration: float
     ok: bool = True
     expected_start: float | None = None
+    ended: float | None = None
 
 
 class BatchingPolicy(ABC):

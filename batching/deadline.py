@@ -35,9 +35,9 @@ the run time the replica measured. With ``learn_overrun`` the ``overrun_quantile
 planned, so a noisy machine makes the policy plan with the slack its hops need instead of a
 hand-set ``margin_ms``. Each source of lateness is learned once, by what forgets it soonest:
   - a slow run is the run-time window's (10 batches of its size), not an overrun;
-  - a batch delayed by the one ahead of it is re-anchored on that one's answer, so the delay is
-    not charged to it again, and the slack is added once to a plan, not to each batch in flight
-    ahead of it;
+  - a batch delayed by the one ahead of it is re-anchored on when that one ended on the replica
+    (on its answer, where the replica does not say), so the delay is not charged to it again,
+    and the slack is added once to a plan, not to each batch in flight ahead of it;
   - a window of 200 keeps one pause of the machine (one late batch) out of the 99th percentile.
 Measured against the whole plan instead, with a window of 50, one pause of the machine set the
 slack to 137-148 ms for the next 50 batches, doubled in every chain; at 50% load the policy then
@@ -274,8 +274,9 @@ class DeadlinePolicy(BatchingPolicy):
 
     def _reanchor(self, outcome: BatchOutcome) -> float | None:
         """Drop the plan of the batch that came back (and of any older one that never ran), move
-        the plans still in flight on that replica by how late or early it came back, and return
-        its planned start as re-anchored (None if this policy did not plan it)."""
+        the plans still in flight on that replica by how late or early it ended there (when it
+        came back, if the replica did not say), and return its planned start as re-anchored
+        (None if this policy did not plan it)."""
         planned = self._inflight.get(outcome.replica)
         if not planned or outcome.expected_start is None:
             return None
@@ -284,7 +285,8 @@ class DeadlinePolicy(BatchingPolicy):
             mine = planned.popleft()
         if mine is None:
             return None
-        shift = outcome.finished - mine[2]
+        ended = outcome.finished if outcome.ended is None else outcome.ended
+        shift = ended - mine[2]
         self._inflight[outcome.replica] = deque((n, s + shift, f + shift) for n, s, f in planned)
         return mine[1]
 

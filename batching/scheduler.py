@@ -49,11 +49,14 @@ What a step decides:
    again rather than refuse every later cold query.
 
 Every action carries the window in which the worker may start it (clockwork §4.4): from when it
-is sent to ``latest`` (an INFER: its earliest deadline; a LOAD: the last moment it still helps a
-waiting query); a worker refuses to start an action after that. Each result carries the duration
-the worker measured, recorded in the model's :class:`~raysrv.batching.profile.RunTimes` after
-the policy has seen it. No worker is ever sent a LOAD that would take its models' weights past
-``capacity_bytes``; the worker checks again with the bytes it measures.
+is sent to ``latest`` (an INFER: its earliest deadline less its median run time, Appendix B's
+"required start time", so a batch that could only finish late is never run; a LOAD: the last
+moment it still helps a waiting query); a worker refuses to start an action after that. Each
+result carries the duration the worker measured, recorded in the model's
+:class:`~raysrv.batching.profile.RunTimes` after the policy has seen it. No worker is ever sent
+a LOAD that would take its models' weights past ``capacity_bytes``; the worker checks again with
+the bytes it measures, and one that refuses a LOAD for want of room takes no LOAD for
+``load_backoff_s``.
 
 Cost of a step: O(q log q) over the queued queries of the models consulted (those with a new
 event, a due wait, or an offered worker), plus O(workers x loaded models) for evictions.
@@ -75,6 +78,7 @@ from raysrv.batching._pool_state import (
     _Worker,
 )
 from raysrv.batching.actions import (
+    NO_ROOM,
     NOT_LOADED,
     ActionResult,
     Infer,
@@ -247,7 +251,7 @@ class PoolScheduler(Placement):
         """Everything to do at ``now``: actions for workers, refusals and planning jobs."""
         self._calls += 1
         offered = [w for w in self.workers if w.infers.can_take(now)]
-        loadable = {w.index for w in self.workers if w.loads.can_take(now)}
+        loadable = {w.index for w in self.workers if w.loads.can_take(now) and w.full_until <= now}
         out = _Out(self._calls, {w.index: now + self._ahead for w in offered}, loadable)
         out.refusals.extend(self._stash)
         self._stash.clear()
@@ -267,6 +271,8 @@ class PoolScheduler(Placement):
                 opening = executor.opening(now)
                 if opening is not None:
                     out.wake = min(out.wake, opening)
+            if w.full_until > now:
+                out.wake = min(out.wake, w.full_until)
         wake = out.wake if out.wake < math.inf else None
         return Step(tuple(out.actions), tuple(out.refusals), wake, tuple(out.plans))
 
@@ -374,9 +380,10 @@ class PoolScheduler(Placement):
         w = self.workers[decision.replica]
         ready = w.ready_at(model.name, now)
         expected = ready if decision.expected_start is None else decision.expected_start
-        latest = min(q.deadline for q in queries)
-        action = Infer(w.index, model.name, decision.query_ids, now, expected, latest)
         predicted = _estimate(model.runs, len(queries), PREDICT_Q, default=math.inf)
+        run = predicted if math.isfinite(predicted) else 0.0
+        latest = min(q.deadline for q in queries) - run  # Appendix B's required start
+        action = Infer(w.index, model.name, decision.query_ids, now, expected, latest)
         w.infers.sent(action, predicted, now, out.call, ready)
         w.running[model.name] += 1
         w.last_used[model.name] = now
@@ -416,7 +423,7 @@ class PoolScheduler(Placement):
         """A worker's report of one action, at ``result.finished``."""
         action = result.action
         w = self.workers[action.worker]
-        w.executor(action).done(action, result.finished)
+        w.executor(action).done(action, result.finished, result.ended)
         if isinstance(action, Infer):
             self._infer_done(w, action, result)
         elif isinstance(action, Load):
@@ -447,6 +454,7 @@ class PoolScheduler(Placement):
                 duration,
                 result.ran and result.ok,
                 action.expected_start,
+                result.ended if math.isfinite(result.ended) else None,
             )
         )
         if good and size:
@@ -458,16 +466,7 @@ class PoolScheduler(Placement):
         if model is not None:
             model.dirty = True
         if not (result.ran and result.ok):
-            w.held.pop(action.model, None)
-            w.last_used.pop(action.model, None)
-            if result.ran and model is not None:  # it failed: answer its queries with that
-                model.failed_until = result.finished + self._backoff
-                model.error = result.error
-                reason = f"model could not be loaded: {result.error}"
-                if model.queue:
-                    self._stash.append(Refusal(model.name, _ids(model.queue), reason, "failed"))
-                    model.queue = []
-                    self._active.pop(model.name, None)
+            self._load_not_done(w, action, result, model)
             return
         self.loads += 1
         if model is not None:
@@ -481,6 +480,25 @@ class PoolScheduler(Placement):
             model.weight_bytes = weight
             if math.isfinite(result.duration):
                 model.runs.observe_load(result.duration, weight)
+
+    def _load_not_done(
+        self, w: _Worker, action: Load, result: ActionResult, model: _Model | None
+    ) -> None:
+        """A LOAD that was not run (late, or no room) or failed: the model is not there."""
+        w.held.pop(action.model, None)
+        w.last_used.pop(action.model, None)
+        if result.error == NO_ROOM:  # its memory is not as this scheduler believes
+            w.full_until = result.finished + self._backoff
+            if model is not None and result.weight_bytes is not None:
+                model.weight_bytes = result.weight_bytes  # what the worker measured
+        if result.ran and model is not None:  # it failed: answer its queries with that
+            model.failed_until = result.finished + self._backoff
+            model.error = result.error
+            reason = f"model could not be loaded: {result.error}"
+            if model.queue:
+                self._stash.append(Refusal(model.name, _ids(model.queue), reason, "failed"))
+                model.queue = []
+                self._active.pop(model.name, None)
 
     def _unload_done(self, action: Unload, result: ActionResult) -> None:
         model = self._models.get(action.model)

@@ -47,7 +47,8 @@ p99 of answers; from the servers: loads, evictions and cold starts per second, a
 weight any worker held (raysrv: the worker's own account and its process's peak memory).
 For each raysrv point, "simulator": the same arrivals through
 :func:`raysrv.analytics.simulate_pool` with the run times and LOAD times the point measured per
-model: the same scheduler, minus the network and Python's overheads. Plots:
+model, their spread and the trips it measured (``Bench.simulate``): the same scheduler, on
+simulated workers and hops. Plots:
 ``bench/figures/many_models_cdf.png`` and ``many_models_goodput.png``; everything in
 ``bench/out/many_models.json``.
 """
@@ -312,6 +313,8 @@ class Bench:
         models = await handle.models.remote()
         return {
             "call_overhead_ms": pool["call_overhead_ms"],
+            "start_late_ms": pool["start_late_ms"],
+            "return_ms": pool["return_ms"],
             "loads": pool["loads"],
             "evictions": pool["evictions"],
             "cold": pool["cold_starts"],
@@ -319,7 +322,7 @@ class Bench:
             "worker_peak_weights": max(w["process"]["peak_bytes"] for w in pool["workers"]),
             "peak_rss": max(w["process"]["peak_rss_bytes"] for w in pool["workers"]),
             "profiles": {
-                m["name"]: {"batch_p50": m["batch_seconds"]["p50"], "load_ms": m["load_ms"]}
+                m["name"]: {"batch": m["batch_seconds"], "load_ms": m["load_ms"]}
                 for m in models
                 if m["batches"] or m["loads"]
             },
@@ -354,31 +357,34 @@ class Bench:
 
     def simulate(self, workload: str, extra: dict[str, Any], capacity_bytes: int) -> float:
         """Within-SLO share of the same arrivals in the simulator, with what the point measured:
-        run times and LOAD times per model (the pool's medians for a model that ran none), each
-        call to a worker drawn from the round trips measured beyond their runs (their
-        quantiles), and each query's trips between the client and the ingress drawn from the
-        client's (half each way: a query reaches the scheduler that much after it was sent;
-        its deadline is the ingress's, the SLO less the ``trip_back`` quantile of one-way trips;
-        it counts if its answer is back at the client within the SLO)."""
+        median run times and LOAD times per model (the pool's medians for a model that ran
+        none), each batch's median multiplied by a factor drawn from the spread of the
+        measured run times (``_spread``), each call to a worker drawn from the round trips
+        measured beyond their runs (their quantiles), and each query's trips between the client
+        and the ingress drawn from the client's (half each way: a query reaches the scheduler
+        that much after it was sent; its deadline is the ingress's, the SLO less the
+        ``trip_back`` quantile of one-way trips; it counts if its answer is back at the client
+        within the SLO)."""
         profiles = extra["profiles"]
-        pooled = _pooled_table(p["batch_p50"] for p in profiles.values())
+        pooled = _pooled_table(p["batch"]["p50"] for p in profiles.values())
+        rng = np.random.default_rng(11)
+        spread = _spread([p["batch"] for p in profiles.values()], rng)
         loads = [p["load_ms"]["p50"] for p in profiles.values() if p["load_ms"]["p50"]]
         pooled_load = float(np.median(loads)) / 1000.0 if loads else 0.0
         used = sorted({self.names[m] for m in extra["models"]})
         models = {}
         for name in used:
             own = profiles.get(name, {})
-            table = _table(own.get("batch_p50") or {}) or pooled
+            table = _table(own.get("batch", {}).get("p50") or {}) or pooled
             load_ms = (own.get("load_ms") or {}).get("p50")
             models[name] = SimModel(
                 make_policy("deadline", self.params, self.slo_s),
-                _service(table),
+                _service(table, spread),
                 load_s=pooled_load if load_ms is None else load_ms / 1000.0,
                 weight_bytes=self.size,
                 group="zoo",
             )
         names = [self.names[m] for m in extra["models"]]
-        rng = np.random.default_rng(11)
         times = extra["times"]
         trips = np.asarray(extra["trips"] or [0.0])
         way = rng.choice(trips, times.size) / 2.0
@@ -420,9 +426,10 @@ def _timing(trips: list[float], server: dict[str, Any]) -> dict[str, float]:
     if trips:
         for q in (50, 90, 99):
             timing[f"trip_p{q}"] = round(float(np.percentile(trips, q)) * 1e3, 1)
-    for key, value in server["call_overhead_ms"].items():
-        if value is not None:
-            timing[f"call_{key}"] = round(value, 1)
+    for name in ("call_overhead_ms", "start_late_ms", "return_ms"):
+        for key, value in server[name].items():
+            if value is not None and key in ("p10", "p50", "p90", "p99"):
+                timing[f"{name.split('_')[0]}_{key}"] = round(value, 1)
     if server["overruns_ms"]:
         timing["overrun_median"] = round(float(np.median(server["overruns_ms"])), 1)
         timing["overrun_max"] = round(float(np.max(server["overruns_ms"])), 1)
@@ -460,12 +467,36 @@ def _pooled_table(tables: Any) -> dict[int, float]:
     return {k: float(np.median(v)) for k, v in sorted(seen.items())}
 
 
-def _service(table: dict[int, float]) -> Any:
+def _spread(tables: list[dict[str, dict[str, float]]], rng: np.random.Generator) -> Any:
+    """A function drawing how much longer than its median a batch runs (a factor): the median,
+    over every model and size measured, of each quantile of its run times over its median;
+    linear between those quantiles (p10, p50, p90, p99), clamped at the ends."""
+    ratios: dict[float, list[float]] = {}
+    for table in tables:
+        for key in table:
+            q = int(key[1:]) / 100.0
+            for size, seconds in table[key].items():
+                median = table["p50"].get(size)
+                if median:
+                    ratios.setdefault(q, []).append(seconds / median)
+    known = sorted((q, float(np.median(r))) for q, r in ratios.items())
+    if not known:
+        return lambda: 1.0
+    qs = [0.0] + [q for q, _ in known] + [1.0]
+    values = [known[0][1]] + [r for _, r in known] + [known[-1][1]]
+    return lambda: float(np.interp(rng.random(), qs, values))
+
+
+def _service(table: dict[int, float], spread: Any) -> Any:
+    """Seconds a batch of k runs: the median measured (interpolated between sizes) times a
+    factor drawn from ``spread``."""
     from raysrv.batching.profile import interpolate_batches
 
     sizes = sorted(table)
     values = [table[k] for k in sizes]
-    return lambda k: float(interpolate_batches(sizes, values, k)) if sizes else 0.0
+    if not sizes:
+        return lambda k: 0.0
+    return lambda k: float(interpolate_batches(sizes, values, k)) * spread()
 
 
 def summarize(

@@ -21,7 +21,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,8 @@ from raysrv._planner import PlanSnapshot
 from raysrv._workers import Call, Report, Workers, wall
 from raysrv.batching import BatchingPolicy, QueuedQuery
 from raysrv.batching.actions import (
+    LATE_START,
+    NO_ROOM,
     NOT_LOADED,
     Action,
     ActionResult,
@@ -45,14 +47,15 @@ from raysrv.config import ModelSpec, ResolvedPool
 from raysrv.errors import ModelFailed, NotFound, Overloaded, RaysrvError, Rejected
 from raysrv.metrics import Metrics
 
-__all__ = ["LATE_START", "PROFILE_RUNS", "Pool"]
+__all__ = ["PROFILE_RUNS", "Pool"]
 
 PROFILE_RUNS = 3  # measured runs per batch size in the profiling step, after one to warm up
 ARRIVAL_WINDOW = 2000  # arrival times kept per model for the plan view
 SHOWN_WINDOW = 100  # batches per size behind the run times ``GET /v1/models`` shows
+SHOWN_QUANTILES = (0.1, 0.5, 0.9, 0.99)  # the ones it shows
 OVERHEAD_WINDOW = 500  # calls behind the round-trip overhead ``GET /v1/pools`` shows
 OVERHEAD_QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9, 0.99)  # the ones it shows
-LATE_START = "deadline passed before the batch could start"
+NOT_LOADED_REASON = "not loaded on its worker when the batch came (its LOAD ran too late)"
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +98,10 @@ class Pool:
         self._running: set[asyncio.Task[Any]] = set()
         # a call's round trip beyond its actions' run times: the hop to the worker and back
         self._overheads = SortedWindow(OVERHEAD_WINDOW)
+        # of each batch: how much later it started than the scheduler expected, and how long
+        # its answer took from the worker's end of it to this loop's taking it up
+        self._late_starts = SortedWindow(OVERHEAD_WINDOW)
+        self._returns = SortedWindow(OVERHEAD_WINDOW)
         self._back = [-math.inf] * len(workers)  # when each worker's last call came back
 
     # -- models ----------------------------------------------------------------------------
@@ -277,7 +284,7 @@ class Pool:
             self._wake.set()
             return
         pending = self._workers.run(worker, calls)
-        self._track(self._finish(worker, now, sent, pending))
+        self._track(self._finish(worker, now, earliest - now, sent, pending))
 
     def _track(self, coroutine: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coroutine)
@@ -288,9 +295,11 @@ class Pool:
         self,
         worker: int,
         now: float,
+        offset: float,
         sent: list[tuple[Action, list[_Entry]]],
         pending: Awaitable[list[Report]],
     ) -> None:
+        """Take up a call's reports; ``offset`` is the wall clock less the clock at ``now``."""
         try:
             reports = await pending
         except Exception as exc:
@@ -302,7 +311,15 @@ class Pool:
             ran = sum(r.duration for r in reports if math.isfinite(r.duration))
             self._overheads.add(finished - max(now, self._back[worker]) - ran)
             self._back[worker] = finished
-        for (action, entries), report in zip(sent, reports, strict=True):
+        back = time.time()
+        for (action, entries), wall_report in zip(sent, reports, strict=True):
+            # the worker's start and end, on this loop's clock
+            report = replace(
+                wall_report, started=wall_report.started - offset, ended=wall_report.ended - offset
+            )
+            if isinstance(action, Infer) and math.isfinite(report.started):
+                self._late_starts.add(report.started - action.expected_start)
+                self._returns.add(back - wall_report.ended)
             if isinstance(action, Infer):
                 self._infer_done(action, entries, report, finished)
             elif isinstance(action, Load):
@@ -331,6 +348,9 @@ class Pool:
         elif status == "not_loaded" and self.scheduler.load_error(model):  # its LOAD failed
             reason = f"could not be loaded: {self.scheduler.load_error(model)}"
             self._fail(entries, ModelFailed(f"model {model!r}: {reason}"))
+        elif status == "not_loaded":  # its LOAD came too late, or the worker restarted
+            self._metrics.rejection(model, "not_loaded")
+            self._fail(entries, Rejected(f"model {model!r}: {NOT_LOADED_REASON}"))
         else:
             self._fail(entries, ModelFailed(f"model {model!r} failed on a batch: {error}"))
         ran = status in ("ok", "failed")
@@ -342,6 +362,8 @@ class Pool:
             report.duration if ran else math.nan,
             len(entries),
             error=NOT_LOADED if status == "not_loaded" else error,
+            started=report.started,
+            ended=report.ended,
         )
         self.scheduler.finished(result)
         self._metrics.batch(model, len(entries), finished - action.sent)
@@ -353,11 +375,13 @@ class Pool:
         result = ActionResult(
             action,
             finished,
-            report.status != "late",
+            report.status not in ("late", "no_room"),  # not run: the model may load later
             ok,
             report.duration,
             weight_bytes=report.weight_bytes,
-            error=report.error or report.status,
+            error=NO_ROOM if report.status == "no_room" else report.error or report.status,
+            started=report.started,
+            ended=report.ended,
         )
         self.scheduler.finished(result)
         self._metrics.load(self.name, report.status, report.duration)
@@ -464,7 +488,7 @@ class Pool:
             "batching": self.policy(name).describe(),
             "batch_seconds": {
                 f"p{round(q * 100)}": {str(k): v for k, v in runs.table(q, SHOWN_WINDOW).items()}
-                for q in (0.5, 0.99)
+                for q in SHOWN_QUANTILES
             },
         }
 
@@ -480,15 +504,13 @@ class Pool:
             measured = [{}] * len(workers)
         for shown, seen in zip(workers, measured, strict=True):
             shown["process"] = {k: v for k, v in seen.items() if k != "rss_growth"}
-        overhead_ms = {
-            f"p{round(q * 100)}": self._overheads.quantile(q) * 1e3 if self._overheads else None
-            for q in OVERHEAD_QUANTILES
-        }
         return {
             "name": self.name,
             "shared": self.spec.capacity_bytes is not None,
             "device": self.spec.device,
-            "call_overhead_ms": overhead_ms,
+            "call_overhead_ms": _quantiles_ms(self._overheads),
+            "start_late_ms": _quantiles_ms(self._late_starts),
+            "return_ms": _quantiles_ms(self._returns),
             "capacity_bytes": self.spec.capacity_bytes,
             "models": len(s.models()),
             "loads": s.loads,
@@ -517,6 +539,13 @@ class Pool:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
         self._answer(list(self._entries), Overloaded(f"pool {self.name!r} is shutting down"))
+
+
+def _quantiles_ms(window: SortedWindow) -> dict[str, float | None]:
+    return {
+        f"p{round(q * 100)}": window.quantile(q) * 1e3 if window else None
+        for q in OVERHEAD_QUANTILES
+    }
 
 
 def _expect(report: Report, what: str) -> None:

@@ -72,6 +72,8 @@ class Report:
     weight_bytes: int | None = None
     rss_growth: int | None = None
     error: str = ""
+    started: float = math.nan  # wall-clock seconds the action started and ended (Clockwork
+    ended: float = math.nan  # §5.2's results carry "start and end times"); NaN if not run
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,7 +228,7 @@ class PoolWorker:
         declared = model.weight_bytes()
         if declared is not None and not self._fits(declared):
             return self._no_room(model, declared)
-        before, start = rss_bytes(), time.perf_counter()
+        before, started, start = rss_bytes(), time.time(), time.perf_counter()
         runtime = load_runtime(model)
         weight = _weights(model, runtime, rss_bytes() - before)
         if not self._fits(weight):
@@ -237,7 +239,14 @@ class PoolWorker:
         grown = rss_bytes() - before
         self._models[model.name] = _Loaded(runtime, weight, grown)
         self._peak = max(self._peak, self.resident)
-        return Report("ok", duration, weight_bytes=weight, rss_growth=grown)
+        return Report(
+            "ok",
+            duration,
+            weight_bytes=weight,
+            rss_growth=grown,
+            started=started,
+            ended=started + duration,
+        )
 
     def _fits(self, weight: int) -> bool:
         return self._capacity is None or self.resident + weight <= self._capacity
@@ -262,12 +271,12 @@ class PoolWorker:
             return Report("not_loaded", error=f"model {name!r} is not loaded on this worker")
         if not _in_window(earliest, latest):
             return Report("late")
-        start = time.perf_counter()
+        started, start = time.time(), time.perf_counter()
         outputs = loaded.runtime.predict_batch(inputs)
         duration = time.perf_counter() - start
         if self._execution is not None:
             self._execution.observe(duration * 1000.0, tags={"model": name})
-        return Report("ok", duration, outputs)
+        return Report("ok", duration, outputs, started=started, ended=started + duration)
 
 
 def _in_window(earliest: float, latest: float) -> bool:

@@ -20,6 +20,7 @@ from raysrv.batching import (
     ReplicaSlot,
     Wait,
 )
+from raysrv.batching.actions import LATE_START
 from raysrv.testing import teach
 
 
@@ -122,6 +123,23 @@ def test_re_anchors_the_plans_behind_a_batch_that_was_itself_moved() -> None:
     )
     assert d == Dispatch((9,), 0)
     assert d.expected_start == pytest.approx(0.014)
+
+
+def test_re_anchors_on_when_the_replica_ended_a_batch_not_on_its_answer() -> None:
+    """A's answer is back at 12 ms but the replica ended it at 6 ms, as planned: B, behind it,
+    is planned 6..10 ms, and a query of 3 ms due at 15.5 ms fits now. Re-anchored on the
+    answer instead, B would run 12..16 ms and the query would be refused."""
+    policy = _trained(learn_overrun=False)
+    queue = _queue([0.5] * 4)
+    assert policy.decide(BatcherView(0.0, queue, [ReplicaSlot(0)])) == Dispatch((0, 1, 2, 3), 0)
+    b = policy.decide(BatcherView(0.001, queue[:2], [ReplicaSlot(0, busy_until=0.003)]))
+    assert b.expected_start == pytest.approx(0.006)  # planned 6..10 ms
+    teach(policy, BatchOutcome(4, 0, 0.0, 0.012, 0.006, True, 0.0, ended=0.006))
+    c = policy.decide(
+        BatcherView(0.012, [QueuedQuery(9, 0.012, 0.0155)], [ReplicaSlot(0, busy_until=0.010)])
+    )
+    assert c == Dispatch((9,), 0)
+    assert c.expected_start == pytest.approx(0.012)
 
 
 def test_schedules_a_batch_behind_work_in_flight_only_shortly_before_it_ends() -> None:
@@ -238,8 +256,12 @@ def test_overrun_learning_can_be_switched_off() -> None:
     assert policy.estimate(1) == 0.003
 
 
-def test_in_simulation_nothing_is_answered_late_where_fixed_is() -> None:
-    """A bursty load above one replica's capacity in its bursts, SLO 10x the batch-1 time."""
+def test_in_simulation_deadline_refuses_before_dispatch_what_fixed_sends_too_late() -> None:
+    """A bursty load above one replica's capacity in its bursts, SLO 10x the batch-1 time.
+    Neither answers late: the pool gives every batch a latest start (its earliest deadline
+    less its run time) and the worker refuses one it reaches after that. ``fixed`` sends such
+    batches and has them refused there; ``deadline`` refuses before dispatching, by deadline
+    order, and keeps more queries on time."""
     arrivals = MMPP2(rate1=900.0, rate2=100.0, switch1=4.0, switch2=4.0).arrival_times(
         20_000, np.random.default_rng(5)
     )
@@ -249,9 +271,11 @@ def test_in_simulation_nothing_is_answered_late_where_fixed_is() -> None:
     fixed = FixedPolicy(FixedParams(max_batch_size=32, timeout_ms=2.0), slo)
     theirs = simulate(arrivals, service, fixed, replicas=1, slo=slo)
     assert int(ours.late.sum()) == 0
-    assert int(theirs.late.sum()) > 0
+    assert int(theirs.late.sum()) == 0
+    assert ours.reasons.get(LATE_START, 0) == 0
+    assert theirs.reasons.get(LATE_START, 0) > 0
     on_time = (~ours.rejected & ~ours.late).mean()
-    assert on_time >= (~theirs.rejected & ~theirs.late).mean()
+    assert on_time > (~theirs.rejected & ~theirs.late).mean()
 
 
 def test_batch_clients_through_the_server_wait_for_idle_time() -> None:

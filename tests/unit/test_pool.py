@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from raysrv import batching
-from raysrv._pool import LATE_START, PROFILE_RUNS, Pool
+from raysrv._pool import PROFILE_RUNS, Pool
 from raysrv._workers import Call, PoolWorker, Report
+from raysrv.batching.actions import LATE_START
 from raysrv.config import ModelSpec, PoolSpec, resolve_pools
 from raysrv.errors import ModelFailed, NotFound, Overloaded, Rejected
 from raysrv.testing import EchoModel, LocalWorkers, fake_workers, model_spec, one_model_pool
@@ -441,17 +442,44 @@ def test_a_removed_model_answers_its_queued_queries_and_leaves_its_workers() -> 
 
 def test_a_worker_that_lost_its_models_is_loaded_again() -> None:
     """A worker restarted by Ray holds nothing: its INFER answers ``not_loaded``; the batch
-    fails and the scheduler forgets the model there, so the next query loads it again."""
+    is refused (429: no work was done for it) and the scheduler forgets the model there, so
+    the next query loads it again."""
 
     async def scenario() -> None:
         workers = LocalWorkers(1, {"a": EchoModel()}, weight_bytes=1)
         pool = _shared(["a"], workers, capacity_mb=1)
         assert (await pool.submit("a", _x(1)))["sum"] == 4.0
         workers.held[0].clear()  # the restart
-        with pytest.raises(ModelFailed):
+        with pytest.raises(Rejected, match="not loaded on its worker"):
             await pool.submit("a", _x(1))
         assert (await pool.submit("a", _x(1)))["sum"] == 4.0
         assert [kind for _, kind, _ in workers.actions].count("load") == 2
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_load_the_worker_finds_no_room_for_is_tried_again_later_not_failed() -> None:
+    """The worker's own account of its memory has the last word: a LOAD it refuses for want
+    of room (here another model the scheduler does not know of fills it) did not run. The
+    model is not marked failed, and the worker takes no LOAD for ``load_backoff_s`` (no storm
+    of LOADs), after which the waiting query is served."""
+
+    async def scenario() -> None:
+        mb = 1 << 20
+        workers = LocalWorkers(1, {"a": EchoModel()}, capacity_bytes=mb, weight_bytes=mb)
+        pool = _shared(["a"], workers, capacity_mb=1)
+        workers.held[0]["stranger"] = mb
+        answer = pool.submit("a", _x(1))
+        while not workers.actions:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.1)
+        assert [kind for _, kind, _ in workers.actions] == ["load"]  # and no other since
+        assert pool.scheduler.load_error("a") == ""
+        assert not answer.done()
+        del workers.held[0]["stranger"]
+        assert (await answer)["sum"] == 4.0
+        assert [kind for _, kind, _ in workers.actions] == ["load", "load", "infer"]
         await pool.close()
 
     asyncio.run(scenario())

@@ -86,6 +86,21 @@ def test_each_answer_re_anchors_the_work_still_in_flight() -> None:
     assert len(s.step(0.036).actions) == 1
 
 
+def test_work_in_flight_runs_from_when_the_worker_ended_the_batch_before_it() -> None:
+    """The answer's trip back is not the worker's time: when a result says when its batch
+    ended on the worker, what is still in flight there is planned from that end."""
+    s = _dedicated(depth=2, max_batch_size=1)
+    s.runs("m").observe(1, 0.010)
+    for i in range(3):
+        s.submit("m", _q(i))
+    (a,) = s.step(0.0).actions
+    (b,) = s.step(0.010).actions
+    s.finished(ActionResult(a, 0.016, duration=0.010, started=0.0, ended=0.010))  # 6 ms back
+    step = s.step(0.016)
+    assert step.actions == ()
+    assert step.wake_at == pytest.approx(0.020)  # b: from 10 ms, not from 16 ms
+
+
 def test_depth_one_offers_only_idle_workers() -> None:
     s = _dedicated(workers=2, depth=1, max_batch_size=1)
     s.runs("m").observe(1, 0.001)
@@ -94,6 +109,18 @@ def test_depth_one_offers_only_idle_workers() -> None:
     step = s.step(0.0)
     assert sorted(a.worker for a in step.actions) == [0, 1]
     assert s.step(5.0).actions == ()
+
+
+def test_an_infer_must_start_in_time_to_finish_by_its_earliest_deadline() -> None:
+    """Clockwork Appendix B's required start: the earliest deadline less the median run."""
+    s = _dedicated(max_batch_size=2)
+    for seconds in (0.010, 0.030, 0.020):
+        s.runs("m").observe(2, seconds)
+    s.submit("m", _q(0, deadline=1.0))
+    s.submit("m", _q(1, deadline=0.5))
+    (infer,) = s.step(0.0).actions
+    assert isinstance(infer, Infer)
+    assert infer.latest == pytest.approx(0.5 - 0.020)
 
 
 def test_a_full_queue_is_refused_at_submit() -> None:
