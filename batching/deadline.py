@@ -43,6 +43,9 @@ Measured against the whole plan instead, with a window of 50, one pause of the m
 slack to 137-148 ms for the next 50 batches, doubled in every chain; at 50% load the policy then
 refused 43 queries on arrival with 562-582 ms left before their deadline (``bench/RESULTS.md``,
 run 11).
+With ``overrun_of: plan`` the overrun is measured beyond the planned run (the run-time estimate)
+instead of the measured one: estimate plus overrun is then the ``overrun_quantile`` of the time
+from a planned start to the answer, rather than the sum of the runs' tail and the hops' tail.
 Only batches of sizes measured before count (an unmeasured size's estimate says nothing). In a
 deterministic simulation the overruns are zero.
 
@@ -82,6 +85,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -100,7 +104,9 @@ from raysrv.batching.base import (
 )
 from raysrv.batching.profile import SortedWindow
 
-__all__ = ["DeadlineParams", "DeadlinePolicy", "strategy_sizes"]
+__all__ = ["STALE_S", "DeadlineParams", "DeadlinePolicy", "strategy_sizes"]
+
+STALE_S = 1.0  # no batch back for this long: refusals on an idle replica probe instead
 
 
 class DeadlineParams(PolicyParams):
@@ -123,6 +129,13 @@ class DeadlineParams(PolicyParams):
     overrun_window: int = Field(200, ge=1, le=10_000, description="Overruns kept.")
     overrun_quantile: float = Field(
         0.99, gt=0.0, le=1.0, description="Quantile of the overruns added to the estimates."
+    )
+    overrun_of: Literal["run", "plan"] = Field(
+        "run",
+        description="What an overrun is measured beyond: the batch's measured run (the "
+        "run-time estimate and the overrun each cover their own tail) or its planned run (the "
+        "estimate plus the overrun is then the overrun_quantile of the time from a batch's "
+        "planned start to its answer).",
     )
     schedule_ahead_ms: float | None = Field(
         None,
@@ -162,6 +175,8 @@ class DeadlinePolicy(BatchingPolicy):
         # re-anchored on every answer.
         self._inflight: dict[int, deque[tuple[float, float, float]]] = {}
         self._slack = 0.0  # the learned overrun, seconds
+        self._last_back = -np.inf  # when the last batch came back
+        self._probing = False  # the last batch was sent as a probe (``_probe``)
 
     @property
     def max_batch_size(self) -> int:
@@ -186,13 +201,19 @@ class DeadlinePolicy(BatchingPolicy):
         return measured + self.params.margin_ms / 1000.0
 
     def observe(self, outcome: BatchOutcome) -> None:
-        start = self._reanchor(outcome)
+        self._last_back = max(self._last_back, outcome.finished)
+        plan = self._reanchor(outcome)
         if not outcome.ok:
+            self._probing = False  # a probe the replica did not run measured nothing
             return
-        if start is None:
-            start = outcome.expected_start
-        if self.params.learn_overrun and start is not None and self.runs.count(outcome.size):
-            self._overruns.add(outcome.finished - start - outcome.duration)
+        if plan is None:
+            if outcome.expected_start is None:
+                return
+            plan = (outcome.expected_start, outcome.expected_start + self._planned(outcome.size))
+        start, finish = plan
+        run = outcome.duration if self.params.overrun_of == "run" else finish - start
+        if self.params.learn_overrun and self.runs.count(outcome.size):
+            self._overruns.add(outcome.finished - start - run)
             slack = self._overruns.quantile(self.params.overrun_quantile)
             self._slack = max(0.0, slack)
 
@@ -212,7 +233,8 @@ class DeadlinePolicy(BatchingPolicy):
             return Reject(past, "deadline passed while queued")
         doomed = self._doomed(urgent, view)
         if doomed:
-            return Reject(doomed, "cannot meet deadline")  # step (1)
+            probe = self._probe(urgent, doomed, view)
+            return probe or Reject(doomed, "cannot meet deadline")  # step (1)
         free = [r for r in view.replicas if r.free]
         if not free:
             return Wait()
@@ -224,6 +246,26 @@ class DeadlinePolicy(BatchingPolicy):
         if urgent:
             return self._most_urgent(urgent, slot, view.now)  # step (2)
         return self._fill(view, slot)  # step (3)
+
+    def _probe(
+        self, urgent: Sequence[QueuedQuery], doomed: tuple[int, ...], view: BatcherView
+    ) -> Dispatch | None:
+        """Estimates only answers can correct: one slow batch among the last ``window`` of a
+        size, or a burst of overruns, can refuse every query, and a refused query runs no
+        batch to measure. So when no batch has come back for ``STALE_S`` and a replica sits
+        idle, the doomed query with the most time left runs alone on it instead, and so on
+        after each such probe that ran, until the estimates let a batch through again."""
+        idle = [r for r in view.replicas if r.free and r.busy_until is None]
+        if not idle or any(self._inflight.values()):
+            return None
+        if not self._probing and view.now - self._last_back < STALE_S:
+            return None
+        ids = set(doomed)
+        query = max((q for q in urgent if q.query_id in ids), key=lambda q: q.deadline)
+        if query.deadline <= view.now:
+            return None
+        self._probing = True
+        return self._send([query], idle[0], view.now)
 
     def _doomed(self, urgent: Sequence[QueuedQuery], view: BatcherView) -> tuple[int, ...]:
         if not urgent or not view.replicas:
@@ -246,6 +288,7 @@ class DeadlinePolicy(BatchingPolicy):
         for size in self._sizes:
             i = bisect_left(deadlines, start + self.estimate(size))
             if len(ordered) - i >= size:
+                self._probing = False
                 return self._send(ordered[i : i + size], slot, start)
         return Wait()  # another replica frees earlier and can still make it
 
@@ -272,11 +315,11 @@ class DeadlinePolicy(BatchingPolicy):
         planned.append((start, start, start + self._planned(len(batch))))
         return Dispatch(tuple(q.query_id for q in batch), slot.index, start)
 
-    def _reanchor(self, outcome: BatchOutcome) -> float | None:
+    def _reanchor(self, outcome: BatchOutcome) -> tuple[float, float] | None:
         """Drop the plan of the batch that came back (and of any older one that never ran), move
         the plans still in flight on that replica by how late or early it ended there (when it
-        came back, if the replica did not say), and return its planned start as re-anchored
-        (None if this policy did not plan it)."""
+        came back, if the replica did not say), and return its planned start and finish as
+        re-anchored (None if this policy did not plan it)."""
         planned = self._inflight.get(outcome.replica)
         if not planned or outcome.expected_start is None:
             return None
@@ -288,7 +331,7 @@ class DeadlinePolicy(BatchingPolicy):
         ended = outcome.finished if outcome.ended is None else outcome.ended
         shift = ended - mine[2]
         self._inflight[outcome.replica] = deque((n, s + shift, f + shift) for n, s, f in planned)
-        return mine[1]
+        return mine[1], mine[2]
 
 
 def strategy_sizes(params: DeadlineParams) -> list[int]:

@@ -110,7 +110,8 @@ class PoolScheduler(Placement):
     ``capacity_bytes``: the model weights one worker may hold (None: no limit, for a dedicated
     pool whose models stay loaded); ``depth``: calls a worker may have in flight; ``kind``:
     the worker kind the run times are recorded under; ``load_backoff_s``: how long a model
-    whose LOAD failed answers its queries with that failure before it is tried again;
+    whose LOAD failed answers its queries with that failure before it is tried again, and how
+    long a worker that refused a LOAD for want of room is sent none;
     ``ahead_s``: how much predicted work one call may carry for several models (clockwork §5.3
     schedules 5 ms ahead).
     """

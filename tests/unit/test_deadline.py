@@ -21,6 +21,7 @@ from raysrv.batching import (
     Wait,
 )
 from raysrv.batching.actions import LATE_START
+from raysrv.batching.deadline import STALE_S
 from raysrv.testing import teach
 
 
@@ -183,6 +184,34 @@ def test_batch_clients_only_fill_idle_time_in_short_batches() -> None:
     assert policy.decide(BatcherView(0.0, fillers, [ReplicaSlot(0)])) == Dispatch((0, 1, 2), 0)
 
 
+def test_estimates_that_refuse_everything_are_measured_again_on_an_idle_replica() -> None:
+    """One batch of 1 ran 200 ms (a pause): the p99 of the last 10 then refuses every query
+    of a 50 ms SLO, and nothing refused would ever run to correct it. Once no batch has come
+    back for ``STALE_S``, the idle replica runs the doomed query with the most time left;
+    after each such probe that ran, the next, until the estimate lets queries through."""
+    policy = _trained()
+    teach(policy, BatchOutcome(1, 0, 0.0, 0.200, 0.200, True, 0.0))
+    idle = [ReplicaSlot(0)]
+    assert policy.decide(BatcherView(0.5, [QueuedQuery(0, 0.5, 0.55)], idle)) == Reject(
+        (0,), "cannot meet deadline"
+    )
+    now = 0.2 + STALE_S
+    queue = [QueuedQuery(1, now, now + 0.02), QueuedQuery(2, now, now + 0.04)]
+    probe = policy.decide(BatcherView(now, queue, idle))
+    assert probe == Dispatch((2,), 0)
+    busy = [ReplicaSlot(0, now, 1, now + 0.003)]
+    assert policy.decide(BatcherView(now, queue[:1], busy)) == Reject((1,), "cannot meet deadline")
+    for k in range(10):  # probes, back to back, each 3 ms
+        start = now + 0.003 * k
+        if k:
+            doomed = [QueuedQuery(10 + k, start, start + 0.04)]
+            assert policy.decide(BatcherView(start, doomed, idle)) == Dispatch((10 + k,), 0)
+        teach(policy, BatchOutcome(1, 0, start, start + 0.003, 0.003, True, start))
+    later = now + 0.03
+    served = policy.decide(BatcherView(later, [QueuedQuery(99, later, later + 0.01)], idle))
+    assert served == Dispatch((99,), 0)  # the pause has left the window
+
+
 def _late_by(policy: DeadlinePolicy, seconds: float, batches: int = 20) -> None:
     """Report ``batches`` of 4 that came back ``seconds`` later than the policy planned."""
     for k in range(batches):
@@ -240,6 +269,22 @@ def test_a_slow_run_is_learned_as_run_time_not_as_overrun() -> None:
         teach(policy, BatchOutcome(4, 0, float(k), k + 0.009, 0.009, True, float(k)))
     assert policy.describe()["learned_overrun_ms"] == pytest.approx(0.0, abs=1e-9)
     assert policy.estimate(4) == pytest.approx(0.009)
+
+
+def test_an_overrun_measured_beyond_the_plan_counts_what_the_run_estimate_already_covers() -> None:
+    """Batches of 4 that ran 2 or 6 ms (planned at 6 ms, the p99 of their runs) and whose
+    answers were always back 9 ms after their start. Beyond the measured run the overrun's
+    p99 is 7 ms, and the estimate adds that to the runs' own tail: 13 ms. Beyond the plan it
+    is 3 ms, and the estimate is what the answers took: 9 ms."""
+    by_run, by_plan = _trained(), _trained(overrun_of="plan")
+    for policy in (by_run, by_plan):
+        for k in range(20):
+            start, ran = float(k), 0.002 if k % 2 else 0.006
+            teach(policy, BatchOutcome(4, 0, start, start + 0.009, ran, True, start))
+    assert by_run.describe()["learned_overrun_ms"] == pytest.approx(7.0)
+    assert by_run.estimate(4) == pytest.approx(0.013)
+    assert by_plan.describe()["learned_overrun_ms"] == pytest.approx(3.0)
+    assert by_plan.estimate(4) == pytest.approx(0.009)
 
 
 def test_the_overrun_quantile_is_a_parameter() -> None:
