@@ -104,9 +104,10 @@ from raysrv.batching.base import (
 )
 from raysrv.batching.profile import SortedWindow
 
-__all__ = ["STALE_S", "DeadlineParams", "DeadlinePolicy", "strategy_sizes"]
+__all__ = ["LOCKED_OUT", "STALE_S", "DeadlineParams", "DeadlinePolicy", "strategy_sizes"]
 
-STALE_S = 1.0  # no batch back for this long: refusals on an idle replica probe instead
+STALE_S = 1.0  # with LOCKED_OUT refusals in a row on an idle replica and no batch back for
+LOCKED_OUT = 20  # this long, the estimates are measured again (``DeadlinePolicy._probe``)
 
 
 class DeadlineParams(PolicyParams):
@@ -177,6 +178,7 @@ class DeadlinePolicy(BatchingPolicy):
         self._slack = 0.0  # the learned overrun, seconds
         self._last_back = -np.inf  # when the last batch came back
         self._probing = False  # the last batch was sent as a probe (``_probe``)
+        self._idle_refusals = 0  # refusals in a row with a replica idle
 
     @property
     def max_batch_size(self) -> int:
@@ -252,13 +254,18 @@ class DeadlinePolicy(BatchingPolicy):
     ) -> Dispatch | None:
         """Estimates only answers can correct: one slow batch among the last ``window`` of a
         size, or a burst of overruns, can refuse every query, and a refused query runs no
-        batch to measure. So when no batch has come back for ``STALE_S`` and a replica sits
-        idle, the doomed query with the most time left runs alone on it instead, and so on
-        after each such probe that ran, until the estimates let a batch through again."""
+        batch to measure. So once ``LOCKED_OUT`` queries in a row were refused with a replica
+        idle and no batch has come back for ``STALE_S``, the doomed query with the most time
+        left runs alone on the idle replica instead, and so on after each such probe that
+        ran, until the estimates let a batch through again. (Probing on every refusal with a
+        replica idle, rarely used models, never "fresh", probed all the time and took the
+        workers from the rest: ``bench/RESULTS.md``, run 4.)"""
         idle = [r for r in view.replicas if r.free and r.busy_until is None]
         if not idle or any(self._inflight.values()):
             return None
-        if not self._probing and view.now - self._last_back < STALE_S:
+        self._idle_refusals += 1
+        locked = self._idle_refusals >= LOCKED_OUT and view.now - self._last_back >= STALE_S
+        if not (self._probing or locked):
             return None
         ids = set(doomed)
         query = max((q for q in urgent if q.query_id in ids), key=lambda q: q.deadline)
@@ -288,7 +295,7 @@ class DeadlinePolicy(BatchingPolicy):
         for size in self._sizes:
             i = bisect_left(deadlines, start + self.estimate(size))
             if len(ordered) - i >= size:
-                self._probing = False
+                self._probing, self._idle_refusals = False, 0
                 return self._send(ordered[i : i + size], slot, start)
         return Wait()  # another replica frees earlier and can still make it
 

@@ -21,7 +21,7 @@ from raysrv.batching import (
     Wait,
 )
 from raysrv.batching.actions import LATE_START
-from raysrv.batching.deadline import STALE_S
+from raysrv.batching.deadline import LOCKED_OUT, STALE_S
 from raysrv.testing import teach
 
 
@@ -186,30 +186,51 @@ def test_batch_clients_only_fill_idle_time_in_short_batches() -> None:
 
 def test_estimates_that_refuse_everything_are_measured_again_on_an_idle_replica() -> None:
     """One batch of 1 ran 200 ms (a pause): the p99 of the last 10 then refuses every query
-    of a 50 ms SLO, and nothing refused would ever run to correct it. Once no batch has come
-    back for ``STALE_S``, the idle replica runs the doomed query with the most time left;
-    after each such probe that ran, the next, until the estimate lets queries through."""
+    of a 50 ms SLO, and nothing refused would ever run to correct it. Once ``LOCKED_OUT``
+    queries in a row were refused with the replica idle, and no batch has come back for
+    ``STALE_S``, the idle replica runs the doomed query with the most time left; after each
+    such probe that ran, the next, until the estimate lets queries through."""
     policy = _trained()
     teach(policy, BatchOutcome(1, 0, 0.0, 0.200, 0.200, True, 0.0))
     idle = [ReplicaSlot(0)]
-    assert policy.decide(BatcherView(0.5, [QueuedQuery(0, 0.5, 0.55)], idle)) == Reject(
-        (0,), "cannot meet deadline"
-    )
     now = 0.2 + STALE_S
-    queue = [QueuedQuery(1, now, now + 0.02), QueuedQuery(2, now, now + 0.04)]
-    probe = policy.decide(BatcherView(now, queue, idle))
-    assert probe == Dispatch((2,), 0)
+    for k in range(LOCKED_OUT - 1):  # stale, but not yet this many refusals in a row
+        query = [QueuedQuery(k, now, now + 0.04)]
+        assert policy.decide(BatcherView(now, query, idle)) == Reject((k,), "cannot meet deadline")
+    queue = [QueuedQuery(100, now, now + 0.02), QueuedQuery(101, now, now + 0.04)]
+    assert policy.decide(BatcherView(now, queue, idle)) == Dispatch((101,), 0)
     busy = [ReplicaSlot(0, now, 1, now + 0.003)]
-    assert policy.decide(BatcherView(now, queue[:1], busy)) == Reject((1,), "cannot meet deadline")
+    assert policy.decide(BatcherView(now, queue[:1], busy)) == Reject(
+        (100,), "cannot meet deadline"
+    )
     for k in range(10):  # probes, back to back, each 3 ms
         start = now + 0.003 * k
         if k:
-            doomed = [QueuedQuery(10 + k, start, start + 0.04)]
-            assert policy.decide(BatcherView(start, doomed, idle)) == Dispatch((10 + k,), 0)
+            doomed = [QueuedQuery(200 + k, start, start + 0.04)]
+            assert policy.decide(BatcherView(start, doomed, idle)) == Dispatch((200 + k,), 0)
         teach(policy, BatchOutcome(1, 0, start, start + 0.003, 0.003, True, start))
     later = now + 0.03
-    served = policy.decide(BatcherView(later, [QueuedQuery(99, later, later + 0.01)], idle))
-    assert served == Dispatch((99,), 0)  # the pause has left the window
+    served = policy.decide(BatcherView(later, [QueuedQuery(999, later, later + 0.01)], idle))
+    assert served == Dispatch((999,), 0)  # the pause has left the window
+
+
+def test_a_model_refused_now_and_then_on_an_idle_replica_is_not_probed() -> None:
+    """Refusals with a replica idle are common at high load, and a rarely used model has
+    seldom had a batch back: a few refusals in a row are no lock-out."""
+    policy = _trained()
+    idle = [ReplicaSlot(0)]
+    for k in range(LOCKED_OUT - 1):
+        now = 10.0 * (k + 1)  # nothing back for seconds each time
+        doomed = [QueuedQuery(k, now, now + 0.002)]
+        assert policy.decide(BatcherView(now, doomed, idle)) == Reject((k,), "cannot meet deadline")
+    served = policy.decide(BatcherView(300.0, [QueuedQuery(50, 300.0, 300.05)], idle))
+    assert served == Dispatch((50,), 0)  # a batch sent as usual starts the count again
+    for k in range(LOCKED_OUT - 1):
+        now = 400.0 + 10.0 * k
+        doomed = [QueuedQuery(60 + k, now, now + 0.002)]
+        assert policy.decide(BatcherView(now, doomed, idle)) == Reject(
+            (60 + k,), "cannot meet deadline"
+        )
 
 
 def _late_by(policy: DeadlinePolicy, seconds: float, batches: int = 20) -> None:
