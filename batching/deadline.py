@@ -259,7 +259,7 @@ class DeadlinePolicy(BatchingPolicy):
         left runs alone on the idle replica instead, and so on after each such probe that
         ran, until the estimates let a batch through again. (Probing on every refusal with a
         replica idle, rarely used models, never "fresh", probed all the time and took the
-        workers from the rest: ``bench/RESULTS.md``, run 4.)"""
+        workers from the rest: ``bench/RESULTS_ARCHIVE.md``, issue 17's run 4.)"""
         idle = [r for r in view.replicas if r.free and r.busy_until is None]
         if not idle or any(self._inflight.values()):
             return None

@@ -130,7 +130,7 @@ class Point:
     loads: int
     evictions: int
     cold_per_s: float
-    peak_weights_mb: float  # the most weight one worker held
+    peak_weights_mb: float  # the most weight one worker held (raysrv: as measured there)
     peak_rss_mb: float  # the largest worker process's peak memory (nan: not measured)
     capacity: float  # queries/s measured before the workload
     simulated: float  # within SLO in the simulator (nan: not run)
@@ -323,8 +323,10 @@ class Bench:
             "loads": pool["loads"],
             "evictions": pool["evictions"],
             "cold": pool["cold_starts"],
-            "peak_weights": max(w["peak_bytes"] for w in pool["workers"]),
-            "worker_peak_weights": max(w["process"]["peak_bytes"] for w in pool["workers"]),
+            # the most weight a worker held, by its own account and by the scheduler's
+            "peak_weights": max(
+                max(w["process"]["peak_bytes"], w["peak_bytes"]) for w in pool["workers"]
+            ),
             "peak_rss": max(w["process"]["peak_rss_bytes"] for w in pool["workers"]),
             "profiles": {
                 m["name"]: {"batch": m["batch_seconds"], "load_ms": m["load_ms"]}
@@ -375,7 +377,9 @@ class Bench:
         return rows
 
     def simulate(self, workload: str, extra: dict[str, Any], capacity_bytes: int) -> float:
-        """Within-SLO share of the same arrivals in the simulator, with what the point measured:
+        """Within-SLO share of the same arrivals in the simulator, with what the point measured
+        (printed with why the rest were not answered and the overruns the simulated policies
+        learned, as the live point's are):
         median run times and LOAD times per model (the pool's medians for a model that ran
         none), each batch's median multiplied by a factor drawn from the spread of the
         measured run times (``_spread``), each call to a worker drawn from the round trips
@@ -422,6 +426,16 @@ class Bench:
         )
         back = result.arrivals + result.latencies + way[order]  # at the client
         met = ~result.rejected & ~result.late & (back <= times[order] + self.slo_s)
+        batches = collections.Counter(result.batch_models.tolist())
+        learned = [
+            float(m.policy.describe()["learned_overrun_ms"])  # type: ignore[arg-type]
+            for name, m in models.items()
+            if batches[name] >= OVERRUN_BATCHES
+        ]
+        print(f"  simulator on {workload}: not answered because {result.reasons}")
+        if learned:
+            overrun = f"{np.median(learned):.1f} / {np.max(learned):.1f}"
+            print(f"  simulator on {workload}: overrun median / max (ms) {overrun}")
         return float(np.sum(met)) / max(1, len(names))
 
 
@@ -601,6 +615,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     logs: dict[str, dict[str, RequestLog]] = {}
     capacities: dict[str, float] = {}
     timing: dict[str, dict[str, float]] = {}
+    measured: dict[str, dict[str, Any]] = {}
     for workload in [w for w in args.workloads if w != "hot"]:
         capacities[workload] = await bench.capacity(workload)
         print(f"{workload}: capacity {capacities[workload]:.1f} queries/s")
@@ -611,6 +626,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 simulated = bench.simulate(workload, extra, capacity_bytes)
                 point = Point(**{**asdict(point), "simulated": simulated})
                 timing[workload] = extra["timing"]
+                measured[workload] = _measured(extra, capacity_bytes)
             points.append(point)
             logs.setdefault(workload, {})[system] = log
             print(table([point]).splitlines()[-1])
@@ -627,7 +643,39 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "points": [asdict(p) for p in points],
         "timing_ms": timing,
         "hot": hot,
+        "measured": measured,
     }
+
+
+def _measured(extra: dict[str, Any], capacity_bytes: int) -> dict[str, Any]:
+    """What the simulator of a raysrv point is given, kept so that it can be run again."""
+    keys = ("profiles", "call_overhead_ms", "start_late_ms", "return_ms", "reasons")
+    return {
+        "times": extra["times"].tolist(),
+        "models": extra["models"].tolist(),
+        "trips": extra["trips"],
+        "capacity_bytes": capacity_bytes,
+        **{k: extra[k] for k in keys},
+    }
+
+
+def resimulate(path: Path) -> None:
+    """The simulator again on the raysrv points a run saved (``measured`` in its JSON), beside
+    what the run measured live: the simulator can be studied without the hour of a run."""
+    saved = json.loads(path.read_text())
+    args = argparse.Namespace(**saved["args"])
+    bench = Bench(args)
+    live = {p["workload"]: p for p in saved["points"] if p["system"] == "raysrv"}
+    for workload, measured in saved["measured"].items():
+        extra = {**measured, "times": np.asarray(measured["times"])}
+        extra["models"] = np.asarray(measured["models"])
+        print(f"{workload}: live not answered because {measured['reasons']}")
+        print(f"{workload}: live timing (ms) {saved['timing_ms'][workload]}")
+        share = bench.simulate(workload, extra, measured["capacity_bytes"])
+        print(
+            f"{workload}: within the SLO live {live[workload]['within_slo']:.2%}, "
+            f"simulated {share:.2%}"
+        )
 
 
 def _serve_mode(default_mode: bool) -> None:
@@ -679,7 +727,16 @@ def main(argv: list[str] | None = None) -> int:
         help="Serve's default mode instead of RAY_SERVE_THROUGHPUT_OPTIMIZED=1",
     )
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--resimulate",
+        type=Path,
+        metavar="JSON",
+        help="run only the simulator, on the raysrv points a run wrote (its --out)",
+    )
     args = parser.parse_args(argv)
+    if args.resimulate:
+        resimulate(args.resimulate)
+        return 0
     if args.quick:
         args.seconds, args.capacity_seconds, args.hot_seconds = 20.0, 10.0, 8.0
         args.hot_repeats = 2

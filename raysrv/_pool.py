@@ -256,6 +256,17 @@ class Pool:
             self._metrics.queue_length(model, self.scheduler.queue_length(model))
 
     def _send(self, worker: int, actions: list[Action], now: float) -> None:
+        """``actions`` to ``worker``: one call per executor, the LOADs and UNLOADs first, so
+        that a batch's answers do not wait in the worker's reply for a LOAD of another model
+        (a call's reports come back together). The worker takes its calls in the order they
+        were made, and an INFER behind its model's LOAD still waits for it there."""
+        infers = [a for a in actions if isinstance(a, Infer)]
+        others = [a for a in actions if not isinstance(a, Infer)]
+        for part in (others, infers):
+            if part:
+                self._call(worker, part, now)
+
+    def _call(self, worker: int, actions: list[Action], now: float) -> None:
         """One call to ``worker`` carrying ``actions`` in order (an INFER whose callers all
         left meanwhile is reported back unsent)."""
         sent: list[tuple[Action, list[_Entry]]] = []

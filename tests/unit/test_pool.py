@@ -408,6 +408,26 @@ def test_a_cold_query_that_the_load_would_make_late_is_refused_before_any_work()
     asyncio.run(scenario())
 
 
+def test_a_batch_sent_beside_a_load_of_another_model_is_answered_before_that_load_ends() -> None:
+    """One step gives the worker a LOAD of ``b`` (300 ms) and a batch of ``a``, held: the
+    batch's answer comes back as the batch ends, not with the LOAD's report."""
+
+    async def scenario() -> tuple[bool, list[str]]:
+        workers = LocalWorkers(1, {"a": EchoModel(), "b": EchoModel()}, weight_bytes=1, load_s=0.3)
+        pool = _shared(["a", "b"], workers, capacity_mb=2)
+        await pool.submit("a", _x(1))  # a is held from now on
+        cold = pool.submit("b", _x(1))
+        await pool.submit("a", _x(1))
+        b_held_when_a_answered = "b" in workers.held[0]
+        await cold
+        await pool.close()
+        return b_held_when_a_answered, [kind for _, kind, _ in workers.actions]
+
+    b_held, kinds = asyncio.run(scenario())
+    assert sorted(kinds) == ["infer", "infer", "infer", "load", "load"]
+    assert not b_held
+
+
 def test_a_model_that_cannot_load_fails_its_queries_with_the_reason() -> None:
     async def scenario() -> None:
         workers = LocalWorkers(1, {}, weight_bytes=1)  # knows no model: every LOAD fails
