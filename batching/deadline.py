@@ -226,7 +226,14 @@ class DeadlinePolicy(BatchingPolicy):
         )
 
     def describe(self) -> dict[str, object]:
-        return {**super().describe(), "learned_overrun_ms": self._slack * 1000.0}
+        """Adds what a batch is planned for now: the learned overrun and, per profiled size,
+        the run-time estimate before it (ms)."""
+        planned = {str(k): self._planned(k) * 1000.0 for k in self.profile_sizes()}
+        return {
+            **super().describe(),
+            "learned_overrun_ms": self._slack * 1000.0,
+            "planned_run_ms": planned,
+        }
 
     def decide(self, view: BatcherView) -> Decision:
         urgent = [q for q in view.queue if q.priority <= 0]

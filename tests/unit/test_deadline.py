@@ -256,6 +256,15 @@ def test_learns_how_much_later_than_planned_batches_come_back() -> None:
     assert policy.describe()["learned_overrun_ms"] == 0.0
 
 
+def test_describes_the_run_each_profiled_size_is_planned_for() -> None:
+    policy = _trained()
+    planned = policy.describe()["planned_run_ms"]
+    assert set(planned) == {str(k) for k in policy.profile_sizes()}
+    assert planned["1"] == pytest.approx(3.0)  # estimate(1) with no overrun learned
+    _late_by(policy, 0.004)
+    assert policy.describe()["planned_run_ms"]["1"] == pytest.approx(3.0)  # the overrun apart
+
+
 def test_adds_the_overrun_once_to_a_plan_not_to_each_batch_in_flight_ahead_of_it() -> None:
     """The overruns are measured against plans that chain the batches in flight at their
     planned run times, so how a late batch delays the next is already in them."""
