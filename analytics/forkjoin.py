@@ -1,6 +1,6 @@
 """Fork-join communication delay: EMG transfer delays and the expected maximum over n workers.
 
-Source: ``../shared/papers/gillis.md`` §IV-A ("Function Communication Delay"): a master waits for
+Source: Gillis (ICDCS'21) §IV-A ("Function Communication Delay"): a master waits for
 all ``n`` workers, so the fork-join delay is the maximum of ``n`` concurrent transfer delays; the
 paper measures those delays to follow an exponentially modified Gaussian (EMG) and predicts the
 maximum by the n-th order statistic.

@@ -1,6 +1,6 @@
 """Discrete-event simulation of the M/D_interf/c queue of serf §IV-C: the referee for the model.
 
-Source: ``../shared/papers/serf.md`` §III-B/C (homogeneous requests, interference among concurrent
+Source: SERF §III-B/C (homogeneous requests, interference among concurrent
 requests) and §IV-C1 (the M/D_interf/c formulation). ``service_rates[i-1]`` is the profiled rate
 mu_i: running ``i`` requests at once, each one finishes in ``1/mu_i`` seconds.
 

@@ -1,6 +1,6 @@
 """SERF's interference-aware latency model (M/D_interf/c) and its configuration reference table.
 
-Source: ``../shared/papers/serf.md`` §IV-C (eq. 2-13) and §IV-D; parallelism configurations from
+Source: SERF §IV-C (eq. 2-13) and §IV-D; parallelism configurations from
 §II/§III (service parallelism ``C_service = c``, inter-node degree ``C_inter``, intra-op threads
 ``C_intra``).
 

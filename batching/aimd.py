@@ -1,4 +1,4 @@
-"""``aimd``: Clipper's dynamic batch size (papers/clipper.md §4.3.1).
+"""``aimd``: Clipper's dynamic batch size (NSDI'17, §4.3.1).
 
 "We additively increase the batch size by a fixed amount until the latency to process a batch
 exceeds the latency objective. At this point, we perform a small multiplicative back-off,

@@ -2,7 +2,7 @@
 
 A batch is cut when a replica is free and either ``max_batch_size`` queries wait or the oldest has
 waited ``timeout_ms``. Unlike ``@serve.batch`` it never cuts a batch while every replica is busy
-(RAY_NOTES: cutting early keeps batches small and throughput low under load); the queries keep
+(cutting early keeps batches small and throughput low under load); the queries keep
 accumulating and the next free replica takes up to a full batch at once.
 """
 

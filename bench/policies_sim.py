@@ -20,7 +20,7 @@ at batches of 32), SLO 40 ms (about 9x the batch-1 time). Workloads:
 Systems: raysrv's ``fixed`` (B 32, T 0), ``aimd``, ``quantile``, ``delayed``, ``deadline`` and
 ``ctmc``, with their defaults but a largest batch of 32 and the SLO as each query's deadline;
 and two models of ``@serve.batch`` (no deadlines, a batch cut whether or not the replica is
-free, RAY_NOTES): its defaults (B 10, wait 10 ms) and hand-tuned (B 32, wait 15 ms). Reported
+free): its defaults (B 10, wait 10 ms) and hand-tuned (B 32, wait 15 ms). Reported
 per system: SLO attainment (answered within the SLO / offered), goodput (answers within the SLO
 per second), late answers, refusals, p50/p99/p99.9 of answered latency and the mean batch size.
 

@@ -1,4 +1,4 @@
-"""Model selection from feedback on the digits models (issue 5; papers/clipper.md §5).
+"""Model selection from feedback on the digits models (issue 5; Clipper, NSDI'17, §5).
 
     python -m bench.selection [--seeds 10] [--out bench/out/selection.json]
 

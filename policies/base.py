@@ -1,4 +1,4 @@
-"""The model selection interface of Clipper (papers/clipper.md §5, Listing 2).
+"""The model selection interface of Clipper (NSDI'17, §5, Listing 2).
 
 ``init() -> S``, ``select(S, x) -> models``, ``combine(S, x, predictions) -> (y, confidence)``,
 ``observe(S, x, feedback, predictions) -> S``. The state ``S`` is kept outside the policy (one per

@@ -1,4 +1,4 @@
-"""``exp3``: one model per query, chosen by Exp3 from feedback (papers/clipper.md §5.1).
+"""``exp3``: one model per query, chosen by Exp3 from feedback (Clipper, NSDI'17, §5.1).
 
 State: one log weight per model (``s_i = 1`` at first). ``select`` draws model ``i`` with
 probability ``p_i = (1 - gamma) s_i / sum_j s_j + gamma / k``; ``observe`` charges the model that

@@ -1,4 +1,4 @@
-"""``exp4``: every model answers, and Exp4's weights combine them (papers/clipper.md §5.2).
+"""``exp4``: every model answers, and Exp4's weights combine them (Clipper, NSDI'17, §5.2).
 
 State: one log weight per model. ``select`` asks every model. ``combine`` takes the weighted
 vote of the predictions that arrived (labels) or their weighted mean (numbers), as

@@ -1,7 +1,7 @@
 """What the learning selection policies share: answers, losses, votes and exponential weights.
 
 Clipper's policies learn from a loss ``L(y, ŷ) in [0, 1]`` of each prediction against the
-feedback (papers/clipper.md §5.1). Two losses, chosen per app: ``zero_one`` for labels (1 when
+feedback (Clipper, NSDI'17, §5.1). Two losses, chosen per app: ``zero_one`` for labels (1 when
 the predicted label is not the feedback's) and ``squared`` for numbers (``(y - ŷ)^2 /
 loss_scale``, capped at 1). A model's prediction is read as an answer the same way everywhere:
 

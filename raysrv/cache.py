@@ -1,4 +1,4 @@
-"""The prediction cache of Clipper (papers/clipper.md §4.2): CLOCK eviction, request / fetch.
+"""The prediction cache of Clipper (NSDI'17, §4.2): CLOCK eviction, request / fetch.
 
 Keys are ``(model, version, input bytes)`` (:func:`cache_key`), so a new model version never
 serves an old answer. :class:`ClockCache` is the pure store; :class:`PredictionCache` adds

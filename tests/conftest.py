@@ -1,4 +1,4 @@
-"""Test tiers by folder (STYLE §9): each test gets the marker of the folder it lives in."""
+"""Test tiers by folder: each test gets the marker of the folder it lives in."""
 
 from __future__ import annotations
 

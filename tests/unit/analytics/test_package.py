@@ -1,4 +1,4 @@
-"""raysrv.analytics is a pure core (DESIGN principle 2): importing it must not pull in Ray."""
+"""raysrv.analytics is a pure core: importing it must not pull in Ray."""
 
 from __future__ import annotations
 
