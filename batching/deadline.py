@@ -41,8 +41,8 @@ hand-set ``margin_ms``. Each source of lateness is learned once, by what forgets
   - a window of 200 keeps one pause of the machine (one late batch) out of the 99th percentile.
 Measured against the whole plan instead, with a window of 50, one pause of the machine set the
 slack to 137-148 ms for the next 50 batches, doubled in every chain; at 50% load the policy then
-refused 43 queries on arrival with 562-582 ms left before their deadline (``bench/RESULTS.md``,
-run 11).
+refused 43 queries on arrival with 562-582 ms left before their deadline
+(``bench/RESULTS_ARCHIVE.md``, batching policies live, run 11).
 With ``overrun_of: plan`` the overrun is measured beyond the planned run (the run-time estimate)
 instead of the measured one: estimate plus overrun is then the ``overrun_quantile`` of the time
 from a planned start to the answer, rather than the sum of the runs' tail and the hops' tail.
@@ -54,7 +54,7 @@ Planned starts: a replica may take its next batch while the last one still runs 
 policy plans such a batch to start at its own planned finish of the work in flight (run-time
 estimates, no slack), and moves those plans by how late or early each answer comes back.
 Planning on the batcher's average instead left most of the overrun to be learned, and charged it
-to every batch (``bench/RESULTS.md``, "What the policies learned").
+to every batch (``bench/RESULTS_ARCHIVE.md``, "What the policies learned").
 
 Schedule ahead (clockwork §5.2: "instead of eagerly sending actions to workers, it ensures only a
 minimal amount of work is outstanding on each worker ... Clockwork schedules 5ms into the
@@ -63,7 +63,7 @@ once that work is planned to end within it; until then the policy waits, for the
 that time. A batch chosen behind work still running is planned on that work's p99 finish, so it
 skips queries the answer, once back, would have shown to have time. With no hops (the live
 benchmark's 80% trace replayed through the real batcher with a sleeping replica,
-``bench/RESULTS.md``, "Schedule ahead") 5 ms cut the refusals from 21-24 to 11-14 of 1,933,
+``bench/RESULTS_ARCHIVE.md``, "Schedule ahead") 5 ms cut the refusals from 21-24 to 11-14 of 1,933,
 what the simulator gives on that trace. Live on Ray it did not pay: every batch then waits for
 the answer's trip back and its own trip out, and at 150% overload goodput was 89-96% of
 capacity against 94-103% without it, while the 80% point did not improve. So the default (None)

@@ -39,7 +39,7 @@ from raysrv.testing import LocalWorkers, model_spec, spec
 
 __all__ = ["Setup", "main", "replay_point", "simulated"]
 
-# p50 per batch size of a live `deadline` point (bench/RESULTS.md, "Run times that fall with
+# p50 per batch size of a live `deadline` point (bench/RESULTS_ARCHIVE.md, "Run times that fall with
 # the batch size")
 RUN_MS = "1:96,2:118,3:120,4:137,5:148,6:157,7:184,8:204,9:190,10:183"
 
