@@ -2,7 +2,8 @@
 
     python -m bench.many_models [--models 1000] [--seconds 120] [--slo-ms 100] [--load 0.8]
         [--zipf 1.0] [--workloads zipf trace hot] [--systems raysrv multiplexed]
-        [--capacity-seconds 30] [--hot-seconds 20] [--hot-repeats 5] [--quick]
+        [--capacity-seconds 30] [--hot-seconds 20] [--hot-repeats 5] [--poll-models S]
+        [--quick]
 
 The models are :mod:`bench.zoo`'s: ``--models`` ONNX MLPs with distinct random weights, 2.8 MiB
 each, whose square layer runs ``--passes`` times (``PASSES`` below says why), built here on
@@ -42,7 +43,8 @@ queries in flight on raysrv with the workload's model mix and an SLO no answer r
   turn, and the table gives each one's median and the ratio of the medians. 8 in flight keep
   answers well within the SLO, so goodput measures throughput; at 16 the loop's latency
   (16 / throughput) sat at the 100 ms SLO itself, and goodput swung with every millisecond of
-  the machine's speed.
+  the machine's speed. With ``--poll-models S``, a watcher lists every model (``GET
+  /v1/models``'s handle twin) every S seconds during each loop, as a dashboard would.
 
 Reported per point from the client's side (latency from each query's scheduled arrival): SLO
 attainment (answered within the SLO over offered), goodput, answers within the SLO or refused
@@ -360,7 +362,10 @@ class Bench:
                 warm = HandleClient(self.call("raysrv", handle, self.args.slo_ms), pairs)
                 await closed_loop(warm, 8, WARM_S)  # loads the model, warms up
                 client = _Client(self.call("raysrv", handle, self.args.slo_ms), pairs)
+                every = getattr(self.args, "poll_models", None)
+                watcher = asyncio.create_task(_watch(handle, every)) if every else None
                 log = await _closed_log(client, self.args.hot_seconds, HOT_CONCURRENCY)
+                polls = await _stop(watcher)
                 goodput = _goodput(log, self.slo_s)
                 statuses = collections.Counter(log.status)
                 rows.append(
@@ -370,10 +375,13 @@ class Bench:
                         "goodput": goodput,
                         "statuses": dict(statuses),
                         "reasons": dict(client.reasons.most_common(4)),
+                        "poll_ms": polls,
                     }
                 )
                 print(f"  hot: {label}: {goodput:.1f} answers within the SLO per second")
                 print(f"    statuses {dict(statuses)}, not answered: {rows[-1]['reasons']}")
+                if polls:
+                    print(f"    listing the models took {polls['p50']:.0f} ms (p50)")
         return rows
 
     def simulate(self, workload: str, extra: dict[str, Any], capacity_bytes: int) -> float:
@@ -467,6 +475,29 @@ def _timing(trips: list[float], server: dict[str, Any]) -> dict[str, float]:
         timing["overrun_median"] = round(float(np.median(server["overruns_ms"])), 1)
         timing["overrun_max"] = round(float(np.max(server["overruns_ms"])), 1)
     return timing
+
+
+async def _watch(handle: Any, every: float) -> list[float]:
+    """``GET /v1/models``'s handle twin every ``every`` seconds, as a dashboard would poll it;
+    returns each call's milliseconds."""
+    took = []
+    try:
+        while True:
+            start = time.perf_counter()
+            await handle.models.remote()
+            took.append((time.perf_counter() - start) * 1000.0)
+            await asyncio.sleep(every)
+    except asyncio.CancelledError:
+        return took
+
+
+async def _stop(watcher: asyncio.Task[list[float]] | None) -> dict[str, float] | None:
+    """The watcher's calls' median and largest milliseconds (None: no watcher)."""
+    if watcher is None:
+        return None
+    watcher.cancel()
+    took = await watcher
+    return {"p50": float(np.median(took)), "max": max(took)} if took else None
 
 
 async def _closed_log(client: HandleClient, seconds: float, concurrency: int) -> RequestLog:
@@ -707,6 +738,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hot-seconds", type=float, default=20.0)
     parser.add_argument("--hot-repeats", type=int, default=5)
     parser.add_argument("--workloads", nargs="+", default=["zipf", "trace", "hot"])
+    parser.add_argument(
+        "--poll-models",
+        type=float,
+        metavar="S",
+        help="during each hot-model loop, list every model (GET /v1/models) every S seconds",
+    )
     parser.add_argument("--systems", nargs="+", default=["raysrv", "multiplexed"])
     parser.add_argument(
         "--param",

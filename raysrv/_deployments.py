@@ -120,7 +120,14 @@ class Ingress:
         return self._server.describe_apps()
 
     async def models(self) -> list[dict[str, Any]]:
-        return self._server.describe_models()
+        return await self._server.describe_models()
+
+    async def model(self, name: str) -> dict[str, Any]:
+        """The handle twin of ``GET /v1/models/{model}`` (errors as result objects)."""
+        try:
+            return self._server.describe_model(name)
+        except RaysrvError as exc:
+            return exc.to_json()
 
     async def pools(self) -> list[dict[str, Any]]:
         return await self._server.describe_pools()

@@ -7,16 +7,17 @@ malformed request gets a 4xx with a message and never reaches a model.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from raysrv._server import Server
+from raysrv._server import DESCRIBE_CHUNK, Server
 from raysrv.errors import BadRequest, Overloaded, PayloadTooLarge, RaysrvError
 from raysrv.metrics import Metrics
 
@@ -146,6 +147,11 @@ def _parse_predict(data: dict[str, Any], context_field: str | None) -> tuple[Any
     return data["input"], options
 
 
+def _json(value: Any) -> str:
+    """``value`` as JSONResponse renders it."""
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
 def _error_response(exc: RaysrvError) -> JSONResponse:
     headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Overloaded) else None
     return JSONResponse(exc.to_json(), status_code=exc.status, headers=headers)
@@ -189,10 +195,6 @@ def create_http_app(server: Server, max_body_bytes: int, metrics: Metrics | None
     async def apps() -> JSONResponse:
         return JSONResponse({"apps": server.describe_apps()})
 
-    @api.get("/v1/models")
-    async def models() -> JSONResponse:
-        return JSONResponse({"models": server.describe_models()})
-
     @api.get("/v1/models/{model}/plan")
     async def plan(model: str) -> JSONResponse:
         return JSONResponse(await server.plan(model))
@@ -207,7 +209,7 @@ def create_http_app(server: Server, max_body_bytes: int, metrics: Metrics | None
 
 
 def _model_routes(api: FastAPI, server: Server, max_body_bytes: int, metrics: Metrics) -> None:
-    """``POST /v1/models/{model}/predict`` and ``GET /v1/pools``."""
+    """``POST /v1/models/{model}/predict``, ``GET /v1/models[/{model}]`` and ``GET /v1/pools``."""
 
     @api.post(
         "/v1/models/{model}/predict",
@@ -222,6 +224,22 @@ def _model_routes(api: FastAPI, server: Server, max_body_bytes: int, metrics: Me
         result = await server.predict_model(model, value, **options)
         metrics.request(MODELS, 200, time.monotonic() - start)
         return JSONResponse(result)
+
+    @api.get("/v1/models")
+    async def models() -> Response:
+        # rendered DESCRIBE_CHUNK models at a time, handing the event loop back between
+        # chunks: a thousand models make about a megabyte of JSON
+        shown = await server.describe_models()
+        parts = []
+        for start in range(0, len(shown), DESCRIBE_CHUNK):
+            parts.extend(_json(m) for m in shown[start : start + DESCRIBE_CHUNK])
+            await asyncio.sleep(0)
+        body = '{"models":[' + ",".join(parts) + "]}"
+        return Response(body, media_type="application/json")
+
+    @api.get("/v1/models/{model}")
+    async def model(model: str) -> JSONResponse:
+        return JSONResponse(server.describe_model(model))
 
     @api.get("/v1/pools")
     async def pools() -> JSONResponse:

@@ -32,7 +32,7 @@ from raysrv.errors import BadRequest, DeadlineExpired, NotFound, RaysrvError, Re
 from raysrv.metrics import Metrics
 from raysrv.state import MemoryStore, StateStore
 
-__all__ = ["Server", "coerce_input"]
+__all__ = ["DESCRIBE_CHUNK", "Server", "coerce_input"]
 
 
 def coerce_input(value: Any, spec: InputSpec) -> np.ndarray:
@@ -54,6 +54,7 @@ def coerce_input(value: Any, spec: InputSpec) -> np.ndarray:
 
 
 TRIP_WINDOW = 200  # queries with ``sent_at`` behind the trip-back estimate
+DESCRIBE_CHUNK = 50  # models described between turns of the event loop
 
 
 def _in_transit(sent_at: float | None) -> float:
@@ -443,19 +444,31 @@ class Server:
             for a in self.apps.values()
         ]
 
-    def describe_models(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "name": m.name,
-                "runtime": m.runtime,
-                "version": m.version,
-                "device": self._pool(m).spec.device,
-                "slo_ms": self._slo_ms[m.name],
-                "input": m.input.model_dump(),
-                **self._pool(m).describe_model(m.name),
-            }
-            for m in self._models.values()
-        ]
+    async def describe_models(self) -> list[dict[str, Any]]:
+        """Every model (:meth:`describe_model`), handing the event loop back after each
+        ``DESCRIBE_CHUNK``: a thousand models take tens of milliseconds to describe, and the
+        queries in flight would wait that long (``docs/pools.md``, "Describing many models")."""
+        shown = []
+        for i, name in enumerate(list(self._models)):
+            if i and i % DESCRIBE_CHUNK == 0:
+                await asyncio.sleep(0)
+            if name in self._models:  # not removed live meanwhile
+                shown.append(self.describe_model(name))
+        return shown
+
+    def describe_model(self, name: str) -> dict[str, Any]:
+        """One model: what it is, where it is loaded, its batching (:class:`NotFound`)."""
+        pool = self.pool_of(name)
+        m = self._models[name]
+        return {
+            "name": m.name,
+            "runtime": m.runtime,
+            "version": m.version,
+            "device": pool.spec.device,
+            "slo_ms": self._slo_ms[m.name],
+            "input": m.input.model_dump(),
+            **pool.describe_model(m.name),
+        }
 
     async def describe_pools(self) -> list[dict[str, Any]]:
         return [await pool.describe() for pool in self.pools.values()]

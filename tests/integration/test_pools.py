@@ -92,6 +92,9 @@ def test_a_shared_pool_serves_every_model_exactly_within_its_capacity(
     assert all(m["pool"] == "shared" for m in models.values())
     assert sum(m["evictions"] for m in models.values()) >= 3
     assert models[paths[0].stem]["loads"] >= 1
+    one = handle.model.remote(paths[0].stem).result(timeout_s=30)
+    assert (one["name"], one["loads"]) == (paths[0].stem, models[paths[0].stem]["loads"])
+    assert handle.model.remote("nope").result(timeout_s=30)["status"] == 404
     (pool,) = handle.pools.remote().result(timeout_s=30)
     (worker,) = pool["workers"]
     assert worker["peak_bytes"] <= pool["capacity_bytes"]

@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from raysrv._http import create_http_app
-from raysrv._server import Server
+from raysrv._server import DESCRIBE_CHUNK, Server
 from raysrv.config import LiveConfig, RaysrvSpec
-from raysrv.testing import EchoModel, fake_workers, model_spec, spec
+from raysrv.testing import EchoModel, LocalWorkers, fake_workers, model_spec, spec
 
 SPEC = RaysrvSpec.model_validate(
     spec(
@@ -173,6 +173,55 @@ def test_listing_health_and_openapi() -> None:
         assert "/v1/{app}/feedback" in schema["paths"]
 
     run(scenario())
+
+
+def test_one_model_is_described_on_its_own_and_an_unknown_one_is_a_404() -> None:
+    async def scenario() -> None:
+        async with await _client(_server()) as c:
+            listed = (await c.get("/v1/models")).json()["models"]
+            one = await c.get("/v1/models/b")
+            unknown = await c.get("/v1/models/zz")
+        assert one.status_code == 200
+        assert one.json() == listed[1]
+        assert unknown.status_code == 404
+        assert "unknown model 'zz'" in unknown.json()["message"]
+
+    run(scenario())
+
+
+def test_listing_many_models_hands_the_event_loop_back_between_chunks() -> None:
+    """A thousand models take tens of milliseconds to describe and render: queries in flight
+    must not wait for the whole list."""
+    count = 3 * DESCRIBE_CHUNK + 1
+    models = [
+        model_spec(f"m{i:03d}", pool="shared", batching={"policy": "deadline"})
+        for i in range(count)
+    ]
+    raw = spec(models, [], pools=[{"name": "shared", "workers": 2, "memory_mb": 64}])
+    server = Server(RaysrvSpec.model_validate(raw), {"shared": LocalWorkers(2)})
+
+    async def scenario() -> tuple[list[dict[str, Any]], int]:
+        turns = 0
+
+        async def other_work() -> None:
+            nonlocal turns
+            while True:
+                turns += 1
+                await asyncio.sleep(0)
+
+        ticking = asyncio.create_task(other_work())
+        await asyncio.sleep(0)
+        before = turns
+        async with await _client(server) as c:
+            listed = (await c.get("/v1/models")).json()["models"]
+        ticking.cancel()
+        return listed, turns - before
+
+    listed, turns = run(scenario())
+    assert [m["name"] for m in listed] == [f"m{i:03d}" for i in range(count)]
+    assert listed[0]["batching"]["policy"] == "deadline"
+    # the other task ran between chunks, while describing and while rendering
+    assert turns >= 2 * (count // DESCRIBE_CHUNK), turns
 
 
 def test_live_configuration_changes_batching_cache_and_selection() -> None:
