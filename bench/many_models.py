@@ -2,8 +2,7 @@
 
     python -m bench.many_models [--models 1000] [--seconds 120] [--slo-ms 100] [--load 0.8]
         [--zipf 1.0] [--workloads zipf trace hot] [--systems raysrv multiplexed]
-        [--capacity-seconds 30] [--hot-seconds 20] [--hot-repeats 5] [--poll-models S]
-        [--quick]
+        [--capacity-seconds 30] [--hot-seconds 20] [--hot-repeats 5] [--quick]
 
 The models are :mod:`bench.zoo`'s: ``--models`` ONNX MLPs with distinct random weights, 2.8 MiB
 each, whose square layer runs ``--passes`` times (``PASSES`` below says why), built here on
@@ -43,8 +42,7 @@ queries in flight on raysrv with the workload's model mix and an SLO no answer r
   turn, and the table gives each one's median and the ratio of the medians. 8 in flight keep
   answers well within the SLO, so goodput measures throughput; at 16 the loop's latency
   (16 / throughput) sat at the 100 ms SLO itself, and goodput swung with every millisecond of
-  the machine's speed. With ``--poll-models S``, a watcher lists every model (``GET
-  /v1/models``'s handle twin) every S seconds during each loop, as a dashboard would.
+  the machine's speed.
 
 Reported per point from the client's side (latency from each query's scheduled arrival): SLO
 attainment (answered within the SLO over offered), goodput, answers within the SLO or refused
@@ -88,7 +86,7 @@ from bench.zoo import DEFAULT_DIR, build_zoo, digits_like, model_size
 from raysrv.analytics import SimModel, simulate_pool
 from raysrv.batching import make_policy
 
-__all__ = ["Point", "main"]
+__all__ = ["Bench", "Point", "TallyClient", "goodput_of", "main", "serve_mode", "timed_closed_loop"]
 
 FIGURES = Path(__file__).parent / "figures"
 OUT = Path(__file__).parent / "out" / "many_models.json"
@@ -138,7 +136,7 @@ class Point:
     simulated: float  # within SLO in the simulator (nan: not run)
 
 
-class _Client(HandleClient):
+class TallyClient(HandleClient):
     """A handle client that also tallies why queries were not answered and, for raysrv's
     answers, how much longer than raysrv's own latency the client waited: the trips."""
 
@@ -291,7 +289,7 @@ class Bench:
             self.call(system, handle, self.args.slo_ms), self.pairs(self.mix(workload, 100_000))
         )
         await closed_loop(warm, 8, WARM_S)
-        client = _Client(self.call(system, handle, self.args.slo_ms), self.pairs(models))
+        client = TallyClient(self.call(system, handle, self.args.slo_ms), self.pairs(models))
         log = await replay(client, times)
         server = await self.server_state(system, handle)
         server["reasons"] = dict(client.reasons.most_common(8))
@@ -361,12 +359,9 @@ class Bench:
                 pairs = self.pairs(np.zeros(200_000, dtype=int))
                 warm = HandleClient(self.call("raysrv", handle, self.args.slo_ms), pairs)
                 await closed_loop(warm, 8, WARM_S)  # loads the model, warms up
-                client = _Client(self.call("raysrv", handle, self.args.slo_ms), pairs)
-                every = getattr(self.args, "poll_models", None)
-                watcher = asyncio.create_task(_watch(handle, every)) if every else None
-                log = await _closed_log(client, self.args.hot_seconds, HOT_CONCURRENCY)
-                polls = await _stop(watcher)
-                goodput = _goodput(log, self.slo_s)
+                client = TallyClient(self.call("raysrv", handle, self.args.slo_ms), pairs)
+                log = await timed_closed_loop(client, self.args.hot_seconds, HOT_CONCURRENCY)
+                goodput = goodput_of(log, self.slo_s)
                 statuses = collections.Counter(log.status)
                 rows.append(
                     {
@@ -375,13 +370,10 @@ class Bench:
                         "goodput": goodput,
                         "statuses": dict(statuses),
                         "reasons": dict(client.reasons.most_common(4)),
-                        "poll_ms": polls,
                     }
                 )
                 print(f"  hot: {label}: {goodput:.1f} answers within the SLO per second")
                 print(f"    statuses {dict(statuses)}, not answered: {rows[-1]['reasons']}")
-                if polls:
-                    print(f"    listing the models took {polls['p50']:.0f} ms (p50)")
         return rows
 
     def simulate(self, workload: str, extra: dict[str, Any], capacity_bytes: int) -> float:
@@ -477,30 +469,7 @@ def _timing(trips: list[float], server: dict[str, Any]) -> dict[str, float]:
     return timing
 
 
-async def _watch(handle: Any, every: float) -> list[float]:
-    """``GET /v1/models``'s handle twin every ``every`` seconds, as a dashboard would poll it;
-    returns each call's milliseconds."""
-    took = []
-    try:
-        while True:
-            start = time.perf_counter()
-            await handle.models.remote()
-            took.append((time.perf_counter() - start) * 1000.0)
-            await asyncio.sleep(every)
-    except asyncio.CancelledError:
-        return took
-
-
-async def _stop(watcher: asyncio.Task[list[float]] | None) -> dict[str, float] | None:
-    """The watcher's calls' median and largest milliseconds (None: no watcher)."""
-    if watcher is None:
-        return None
-    watcher.cancel()
-    took = await watcher
-    return {"p50": float(np.median(took)), "max": max(took)} if took else None
-
-
-async def _closed_log(client: HandleClient, seconds: float, concurrency: int) -> RequestLog:
+async def timed_closed_loop(client: HandleClient, seconds: float, concurrency: int) -> RequestLog:
     log = RequestLog()
     t0 = time.perf_counter()
     ids = iter(range(10_000, 10**9))
@@ -513,7 +482,7 @@ async def _closed_log(client: HandleClient, seconds: float, concurrency: int) ->
     return log
 
 
-def _goodput(log: RequestLog, slo_s: float) -> float:
+def goodput_of(log: RequestLog, slo_s: float) -> float:
     latency = np.asarray(log.done) - np.asarray(log.scheduled)
     ok = (np.asarray(log.status) == 200) & (latency <= slo_s)
     return float(ok.sum()) / max(float(np.max(log.done)), 1e-9)
@@ -709,7 +678,7 @@ def resimulate(path: Path) -> None:
         )
 
 
-def _serve_mode(default_mode: bool) -> None:
+def serve_mode(default_mode: bool) -> None:
     """Ray Serve's throughput-optimized mode (Ray 2.56+) for every system, unless asked not
     to: the best a Ray user could configure. And every process at one priority: Ray starts
     its workers at niceness 15, so whenever the 2 cores are short this process, the load
@@ -738,12 +707,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hot-seconds", type=float, default=20.0)
     parser.add_argument("--hot-repeats", type=int, default=5)
     parser.add_argument("--workloads", nargs="+", default=["zipf", "trace", "hot"])
-    parser.add_argument(
-        "--poll-models",
-        type=float,
-        metavar="S",
-        help="during each hot-model loop, list every model (GET /v1/models) every S seconds",
-    )
     parser.add_argument("--systems", nargs="+", default=["raysrv", "multiplexed"])
     parser.add_argument(
         "--param",
@@ -777,7 +740,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.seconds, args.capacity_seconds, args.hot_seconds = 20.0, 10.0, 8.0
         args.hot_repeats = 2
-    _serve_mode(args.default_serve)
+    serve_mode(args.default_serve)
     result = asyncio.run(run(args))
     print()
     if result["points"]:

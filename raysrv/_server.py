@@ -447,7 +447,8 @@ class Server:
     async def describe_models(self) -> list[dict[str, Any]]:
         """Every model (:meth:`describe_model`), handing the event loop back after each
         ``DESCRIBE_CHUNK``: a thousand models take tens of milliseconds to describe, and the
-        queries in flight would wait that long (``docs/pools.md``, "Describing many models")."""
+        queries in flight would wait that long (``bench/RESULTS.md``, "Listing the models while
+        serving")."""
         shown = []
         for i, name in enumerate(list(self._models)):
             if i and i % DESCRIBE_CHUNK == 0:
