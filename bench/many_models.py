@@ -2,7 +2,8 @@
 
     python -m bench.many_models [--models 1000] [--seconds 120] [--slo-ms 100] [--load 0.8]
         [--zipf 1.0] [--workloads zipf trace hot] [--systems raysrv multiplexed]
-        [--capacity-seconds 30] [--hot-seconds 20] [--hot-repeats 5] [--quick]
+        [--capacity-seconds 30] [--capacity trace=QPS zipf=QPS] [--hot-seconds 20]
+        [--hot-repeats 5] [--quick]
 
 The models are :mod:`bench.zoo`'s: ``--models`` ONNX MLPs with distinct random weights, 2.8 MiB
 each, whose square layer runs ``--passes`` times (``PASSES`` below says why), built here on
@@ -616,8 +617,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     capacities: dict[str, float] = {}
     timing: dict[str, dict[str, float]] = {}
     measured: dict[str, dict[str, Any]] = {}
+    given = dict(_capacity(item) for item in args.capacity or [])
     for workload in [w for w in args.workloads if w != "hot"]:
-        capacities[workload] = await bench.capacity(workload)
+        if workload in given:
+            capacities[workload] = given[workload]
+        else:
+            capacities[workload] = await bench.capacity(workload)
         print(f"{workload}: capacity {capacities[workload]:.1f} queries/s")
         for system in args.systems:
             point, log, extra = await bench.point(workload, system, capacities[workload])
@@ -645,6 +650,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "hot": hot,
         "measured": measured,
     }
+
+
+def _capacity(item: str) -> tuple[str, float]:
+    workload, _, rate = item.partition("=")
+    return workload, float(rate)
 
 
 def _measured(extra: dict[str, Any], capacity_bytes: int) -> dict[str, Any]:
@@ -704,6 +714,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", type=float, default=0.8)
     parser.add_argument("--zipf", type=float, default=1.0)
     parser.add_argument("--capacity-seconds", type=float, default=30.0)
+    parser.add_argument(
+        "--capacity",
+        nargs="*",
+        metavar="WORKLOAD=QPS",
+        help="take this capacity instead of measuring it (the load is --load of it): to "
+        "compare two settings at the same offered load across runs, e.g. trace=160",
+    )
     parser.add_argument("--hot-seconds", type=float, default=20.0)
     parser.add_argument("--hot-repeats", type=int, default=5)
     parser.add_argument("--workloads", nargs="+", default=["zipf", "trace", "hot"])
