@@ -1,9 +1,9 @@
 """Errors that cross the API: each carries its HTTP status and a reason a caller can act on.
 
 Over HTTP an error is the body ``{"error", "message", "status"}`` with that status; handle
-callers get the same object as the result of ``predict`` rather than an exception, because an
-exception through a Serve handle costs about as much CPU as answering a query (bench/RESULTS.md),
-and refusals must stay cheap when a server is overloaded. :func:`raise_for_error` turns such a
+callers get the same object as the result of ``predict`` rather than an exception: an exception
+through a Serve handle is wrapped with its traceback and pickled across processes, and refusals
+must stay cheap when a server is overloaded. :func:`raise_for_error` turns such a
 result back into the exception, for callers who prefer one.
 """
 
