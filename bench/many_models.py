@@ -133,7 +133,7 @@ class Point:
     cold_per_s: float
     peak_weights_mb: float  # the most weight one worker held (raysrv: as measured there)
     peak_rss_mb: float  # the largest worker process's peak memory (nan: not measured)
-    capacity: float  # queries/s measured before the workload
+    capacity: float  # queries/s measured before the workload, or given (--capacity)
     simulated: float  # within SLO in the simulator (nan: not run)
 
 
