@@ -64,6 +64,7 @@ import argparse
 import asyncio
 import collections
 import json
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -92,6 +93,7 @@ __all__ = ["Bench", "Point", "TallyClient", "goodput_of", "main", "serve_mode", 
 FIGURES = Path(__file__).parent / "figures"
 OUT = Path(__file__).parent / "out" / "many_models.json"
 OVERRUN_BATCHES = 50  # models whose learned overrun the timing summary counts: enough batches
+SPREAD_BATCHES = 20  # batches of one size of one model before its spread counts (``_spread``)
 MAX_BATCH = 16
 # The zoo's square layer runs 400 times: a batch of 1 takes about 4.6 ms on one thread, of 16
 # about 26 ms, while a model stays 2.8 MiB. With the plain 2 MiB models (0.05 ms a batch) the
@@ -138,13 +140,18 @@ class Point:
 
 
 class TallyClient(HandleClient):
-    """A handle client that also tallies why queries were not answered and, for raysrv's
-    answers, how much longer than raysrv's own latency the client waited: the trips."""
+    """A handle client that also tallies why queries were not answered; for raysrv, each
+    query's trip to the ingress as the ingress measured it (``transit_ms``, in its answer or
+    its error) and, of its answers, how much longer than raysrv's own latency the client
+    waited (the trips) and how much of that came after the answer left the ingress (the ways
+    back: the trip less the trip in)."""
 
     def __init__(self, call: Any, pairs: list[tuple[str, np.ndarray]]) -> None:
         super().__init__(call, pairs)
         self.reasons: collections.Counter[str] = collections.Counter()
         self.trips: list[float] = []
+        self.ways_back: list[float] = []
+        self.transits: dict[int, float] = {}  # query -> seconds to the ingress
 
     async def send(self, i: int) -> int:
         start = time.perf_counter()
@@ -158,11 +165,17 @@ class TallyClient(HandleClient):
         except Exception as exc:
             self.reasons[type(exc).__name__] += 1
             return _exception_status(exc)
+        transit = result.get("transit_ms") if isinstance(result, dict) else None
+        if transit is not None:
+            self.transits[i] = transit / 1000.0
         if isinstance(result, dict) and "error" in result:
             self.reasons[result.get("message", "").split(": ", 1)[-1][:60]] += 1
             return int(result.get("status", 500))
         if isinstance(result, dict) and "latency_ms" in result:
-            self.trips.append(time.perf_counter() - start - result["latency_ms"] / 1000.0)
+            trip = time.perf_counter() - start - result["latency_ms"] / 1000.0
+            self.trips.append(trip)
+            if transit is not None:
+                self.ways_back.append(trip - transit / 1000.0)
         return 200
 
 
@@ -178,6 +191,7 @@ class Bench:
         self.size = model_size(passes=args.passes)
         self.per_worker = max(1, round(SHARE * args.models / WORKERS))
         self.inputs = list(digits_like(np.random.default_rng(7), INPUTS))
+        self.trip_back = getattr(args, "trip_back", TRIP_BACK)  # absent from older saved runs
         self.params: dict[str, Any] = {"max_batch_size": MAX_BATCH}
         for item in getattr(args, "param", None) or []:
             key, _, value = item.partition("=")
@@ -194,8 +208,8 @@ class Bench:
             "slo_ms": self.args.slo_ms,
             "input": {"shape": [64], "dtype": "float32"},
         }
-        trip_back = getattr(self.args, "trip_back", TRIP_BACK)
-        spec: dict[str, Any] = {"ingress": {"num_cpus": 0, "trip_back_quantile": trip_back}}
+        ingress = {"num_cpus": 0, "trip_back_quantile": self.trip_back}
+        spec: dict[str, Any] = {"ingress": ingress}
         if not pool:
             dedicated = {**template, "replicas": WORKERS, "resources": {"num_cpus": 1}}
             path = self.zoo / f"{models[0]}.onnx" if models else self.paths[0]
@@ -294,8 +308,9 @@ class Bench:
         log = await replay(client, times)
         server = await self.server_state(system, handle)
         server["reasons"] = dict(client.reasons.most_common(8))
-        server["trips_s"] = float(np.median(client.trips)) if client.trips else 0.0
         server["trips"] = client.trips
+        server["ways_back"] = client.ways_back
+        server["transits"] = [client.transits.get(i, math.nan) for i in range(len(times))]
         print(f"  {system} on {workload}: not answered because {server['reasons']}")
         if system == "raysrv":
             server["timing"] = _timing(client.trips, server)
@@ -321,6 +336,8 @@ class Bench:
             "call_overhead_ms": pool["call_overhead_ms"],
             "start_late_ms": pool["start_late_ms"],
             "return_ms": pool["return_ms"],
+            "trip_in_ms": pool["trip_in_ms"],
+            "kept_back_ms": pool["kept_back_ms"],
             "loads": pool["loads"],
             "evictions": pool["evictions"],
             "cold": pool["cold_starts"],
@@ -330,7 +347,11 @@ class Bench:
             ),
             "peak_rss": max(w["process"]["peak_rss_bytes"] for w in pool["workers"]),
             "profiles": {
-                m["name"]: {"batch": m["batch_seconds"], "load_ms": m["load_ms"]}
+                m["name"]: {
+                    "batch": m["batch_seconds"],
+                    "counts": m["batch_counts"],
+                    "load_ms": m["load_ms"],
+                }
                 for m in models
                 if m["batches"] or m["loads"]
             },
@@ -384,15 +405,18 @@ class Bench:
         median run times and LOAD times per model (the pool's medians for a model that ran
         none), each batch's median multiplied by a factor drawn from the spread of the
         measured run times (``_spread``), each call to a worker drawn from the round trips
-        measured beyond their runs (their quantiles), and each query's trips between the client
-        and the ingress drawn from the client's (half each way: a query reaches the scheduler
-        that much after it was sent; its deadline is the ingress's, the SLO less the
-        ``trip_back`` quantile of one-way trips; it counts if its answer is back at the client
-        within the SLO)."""
+        measured beyond their runs (their quantiles). Each query reaches the scheduler after the
+        trip to the ingress it took live (its ``transit_ms``; drawn from the pool's
+        ``trip_in_ms`` for the few the client never heard back about), and its deadline there is
+        the SLO less what the ingress's own rule (:class:`raysrv._server.TripBack`) keeps back,
+        over the trips before it; it counts if its answer is back at the client within the SLO,
+        after a way back drawn from the ones the client measured. The trips in are taken as
+        they were rather than drawn: they come from the ingress's own queue, which grows with
+        the trace's bursts, and every deadline depends on them."""
         profiles = extra["profiles"]
         pooled = _pooled_table(p["batch"]["p50"] for p in profiles.values())
         rng = np.random.default_rng(11)
-        spread = _spread([p["batch"] for p in profiles.values()], rng)
+        spread = _spread(list(profiles.values()), rng)
         loads = [p["load_ms"]["p50"] for p in profiles.values() if p["load_ms"]["p50"]]
         pooled_load = float(np.median(loads)) / 1000.0 if loads else 0.0
         used = sorted({self.names[m] for m in extra["models"]})
@@ -410,11 +434,13 @@ class Bench:
             )
         names = [self.names[m] for m in extra["models"]]
         times = extra["times"]
-        trips = np.asarray(extra["trips"] or [0.0])
-        way = rng.choice(trips, times.size) / 2.0
-        kept = float(np.quantile(trips / 2.0, getattr(self.args, "trip_back", TRIP_BACK)))
+        trip_in = _drawn(extra["trip_in_ms"], rng)
+        way = np.asarray(extra["transits"], dtype=float)
+        unknown = np.flatnonzero(np.isnan(way))  # the client gave up on them, or Ray failed
+        way[unknown] = [trip_in() for _ in unknown]
         order = np.argsort(times + way, kind="stable")
-        deadlines = times + self.slo_s - kept
+        deadlines = times + self.slo_s - _kept_back(way[order], self.trip_back)[np.argsort(order)]
+        ways_back = np.asarray(extra["ways_back"] or [0.0])
         result = simulate_pool(
             (times + way)[order],
             [names[i] for i in order],
@@ -425,7 +451,7 @@ class Bench:
             hop_s=_drawn(extra["call_overhead_ms"], rng),
             deadlines=deadlines[order],
         )
-        back = result.arrivals + result.latencies + way[order]  # at the client
+        back = result.arrivals + result.latencies + rng.choice(ways_back, times.size)
         met = ~result.rejected & ~result.late & (back <= times[order] + self.slo_s)
         batches = collections.Counter(result.batch_models.tolist())
         learned = [
@@ -434,6 +460,8 @@ class Bench:
             if batches[name] >= OVERRUN_BATCHES
         ]
         print(f"  simulator on {workload}: not answered because {result.reasons}")
+        late = int(result.late.sum())  # past the ingress's deadline: live, a 504
+        print(f"  simulator on {workload}: {late} answered after the ingress's deadline")
         if learned:
             overrun = f"{np.median(learned):.1f} / {np.max(learned):.1f}"
             print(f"  simulator on {workload}: overrun median / max (ms) {overrun}")
@@ -451,19 +479,39 @@ def _drawn(quantiles_ms: dict[str, float | None], rng: np.random.Generator) -> A
     return lambda: float(np.interp(rng.random(), qs, values))
 
 
+def _kept_back(trips: np.ndarray, quantile: float) -> np.ndarray:
+    """What the ingress keeps back from each query's deadline, the queries arriving with
+    ``trips`` in this order: its own rule, :class:`raysrv._server.TripBack`."""
+    from raysrv._server import TripBack
+
+    rule, kept = TripBack(), np.empty(trips.size)
+    for i, trip in enumerate(trips):
+        rule.add(float(trip))
+        kept[i] = rule.kept(quantile)
+    return kept
+
+
 def _timing(trips: list[float], server: dict[str, Any]) -> dict[str, float]:
     """Where raysrv's time went beyond running models, in ms: the client's trips to the
-    ingress and back (p50, p90, p99), a call to a worker beyond its run (p50, p99), and the
-    overrun the ``deadline`` policy of the models with ``OVERRUN_BATCHES`` batches or more
-    plans for (median, max over models)."""
+    ingress and back and, of those, the ways back (p50, p90, p99); the trips to the ingress
+    of every query and the time kept back from their deadlines, as the ingress measured them;
+    a call to a worker beyond its run; and the overrun the ``deadline`` policy of the models
+    with ``OVERRUN_BATCHES`` batches or more plans for (median, max over models)."""
     timing: dict[str, float] = {}
-    if trips:
-        for q in (50, 90, 99):
-            timing[f"trip_p{q}"] = round(float(np.percentile(trips, q)) * 1e3, 1)
-    for name in ("call_overhead_ms", "start_late_ms", "return_ms"):
+    for prefix, seconds in (("trip", trips), ("back", server["ways_back"])):
+        for q in (50, 90, 99) if seconds else ():
+            timing[f"{prefix}_p{q}"] = round(float(np.percentile(seconds, q)) * 1e3, 1)
+    shown = {
+        "trip_in_ms": "in",
+        "kept_back_ms": "kept",
+        "call_overhead_ms": "call",
+        "start_late_ms": "start",
+        "return_ms": "return",
+    }
+    for name, prefix in shown.items():
         for key, value in server[name].items():
             if value is not None and key in ("p10", "p50", "p90", "p99"):
-                timing[f"{name.split('_')[0]}_{key}"] = round(value, 1)
+                timing[f"{prefix}_{key}"] = round(value, 1)
     if server["overruns_ms"]:
         timing["overrun_median"] = round(float(np.median(server["overruns_ms"])), 1)
         timing["overrun_max"] = round(float(np.max(server["overruns_ms"])), 1)
@@ -501,17 +549,20 @@ def _pooled_table(tables: Any) -> dict[int, float]:
     return {k: float(np.median(v)) for k, v in sorted(seen.items())}
 
 
-def _spread(tables: list[dict[str, dict[str, float]]], rng: np.random.Generator) -> Any:
+def _spread(profiles: list[dict[str, Any]], rng: np.random.Generator) -> Any:
     """A function drawing how much longer than its median a batch runs (a factor): the median,
-    over every model and size measured, of each quantile of its run times over its median;
-    linear between those quantiles (p10, p50, p90, p99), clamped at the ends."""
+    over every model and size with ``SPREAD_BATCHES`` batches measured or more, of each
+    quantile of its run times over its median; linear between those quantiles (p10, p50,
+    p90, p99), clamped at the ends. A size run once or twice has no spread to show, and the
+    many-model workloads' rarely used models, counted alike, made the spread look narrow."""
     ratios: dict[float, list[float]] = {}
-    for table in tables:
+    for profile in profiles:
+        table, counts = profile["batch"], profile["counts"]
         for key in table:
             q = int(key[1:]) / 100.0
             for size, seconds in table[key].items():
                 median = table["p50"].get(size)
-                if median:
+                if median and counts.get(size, 0) >= SPREAD_BATCHES:
                     ratios.setdefault(q, []).append(seconds / median)
     known = sorted((q, float(np.median(r))) for q, r in ratios.items())
     if not known:
@@ -659,11 +710,13 @@ def _capacity(item: str) -> tuple[str, float]:
 
 def _measured(extra: dict[str, Any], capacity_bytes: int) -> dict[str, Any]:
     """What the simulator of a raysrv point is given, kept so that it can be run again."""
-    keys = ("profiles", "call_overhead_ms", "start_late_ms", "return_ms", "reasons")
+    keys = ("profiles", "call_overhead_ms", "start_late_ms", "return_ms", "trip_in_ms", "reasons")
     return {
         "times": extra["times"].tolist(),
         "models": extra["models"].tolist(),
         "trips": extra["trips"],
+        "ways_back": extra["ways_back"],
+        "transits": extra["transits"],
         "capacity_bytes": capacity_bytes,
         **{k: extra[k] for k in keys},
     }

@@ -63,6 +63,9 @@ class PredictResponse(BaseModel):
     cache_hit: bool = Field(description="True when no model evaluation was started for it.")
     query_id: str = Field(description="Quote it in feedback.")
     latency_ms: float = Field(description="Time spent inside raysrv.")
+    transit_ms: float | None = Field(
+        description="Time from the request's sent_at to its reaching raysrv (null without it)."
+    )
     confidence: float = Field(description="The selection policy's confidence in the output.")
     missing: list[str] = Field(
         description="Models asked whose prediction did not arrive by the deadline (or failed)."
@@ -74,6 +77,9 @@ class ModelPredictResponse(BaseModel):
     output: Any = Field(description="The model's prediction.")
     model: str = Field(description="The model that answered.")
     latency_ms: float = Field(description="Time spent inside raysrv.")
+    transit_ms: float | None = Field(
+        description="Time from the request's sent_at to its reaching raysrv (null without it)."
+    )
 
 
 class FeedbackRequest(BaseModel):

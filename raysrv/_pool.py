@@ -54,6 +54,7 @@ ARRIVAL_WINDOW = 2000  # arrival times kept per model for the plan view
 SHOWN_WINDOW = 100  # batches per size behind the run times ``GET /v1/models`` shows
 SHOWN_QUANTILES = (0.1, 0.5, 0.9, 0.99)  # the ones it shows
 OVERHEAD_WINDOW = 500  # calls behind the round-trip overhead ``GET /v1/pools`` shows
+TRIP_SHOWN = 10_000  # queries behind the trips to the ingress ``GET /v1/pools`` shows
 OVERHEAD_QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9, 0.99)  # the ones it shows
 NOT_LOADED_REASON = "not loaded on its worker when the batch came (its LOAD ran too late)"
 
@@ -102,6 +103,10 @@ class Pool:
         # its answer took from the worker's end of it to this loop's taking it up
         self._late_starts = SortedWindow(OVERHEAD_WINDOW)
         self._returns = SortedWindow(OVERHEAD_WINDOW)
+        # of each query that said when it was sent: its trip to the ingress, and the time kept
+        # back from its deadline for the answer's way back
+        self._trips_in = SortedWindow(TRIP_SHOWN)
+        self._kept_back = SortedWindow(TRIP_SHOWN)
         self._back = [-math.inf] * len(workers)  # when each worker's last call came back
 
     # -- models ----------------------------------------------------------------------------
@@ -145,11 +150,21 @@ class Pool:
     # -- queries ---------------------------------------------------------------------------
 
     def submit(
-        self, model: str, x: np.ndarray, deadline: float = math.inf, priority: int = 0
+        self,
+        model: str,
+        x: np.ndarray,
+        deadline: float = math.inf,
+        priority: int = 0,
+        trip: tuple[float, float] | None = None,
     ) -> asyncio.Future[Any]:
         """Queue one input of ``model``; the future resolves to its output, or raises why it
-        could not (503 at once when the model's queue is full)."""
+        could not (503 at once when the model's queue is full). ``trip``: seconds the query took
+        to reach the ingress and seconds kept back from its deadline for the answer's way back,
+        when its caller said when it sent it."""
         now = self._clock()
+        if trip is not None:
+            self._trips_in.add(trip[0])
+            self._kept_back.add(trip[1])
         query_id = next(self._ids)
         try:
             cold = self.scheduler.submit(model, QueuedQuery(query_id, now, deadline, priority))
@@ -501,6 +516,7 @@ class Pool:
                 f"p{round(q * 100)}": {str(k): v for k, v in runs.table(q, SHOWN_WINDOW).items()}
                 for q in SHOWN_QUANTILES
             },
+            "batch_counts": {str(k): len(v) for k, v in runs.samples(SHOWN_WINDOW).items()},
         }
 
     async def describe(self) -> dict[str, Any]:
@@ -522,6 +538,8 @@ class Pool:
             "call_overhead_ms": _quantiles_ms(self._overheads),
             "start_late_ms": _quantiles_ms(self._late_starts),
             "return_ms": _quantiles_ms(self._returns),
+            "trip_in_ms": _quantiles_ms(self._trips_in),
+            "kept_back_ms": _quantiles_ms(self._kept_back),
             "capacity_bytes": self.spec.capacity_bytes,
             "models": len(s.models()),
             "loads": s.loads,

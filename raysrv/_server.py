@@ -11,10 +11,12 @@ is a batch or a LOAD, never a single query.
 from __future__ import annotations
 
 import asyncio
+import copy
 import math
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -54,7 +56,26 @@ def coerce_input(value: Any, spec: InputSpec) -> np.ndarray:
 
 
 TRIP_WINDOW = 200  # queries with ``sent_at`` behind the trip-back estimate
+TRIPS_KNOWN = 20  # trips seen before any is kept back
 DESCRIBE_CHUNK = 50  # models described between turns of the event loop
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000.0
+
+
+@contextmanager
+def _transit_told(ask: _Ask) -> Iterator[None]:
+    """A query's error carries its trip to the ingress, as its answer does: on a copy, since
+    one error may answer several queries (a refused batch, a shared cache miss)."""
+    try:
+        yield
+    except RaysrvError as exc:
+        if ask.transit_s is None:
+            raise
+        told = copy.copy(exc)
+        told.transit_ms = _ms(ask.transit_s)
+        raise told from exc
 
 
 def _in_transit(sent_at: float | None) -> float:
@@ -66,14 +87,32 @@ def _in_transit(sent_at: float | None) -> float:
     return max(0.0, time.time() - float(sent_at))
 
 
+class TripBack:
+    """The time kept back from a query's deadline for its answer's way back to a caller that
+    sends ``sent_at``: a quantile of the trips here of the last ``TRIP_WINDOW`` such queries
+    (0 until ``TRIPS_KNOWN`` are seen). The simulator of ``bench.many_models`` keeps its
+    queries' time back with this same rule."""
+
+    def __init__(self) -> None:
+        self._trips = SortedWindow(TRIP_WINDOW)
+
+    def add(self, trip_s: float) -> None:
+        self._trips.add(trip_s)
+
+    def kept(self, quantile: float) -> float:
+        return self._trips.quantile(quantile) if len(self._trips) >= TRIPS_KNOWN else 0.0
+
+
 @dataclass(frozen=True)
 class _Ask:
-    """What a caller asked of one query beyond its input: its SLO and its priority class, and
-    the time kept back from its deadline for the answer's trip to the caller."""
+    """What a caller asked of one query beyond its input: its SLO and its priority class, the
+    time kept back from its deadline for the answer's trip to the caller, and how long it took
+    to get here (None: the caller did not say when it sent it)."""
 
     slo_ms: float | None
     priority: int
     trip_back_s: float = 0.0
+    transit_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -107,7 +146,7 @@ class Server:
         self._metrics = metrics or Metrics()
         self._clock = clock
         self._root = root or Path.cwd()
-        self._trips = SortedWindow(TRIP_WINDOW)
+        self._trips = TripBack()
         self._rng = rng or np.random.default_rng(spec.ingress.seed)
         self.pools = {
             p.name: Pool(p, workers[p.name], clock, self._metrics) for p in spec.resolved_pools()
@@ -226,28 +265,30 @@ class Server:
         start = self._clock()
         target = self._app(app)
         origin, ask = self._ask(start, slo_ms, best_effort, priority, sent_at)
-        x = coerce_input(input, target.input)
-        context = "" if context is None else str(context)
-        state = await self._store.get_state(app, context) or target.selection.init()
-        chosen = target.selection.select(state, x)
-        predictions, cache_hit = await self._ask_models(target, chosen, x, origin, ask)
-        output, confidence = target.selection.combine(state, x, predictions)
-        default = confidence < target.spec.confidence_threshold
-        if default:
-            output = target.spec.default_output
-        query_id = uuid.uuid4().hex
-        record = {"app": app, "context": context, "input": x, "predictions": predictions}
-        await self._store.put_prediction(query_id, record)
-        return {
-            "output": output,
-            "models": chosen,
-            "cache_hit": cache_hit,
-            "query_id": query_id,
-            "latency_ms": (self._clock() - start) * 1000.0,
-            "confidence": confidence,
-            "missing": [m for m in chosen if m not in predictions],
-            "default": default,
-        }
+        with _transit_told(ask):
+            x = coerce_input(input, target.input)
+            context = "" if context is None else str(context)
+            state = await self._store.get_state(app, context) or target.selection.init()
+            chosen = target.selection.select(state, x)
+            predictions, cache_hit = await self._ask_models(target, chosen, x, origin, ask)
+            output, confidence = target.selection.combine(state, x, predictions)
+            default = confidence < target.spec.confidence_threshold
+            if default:
+                output = target.spec.default_output
+            query_id = uuid.uuid4().hex
+            record = {"app": app, "context": context, "input": x, "predictions": predictions}
+            await self._store.put_prediction(query_id, record)
+            return {
+                "output": output,
+                "models": chosen,
+                "cache_hit": cache_hit,
+                "query_id": query_id,
+                "latency_ms": (self._clock() - start) * 1000.0,
+                "transit_ms": _ms(ask.transit_s),
+                "confidence": confidence,
+                "missing": [m for m in chosen if m not in predictions],
+                "default": default,
+            }
 
     def _ask(
         self,
@@ -271,7 +312,8 @@ class Server:
             )
         if best_effort:
             slo_ms = math.inf
-        return start - trip, _Ask(slo_ms, priority, trip_back)
+        transit = trip if sent_at is not None else None
+        return start - trip, _Ask(slo_ms, priority, trip_back, transit)
 
     async def predict_model(
         self,
@@ -289,11 +331,17 @@ class Server:
         start = self._clock()
         pool = self.pool_of(model)
         origin, ask = self._ask(start, slo_ms, best_effort, priority, sent_at)
-        x = coerce_input(input, self._models[model].input)
-        deadline = origin + (ask.slo_ms or self._slo_ms[model]) / 1000.0 - ask.trip_back_s
-        answer = pool.submit(model, x, deadline, ask.priority)
-        output = await self._by_deadline(answer, deadline, model)
-        return {"output": output, "model": model, "latency_ms": (self._clock() - start) * 1e3}
+        with _transit_told(ask):
+            x = coerce_input(input, self._models[model].input)
+            deadline = origin + (ask.slo_ms or self._slo_ms[model]) / 1000.0 - ask.trip_back_s
+            answer = pool.submit(model, x, deadline, ask.priority, self._trip(ask))
+            output = await self._by_deadline(answer, deadline, model)
+            return {
+                "output": output,
+                "model": model,
+                "latency_ms": (self._clock() - start) * 1e3,
+                "transit_ms": _ms(ask.transit_s),
+            }
 
     async def _ask_models(
         self, app: _App, chosen: list[str], x: np.ndarray, origin: float, ask: _Ask
@@ -337,7 +385,7 @@ class Server:
 
         async def compute() -> Any:
             return await self._by_deadline(
-                pool.submit(model, x, deadline, ask.priority), deadline, model
+                pool.submit(model, x, deadline, ask.priority, self._trip(ask)), deadline, model
             )
 
         if not app.cache.capacity:  # no cache: no key to build, nothing to coalesce
@@ -348,13 +396,16 @@ class Server:
         self._metrics.cache(app.spec.name, model, hit)
         return value, hit
 
+    @staticmethod
+    def _trip(ask: _Ask) -> tuple[float, float] | None:
+        """The query's trip here and the time kept back for its way back, for the pool's
+        account of where its queries' time went (None without ``sent_at``)."""
+        return None if ask.transit_s is None else (ask.transit_s, ask.trip_back_s)
+
     def trip_back(self) -> float:
-        """Seconds kept for an answer's trip back to a caller that sends ``sent_at``: the
-        ingress's ``trip_back_quantile`` (default p99) of the trips here of the last
-        ``TRIP_WINDOW`` such queries (0 until 20 are seen)."""
-        if len(self._trips) < 20:
-            return 0.0
-        return self._trips.quantile(self.spec.ingress.trip_back_quantile)
+        """Seconds kept for an answer's trip back to a caller that sends ``sent_at``
+        (:class:`TripBack`, at the ingress's ``trip_back_quantile``)."""
+        return self._trips.kept(self.spec.ingress.trip_back_quantile)
 
     async def _by_deadline(self, answer: asyncio.Future[Any], deadline: float, model: str) -> Any:
         """The answer, or an error once the query's deadline passes first: never a late answer.

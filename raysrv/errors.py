@@ -1,10 +1,11 @@
 """Errors that cross the API: each carries its HTTP status and a reason a caller can act on.
 
-Over HTTP an error is the body ``{"error", "message", "status"}`` with that status; handle
-callers get the same object as the result of ``predict`` rather than an exception: an exception
-through a Serve handle is wrapped with its traceback and pickled across processes, and refusals
-must stay cheap when a server is overloaded. :func:`raise_for_error` turns such a
-result back into the exception, for callers who prefer one.
+Over HTTP an error is the body ``{"error", "message", "status"}`` with that status (and
+``transit_ms`` for a query that sent ``sent_at``); handle callers get the same object as the
+result of ``predict`` rather than an exception: an exception through a Serve handle is wrapped
+with its traceback and pickled across processes, and refusals must stay cheap when a server is
+overloaded. :func:`raise_for_error` turns such a result back into the exception, for callers
+who prefer one.
 """
 
 from __future__ import annotations
@@ -32,9 +33,13 @@ class RaysrvError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+        self.transit_ms: float | None = None  # a query's trip to the ingress, once known
 
     def to_json(self) -> dict[str, Any]:
-        return {"error": self.reason, "message": self.message, "status": self.status}
+        """The body; a query that said when it was sent (``sent_at``) also gets its trip to
+        the ingress (``transit_ms``), as its answer would: the time lost before raysrv."""
+        extra = {} if self.transit_ms is None else {"transit_ms": self.transit_ms}
+        return {"error": self.reason, "message": self.message, "status": self.status, **extra}
 
 
 class BadRequest(RaysrvError):

@@ -301,6 +301,38 @@ def test_the_trip_back_is_kept_from_the_deadline_as_long_as_the_trips_here_take(
     assert trip_back == pytest.approx(0.05, abs=0.02)
     assert responses[-1].status_code == 429, responses[-1].text
     assert "deadline passed" in responses[-1].json()["message"]
+    assert 50 <= responses[-1].json()["transit_ms"] < 70  # the refusal says where time went
+
+
+def test_answers_and_the_pool_say_how_long_queries_took_to_arrive_and_what_was_kept_back() -> None:
+    """30 queries sent 40 ms before they arrive and 10 sent 80 ms before: each answer says its
+    own trip; the pool's quantiles cover the 40 and nothing else. A query without ``sent_at``
+    has no trip to report and adds none."""
+
+    async def scenario() -> tuple[list[dict[str, object]], dict[str, object], dict[str, object]]:
+        server = _server()
+        answers = []
+        async with await _client(server) as c:
+            for i in range(40):
+                transit = 0.08 if i % 4 == 3 else 0.04
+                body = {"input": [i, 0, 0, 0], "slo_ms": 1000, "sent_at": time.time() - transit}
+                answers.append((await c.post("/v1/models/a/predict", json=body)).json())
+            unsent = (await c.post("/v1/models/a/predict", json={"input": [9, 9, 9, 9]})).json()
+            pools = (await c.get("/v1/pools")).json()["pools"]
+        (pool,) = [p for p in pools if p["name"] == server.pool_of("a").name]
+        return answers, unsent, pool
+
+    answers, unsent, pool = run(scenario())
+    transits = [a["transit_ms"] for a in answers]
+    assert all(40 <= t < 60 for t in transits[:3])
+    assert 80 <= transits[3] < 100
+    assert unsent["transit_ms"] is None
+    trip_in, kept = pool["trip_in_ms"], pool["kept_back_ms"]
+    assert 40 <= trip_in["p50"] < 60
+    assert 80 <= trip_in["p90"] < 100
+    # nothing is kept back before 20 trips are known; then the p99 of those seen, an 80 ms one
+    assert kept["p10"] == 0.0
+    assert 80 <= kept["p90"] < 100
 
 
 def test_a_trip_back_quantile_of_1_keeps_back_the_longest_recent_trip() -> None:

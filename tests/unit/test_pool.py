@@ -278,8 +278,10 @@ def test_a_profiling_step_seeds_the_run_times_before_the_first_query() -> None:
     assert isinstance(policy, batching.DeadlinePolicy)
     assert policy.estimate(6) >= 0.01
     assert policy.describe()["learned_overrun_ms"] == 0.0  # no plan, so no overrun
-    assert set(pool.describe_model("echo")["batch_seconds"]["p50"]) == {"1", "2", "4", "6"}
-    assert pool.describe_model("echo")["batches"] == 0  # no query was served
+    described = pool.describe_model("echo")
+    assert set(described["batch_seconds"]["p50"]) == {"1", "2", "4", "6"}
+    assert described["batch_counts"] == {str(k): PROFILE_RUNS * 2 for k in (1, 2, 4, 6)}
+    assert described["batches"] == 0  # no query was served
 
 
 def test_policies_that_keep_no_run_times_are_not_profiled() -> None:
