@@ -501,7 +501,7 @@ class Pool:
             f"p{round(q * 100)}": None
             if (t := runs.load_time(q, SHOWN_WINDOW)) is None
             else t * 1e3
-            for q in (0.5, 0.99)
+            for q in SHOWN_QUANTILES
         }
         return {
             "pool": self.name,

@@ -386,6 +386,8 @@ def test_a_shared_pool_loads_on_demand_and_evicts_the_least_recently_used() -> N
         described = pool.describe_model("a")
         assert described["loaded_on"] == [0]
         assert not described["cold"]
+        assert set(described["load_ms"]) == {"p10", "p50", "p90", "p99"}
+        assert described["load_ms"]["p10"] <= described["load_ms"]["p99"]
         assert pool.describe_model("c")["cold"]
         assert pool.describe_model("c")["evictions"] == 1
         await pool.close()
