@@ -104,9 +104,10 @@ class Pool:
         self._late_starts = SortedWindow(OVERHEAD_WINDOW)
         self._returns = SortedWindow(OVERHEAD_WINDOW)
         # of each query that said when it was sent: its trip to the ingress, and the time kept
-        # back from its deadline for the answer's way back
-        self._trips_in = SortedWindow(TRIP_SHOWN)
-        self._kept_back = SortedWindow(TRIP_SHOWN)
+        # back from its deadline for the answer's way back; sorted only when shown, since
+        # every query adds to them
+        self._trips_in: collections.deque[float] = collections.deque(maxlen=TRIP_SHOWN)
+        self._kept_back: collections.deque[float] = collections.deque(maxlen=TRIP_SHOWN)
         self._back = [-math.inf] * len(workers)  # when each worker's last call came back
 
     # -- models ----------------------------------------------------------------------------
@@ -163,8 +164,8 @@ class Pool:
         when its caller said when it sent it."""
         now = self._clock()
         if trip is not None:
-            self._trips_in.add(trip[0])
-            self._kept_back.add(trip[1])
+            self._trips_in.append(trip[0])
+            self._kept_back.append(trip[1])
         query_id = next(self._ids)
         try:
             cold = self.scheduler.submit(model, QueuedQuery(query_id, now, deadline, priority))
@@ -538,8 +539,8 @@ class Pool:
             "call_overhead_ms": _quantiles_ms(self._overheads),
             "start_late_ms": _quantiles_ms(self._late_starts),
             "return_ms": _quantiles_ms(self._returns),
-            "trip_in_ms": _quantiles_ms(self._trips_in),
-            "kept_back_ms": _quantiles_ms(self._kept_back),
+            "trip_in_ms": _recent_quantiles_ms(self._trips_in),
+            "kept_back_ms": _recent_quantiles_ms(self._kept_back),
             "capacity_bytes": self.spec.capacity_bytes,
             "models": len(s.models()),
             "loads": s.loads,
@@ -568,6 +569,14 @@ class Pool:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
         self._answer(list(self._entries), Overloaded(f"pool {self.name!r} is shutting down"))
+
+
+def _recent_quantiles_ms(seconds: collections.deque[float]) -> dict[str, float | None]:
+    """As :func:`_quantiles_ms`, of values kept in arrival order (the same linear rule)."""
+    if not seconds:
+        return {f"p{round(q * 100)}": None for q in OVERHEAD_QUANTILES}
+    shown = np.quantile(np.fromiter(seconds, float), OVERHEAD_QUANTILES) * 1e3
+    return {f"p{round(q * 100)}": float(v) for q, v in zip(OVERHEAD_QUANTILES, shown, strict=True)}
 
 
 def _quantiles_ms(window: SortedWindow) -> dict[str, float | None]:
