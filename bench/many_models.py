@@ -20,8 +20,9 @@ replicas, user code on the replica's main thread), the best a Ray user could con
 * ``raysrv``: one shared pool of 2 workers, ``memory_mb`` for 2.5% of the models each, the
   models declared as one model set with the ``deadline`` policy (batches of at most 16;
   ``--param`` sets its other parameters), the
-  SLO sent with every query (``slo_ms``, ``sent_at``; the ingress keeps the p90 of the trips
-  here back for the answer's trip back, ``trip_back_quantile: 0.9``).
+  SLO sent with every query (``slo_ms``, ``sent_at``; the ingress keeps back from each
+  deadline, for the answer's way back, what its rule gives at ``--trip-back``, by default
+  raysrv's ``trip_back_quantile``).
 * ``multiplexed``: what a Ray user would pick, ``@serve.multiplexed`` (:mod:`bench.multiplexed`):
   2 replicas of one CPU, each keeping as many models as a raysrv worker may, ``@serve.batch``
   by model, admission bounded so overload is refused.
@@ -87,6 +88,7 @@ from bench.validate_live import start_ray
 from bench.zoo import DEFAULT_DIR, build_zoo, digits_like, model_size
 from raysrv.analytics import SimModel, simulate_pool
 from raysrv.batching import make_policy
+from raysrv.config import IngressSpec
 
 __all__ = ["Bench", "Point", "TallyClient", "goodput_of", "main", "serve_mode", "timed_closed_loop"]
 
@@ -108,11 +110,9 @@ INPUTS = 512  # distinct inputs the clients cycle through
 HOT_CONCURRENCY = 8  # in flight on the hot model: its answers well within a 100 ms SLO
 WARM_S = 5.0  # of a closed loop on the workload's mix before each point, not measured
 SETTLE_S = 5.0  # after a hot-model deployment: the last one's processes end meanwhile
-# The p90 of the trips from this client to the ingress is kept back from each deadline for the
-# answer's trip back, not the default p99: under load the trip here queues at the ingress and
-# the way back does not, and at a 100 ms SLO the p99 (26-55 ms here) left little to load a
-# model in.
-TRIP_BACK = 0.9
+# raysrv's default: what its ingress keeps back for the answer's way back (a quantile of its
+# workers' answers' trips to it, ``raysrv._server.TripBack``)
+TRIP_BACK = IngressSpec.model_fields["trip_back_quantile"].default
 
 
 @dataclass(frozen=True)
@@ -409,7 +409,8 @@ class Bench:
         trip to the ingress it took live (its ``transit_ms``; drawn from the pool's
         ``trip_in_ms`` for the few the client never heard back about), and its deadline there is
         the SLO less what the ingress's own rule (:class:`raysrv._server.TripBack`) keeps back,
-        over the trips before it; it counts if its answer is back at the client within the SLO,
+        over the trips before it and replies drawn from the answers' trips from the workers
+        measured (``return_ms``); it counts if its answer is back at the client within the SLO,
         after a way back drawn from the ones the client measured. The trips in are taken as
         they were rather than drawn: they come from the ingress's own queue, which grows with
         the trace's bursts, and every deadline depends on them."""
@@ -439,7 +440,9 @@ class Bench:
         unknown = np.flatnonzero(np.isnan(way))  # the client gave up on them, or Ray failed
         way[unknown] = [trip_in() for _ in unknown]
         order = np.argsort(times + way, kind="stable")
-        deadlines = times + self.slo_s - _kept_back(way[order], self.trip_back)[np.argsort(order)]
+        replies = _drawn(extra["return_ms"], rng)
+        kept = _kept_back(way[order], replies, self.trip_back)[np.argsort(order)]
+        deadlines = times + self.slo_s - kept
         ways_back = np.asarray(extra["ways_back"] or [0.0])
         result = simulate_pool(
             (times + way)[order],
@@ -479,14 +482,16 @@ def _drawn(quantiles_ms: dict[str, float | None], rng: np.random.Generator) -> A
     return lambda: float(np.interp(rng.random(), qs, values))
 
 
-def _kept_back(trips: np.ndarray, quantile: float) -> np.ndarray:
+def _kept_back(trips: np.ndarray, replies: Any, quantile: float) -> np.ndarray:
     """What the ingress keeps back from each query's deadline, the queries arriving with
-    ``trips`` in this order: its own rule, :class:`raysrv._server.TripBack`."""
+    ``trips`` in this order and a reply from a worker (``replies()``, seconds) taken up with
+    each: its own rule, :class:`raysrv._server.TripBack`."""
     from raysrv._server import TripBack
 
     rule, kept = TripBack(), np.empty(trips.size)
     for i, trip in enumerate(trips):
         rule.add(float(trip))
+        rule.reply(replies())
         kept[i] = rule.kept(quantile)
     return kept
 

@@ -79,7 +79,10 @@ class Pool:
         workers: Workers,
         clock: Callable[[], float] = time.monotonic,
         metrics: Metrics | None = None,
+        replies: Callable[[float], None] | None = None,
     ) -> None:
+        """``replies``: told, of each batch, the seconds its answer took from the worker's end
+        of it to this loop's taking it up (the ingress's trip-back rule reads them)."""
         self.spec = pool
         self.name = pool.name
         self.scheduler = PoolScheduler(
@@ -103,6 +106,7 @@ class Pool:
         # its answer took from the worker's end of it to this loop's taking it up
         self._late_starts = SortedWindow(OVERHEAD_WINDOW)
         self._returns = SortedWindow(OVERHEAD_WINDOW)
+        self._replies = replies
         # of each query that said when it was sent: its trip to the ingress, and the time kept
         # back from its deadline for the answer's way back; sorted only when shown, since
         # every query adds to them
@@ -346,7 +350,10 @@ class Pool:
             )
             if isinstance(action, Infer) and math.isfinite(report.started):
                 self._late_starts.add(report.started - action.expected_start)
-                self._returns.add(back - wall_report.ended)
+                reply = back - wall_report.ended
+                self._returns.add(reply)
+                if self._replies is not None:
+                    self._replies(reply)
             if isinstance(action, Infer):
                 self._infer_done(action, entries, report, finished)
             elif isinstance(action, Load):

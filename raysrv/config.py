@@ -147,8 +147,11 @@ class IngressSpec(_Strict):
         0.99,
         gt=0.0,
         le=1.0,
-        description="For callers that send sent_at: the quantile of the last 200 such queries' "
-        "trips here kept back from each deadline for the answer's trip back (1: the longest).",
+        description="For callers that send sent_at, what is kept back from each deadline for "
+        "the answer's way back: this quantile (1: the longest) of the last 200 answers' trips "
+        "from the workers to the ingress plus the shortest of the last 2,000 such queries' "
+        "trips here, or this quantile of the last 200 trips here if less (alone until 20 "
+        "answers are in).",
     )
 
 

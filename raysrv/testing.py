@@ -13,6 +13,7 @@ import asyncio
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -129,7 +130,10 @@ class LocalWorkers(Workers):
     ``delay_s`` may be a function of the batch size. ``run``, if given, replaces the model:
     each INFER awaits ``run(inputs)`` for its outputs and the run time to report.
     ``weight_bytes``: what each model takes against ``capacity_bytes``. Each INFER's batch size
-    is appended to ``log``, and every action to ``actions`` as (worker, kind, model)."""
+    is appended to ``log``, and every action to ``actions`` as (worker, kind, model). With
+    ``reply_s``, each INFER's report says when it started and ended (wall clock), as a live
+    worker's does, with its end ``reply_s`` before the report is handed back: an answer that
+    took that long to come back."""
 
     def __init__(
         self,
@@ -143,8 +147,10 @@ class LocalWorkers(Workers):
         load_s: float = 0.0,
         log: list[int] | None = None,
         run: Callable[[np.ndarray], Awaitable[tuple[list[Any], float]]] | None = None,
+        reply_s: float | None = None,
     ) -> None:
         self._models = dict(models or {})
+        self._reply_s = reply_s
         self._run = run
         self._dedicated = dedicated
         self._capacity = capacity_bytes
@@ -216,6 +222,13 @@ class LocalWorkers(Workers):
         return self._models[name] if name in self.held[worker] else None
 
     async def _infer(self, worker: int, call: Call) -> Report:
+        report = await self._run_infer(worker, call)
+        if self._reply_s is None or report.status != "ok":
+            return report
+        ended = time.time() - self._reply_s
+        return replace(report, started=ended - report.duration, ended=ended)
+
+    async def _run_infer(self, worker: int, call: Call) -> Report:
         inputs = call.inputs
         assert inputs is not None
         target = self._model(worker, call.model)

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from raysrv._http import create_http_app
-from raysrv._server import DESCRIBE_CHUNK, Server
+from raysrv._server import DESCRIBE_CHUNK, TRIP_WINDOW, TRIPS_KNOWN, Server, TripBack
 from raysrv.config import LiveConfig, RaysrvSpec
 from raysrv.testing import EchoModel, LocalWorkers, fake_workers, model_spec, spec
 
@@ -279,9 +279,10 @@ def test_queries_past_their_deadline_get_429_with_the_reason_before_any_work() -
     run(scenario())
 
 
-def test_the_trip_back_is_kept_from_the_deadline_as_long_as_the_trips_here_take() -> None:
-    """Callers whose queries take 50 ms to arrive: the answer is expected to take as long to
-    go back, so a query with 45 ms of its SLO left on arrival cannot be answered in time."""
+def test_until_replies_are_measured_the_trip_back_is_kept_as_long_as_the_trips_here_take() -> None:
+    """Callers whose queries take 50 ms to arrive, on workers that do not say when their
+    batches ended: the answer is expected to take as long to go back, so a query with 45 ms of
+    its SLO left on arrival cannot be answered in time."""
 
     async def scenario() -> tuple[list[httpx.Response], float]:
         server = _server()
@@ -302,6 +303,56 @@ def test_the_trip_back_is_kept_from_the_deadline_as_long_as_the_trips_here_take(
     assert responses[-1].status_code == 429, responses[-1].text
     assert "deadline passed" in responses[-1].json()["message"]
     assert 50 <= responses[-1].json()["transit_ms"] < 70  # the refusal says where time went
+
+
+def test_the_trip_back_is_the_shortest_trip_here_plus_the_replies_not_the_wait_in_front() -> None:
+    """Four queries in five wait 60 ms in front of the ingress, the fifth arrives in 4 ms, and
+    answers come back from the workers in 5 ms: the way back is kept at the shortest trip here
+    plus the replies' p99, about 10 ms, not the trips' 60. A query sent 60 ms before it arrives
+    with 110 ms to go is then answered; kept at the trips' p99 it would have been refused."""
+
+    async def scenario() -> tuple[list[httpx.Response], float]:
+        workers = {m: LocalWorkers(1, dedicated=EchoModel(), reply_s=0.005) for m in ("a", "b")}
+        server = Server(SPEC, workers)
+        async with await _client(server) as c:
+            before = []
+            for i in range(40):
+                transit = 0.004 if i % 5 == 0 else 0.06
+                body = {"input": [i, 0, 0, 0], "slo_ms": 1000, "sent_at": time.time() - transit}
+                before.append(await c.post("/v1/one/predict", json=body))
+            kept = server.trip_back()
+            tight = {"input": [99, 0, 0, 0], "slo_ms": 110, "sent_at": time.time() - 0.06}
+            return [*before, await c.post("/v1/one/predict", json=tight)], kept
+
+    responses, kept = run(scenario())
+    assert all(r.status_code == 200 for r in responses[:-1])
+    assert 0.009 <= kept < 0.03
+    assert responses[-1].status_code == 200, responses[-1].text
+
+
+def test_the_time_kept_back_follows_the_replies_in_a_burst_and_the_trips_in_a_stall() -> None:
+    """Nothing is kept back before 20 trips are known, and only the trips count until 20
+    replies are. Then the smaller of the trips' quantile and the shortest trip plus the
+    replies' quantile: a burst of 250 trips of 60 ms, waiting in front of the ingress, leaves
+    it at the calm trips' 2 ms plus the replies' 5 ms; replies slowed to 200 ms by a stall
+    leave it at the trips' 60 ms, which every query renews."""
+    rule = TripBack()
+    for _ in range(TRIPS_KNOWN - 1):
+        rule.add(0.002)
+    assert rule.kept(0.99) == 0.0
+    for _ in range(300):
+        rule.add(0.002)
+    rule.add(0.05)
+    assert rule.kept(1.0) == pytest.approx(0.05)
+    for _ in range(TRIPS_KNOWN):
+        rule.reply(0.005)
+    assert rule.kept(1.0) == pytest.approx(0.007)
+    for _ in range(TRIP_WINDOW + 50):
+        rule.add(0.06)
+    assert rule.kept(0.5) == pytest.approx(0.007)
+    for _ in range(TRIP_WINDOW):
+        rule.reply(0.2)
+    assert rule.kept(0.5) == pytest.approx(0.06)
 
 
 def test_answers_and_the_pool_say_how_long_queries_took_to_arrive_and_what_was_kept_back() -> None:
