@@ -121,6 +121,12 @@ class SortedWindow:
         """numpy's default (linear) rule; the window must not be empty."""
         return _sorted_quantile(self._sorted, q)
 
+    def replace_last(self, value: float) -> None:
+        """Put ``value`` in place of the value added last (the window must not be empty)."""
+        del self._sorted[bisect.bisect_left(self._sorted, self._order.pop())]
+        self._order.append(value)
+        bisect.insort(self._sorted, value)
+
 
 class _Series:
     """Durations of one action kind (LOAD or UNLOAD): the last ``capacity`` of them."""

@@ -39,6 +39,7 @@ import numpy as np
 from raysrv._heap import settle
 
 __all__ = [
+    "REJECTED",
     "Client",
     "HandleClient",
     "HttpClient",

@@ -44,7 +44,10 @@ queries in flight on raysrv with the workload's model mix and an SLO no answer r
   turn, and the table gives each one's median and the ratio of the medians. 8 in flight keep
   answers well within the SLO, so goodput measures throughput; at 16 the loop's latency
   (16 / throughput) sat at the 100 ms SLO itself, and goodput swung with every millisecond of
-  the machine's speed.
+  the machine's speed. With ``--refused-wait`` a refused client sends its next query only once
+  its last one's SLO is over, as if it had waited for the answer: otherwise 8 clients resend
+  at once, a refusal takes some 34 ms there and back here, and the refusals, some 200 a
+  second, take the 2 cores from the workers, whose slowness then refuses more.
 
 Reported per point from the client's side (latency from each query's scheduled arrival): SLO
 attainment (answered within the SLO over offered), goodput, answers within the SLO or refused
@@ -74,6 +77,7 @@ from typing import Any
 import numpy as np
 
 from bench.loadgen import (
+    REJECTED,
     HandleClient,
     RequestLog,
     _awaited,
@@ -382,7 +386,10 @@ class Bench:
                 warm = HandleClient(self.call("raysrv", handle, self.args.slo_ms), pairs)
                 await closed_loop(warm, 8, WARM_S)  # loads the model, warms up
                 client = TallyClient(self.call("raysrv", handle, self.args.slo_ms), pairs)
-                log = await timed_closed_loop(client, self.args.hot_seconds, HOT_CONCURRENCY)
+                wait = self.slo_s if getattr(self.args, "refused_wait", False) else 0.0
+                log = await timed_closed_loop(
+                    client, self.args.hot_seconds, HOT_CONCURRENCY, refused_wait_s=wait
+                )
                 goodput = goodput_of(log, self.slo_s)
                 statuses = collections.Counter(log.status)
                 rows.append(
@@ -523,7 +530,11 @@ def _timing(trips: list[float], server: dict[str, Any]) -> dict[str, float]:
     return timing
 
 
-async def timed_closed_loop(client: HandleClient, seconds: float, concurrency: int) -> RequestLog:
+async def timed_closed_loop(
+    client: HandleClient, seconds: float, concurrency: int, refused_wait_s: float = 0.0
+) -> RequestLog:
+    """``concurrency`` clients, each sending its next query as its last is answered; with
+    ``refused_wait_s``, a refused client sends its next that long after it sent the last."""
     log = RequestLog()
     t0 = time.perf_counter()
     ids = iter(range(10_000, 10**9))
@@ -531,6 +542,8 @@ async def timed_closed_loop(client: HandleClient, seconds: float, concurrency: i
     async def worker() -> None:
         while (now := time.perf_counter() - t0) < seconds:
             await log.timed(client, next(ids), now, t0)
+            if refused_wait_s and log.status[-1] in REJECTED:  # this client's: no await since
+                await asyncio.sleep(max(0.0, now + refused_wait_s - (time.perf_counter() - t0)))
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return log
@@ -781,6 +794,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--hot-seconds", type=float, default=20.0)
     parser.add_argument("--hot-repeats", type=int, default=5)
+    parser.add_argument(
+        "--refused-wait",
+        action="store_true",
+        help="the hot model's refused clients wait out their query's SLO before the next",
+    )
     parser.add_argument("--workloads", nargs="+", default=["zipf", "trace", "hot"])
     parser.add_argument("--systems", nargs="+", default=["raysrv", "multiplexed"])
     parser.add_argument(

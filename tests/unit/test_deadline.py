@@ -293,6 +293,21 @@ def test_a_rare_pause_does_not_set_the_overrun() -> None:
     assert policy.describe()["learned_overrun_ms"] == pytest.approx(2.0)
 
 
+def test_a_pause_that_several_batches_meet_at_once_counts_once() -> None:
+    """The process taking the answers up stalls 150 ms with four batches out: their answers
+    come back together, within a millisecond and a half, and count as one overrun, which the
+    99th percentile of the last 101 looks past as it looks past one late batch (four would
+    have set it)."""
+    policy = _trained()
+    _late_by(policy, 0.002, batches=100)
+    start = 200.0
+    planned = start + policy.estimate(4) - policy.describe()["learned_overrun_ms"] / 1000
+    for k in range(4):
+        back = planned + 0.150 + 0.0005 * k
+        teach(policy, BatchOutcome(4, k % 2, start, back, 0.006, True, start))
+    assert policy.describe()["learned_overrun_ms"] == pytest.approx(2.0)
+
+
 def test_a_slow_run_is_learned_as_run_time_not_as_overrun() -> None:
     policy = _trained()
     for k in range(10):  # batches of 4 that ran 9 ms instead of 6, and came straight back
