@@ -9,8 +9,14 @@ batches of 8 in 204 ms and of 10 in 183 ms (p50), and a maximum planned every fu
 time. One step:
 
   (1) Refuse, before any work is spent, the latency-sensitive queries that cannot finish in time
-      even alone on the replica that frees first: deadline < earliest start + p99(1)
-      ("cannot meet deadline"; clockwork §5.2 drops requests that cannot meet their SLO).
+      even alone on a replica free now: deadline < now + p99(1), their last strategy's
+      required start passed ("cannot meet deadline"; Appendix B drops "strategies ... if their
+      required start time has passed"). A query that could make it on a free replica but
+      not behind the work predicted in flight on every replica waits: that work may end
+      early, and it is refused once its required start passes. With ``refuse_behind_work``
+      it is refused at once instead (deadline < earliest predicted start + p99(1)), sooner
+      for its caller; on four alternating runs of the many-model trace neither kept more
+      within the SLO beyond the runs' spread (``bench/RESULTS.md``, "The trace today").
   (2) With a free replica, order the latency-sensitive queries by deadline. Each (query, batch
       size b) is a strategy whose required start time is the query's deadline - p99(b)
       (Appendix B): the batch is that query and the next b-1 by deadline, so it finishes before
@@ -44,6 +50,12 @@ hand-set ``margin_ms``. Each source of lateness is learned once, by what forgets
     one overrun, the largest. Each alone, the 3-4 batches in flight of a hot model put a
     127 ms stall of the ingress into the 99th percentile of the next 200 batches, beyond a
     100 ms SLO (``bench/RESULTS.md``, "Where the targets stand").
+  - the hops are the pool's, not one model's: every overrun also goes into a window its
+    group shares (the models one bulk entry declares, :meth:`RunTimes.shared`), and a model
+    with fewer than ``OWN_OVERRUNS`` of its own (one just loaded, or rarely asked for) plans
+    with the group's. Planned with none, such models made 2.5% of the batches of a live run
+    of the many-model trace and 42% of those dropped at their deadline (``bench/RESULTS.md``,
+    "Batches dropped at their deadline").
 Measured against the whole plan instead, with a window of 50, one pause of the machine set the
 slack to 137-148 ms for the next 50 batches, doubled in every chain; at 50% load the policy then
 refused 43 queries on arrival with 562-582 ms left before their deadline
@@ -87,6 +99,7 @@ Cost per step: O(n log n) in the queue length (the sort), plus O(s log n) over t
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Sequence
@@ -107,20 +120,50 @@ from raysrv.batching.base import (
     ReplicaSlot,
     Wait,
 )
-from raysrv.batching.profile import SortedWindow
+from raysrv.batching.profile import RunTimes, SortedWindow
 
 __all__ = [
     "LOCKED_OUT",
+    "OWN_OVERRUNS",
     "STALE_S",
     "TOGETHER_S",
     "DeadlineParams",
     "DeadlinePolicy",
+    "Overruns",
     "strategy_sizes",
 ]
 
 STALE_S = 1.0  # with LOCKED_OUT refusals in a row on an idle replica and no batch back for
 LOCKED_OUT = 20  # this long, the estimates are measured again (``DeadlinePolicy._probe``)
 TOGETHER_S = 0.002  # answers back within this of each other met one pause: one overrun
+OWN_OVERRUNS = 20  # a model plans with its own overruns once it has this many
+
+
+class Overruns:
+    """The last ``capacity`` overruns, answers back within ``TOGETHER_S`` of the first of a
+    group counting once, at the largest of theirs (they met the same pause)."""
+
+    def __init__(self, capacity: int) -> None:
+        self._window = SortedWindow(capacity)
+        self._together: tuple[float, float] | None = None  # when the last group's answers
+        # began to come back, and the largest of their overruns
+
+    def __len__(self) -> int:
+        return len(self._window)
+
+    def add(self, back: float, overrun: float) -> None:
+        if self._together is not None and 0.0 <= back - self._together[0] <= TOGETHER_S:
+            first, largest = self._together
+            if overrun > largest:
+                self._window.replace_last(overrun)
+            self._together = (first, max(largest, overrun))
+        else:
+            self._window.add(overrun)
+            self._together = (back, overrun)
+
+    def quantile(self, q: float) -> float:
+        """The ``q`` quantile, never below zero (0 when empty)."""
+        return max(0.0, self._window.quantile(q)) if self._window else 0.0
 
 
 class DeadlineParams(PolicyParams):
@@ -150,6 +193,12 @@ class DeadlineParams(PolicyParams):
         "run-time estimate and the overrun each cover their own tail) or its planned run (the "
         "estimate plus the overrun is then the overrun_quantile of the time from a batch's "
         "planned start to its answer).",
+    )
+    refuse_behind_work: bool = Field(
+        False,
+        description="Refuse a query as soon as it could not finish behind the work predicted "
+        "in flight on every replica; default: once it could not finish even on a replica free "
+        "now (its required start passed), waiting meanwhile for a replica to free.",
     )
     schedule_ahead_ms: float | None = Field(
         None,
@@ -183,14 +232,13 @@ class DeadlinePolicy(BatchingPolicy):
         self._largest = self._sizes[0]
         self._estimates: np.ndarray | None = None  # seconds per size, as of ``_seen``
         self._seen: tuple[int, int] | None = None  # the runs' version the estimates are from
-        self._overruns = SortedWindow(params.overrun_window)
+        self._overruns = Overruns(params.overrun_window)
+        self._pooled: Overruns | None = None  # its group's (``bind``)
         # Per replica, for each batch sent there that has not come back, oldest first: the start
         # it was planned as it left (which names it), then its planned start and finish, both
         # re-anchored on every answer.
         self._inflight: dict[int, deque[tuple[float, float, float]]] = {}
-        self._slack = 0.0  # the learned overrun, seconds
-        self._together: tuple[float, float] | None = None  # when the last overruns' answers
-        # began to come back, and the largest of them (``_learn``)
+        self._slack = 0.0  # this model's own learned overrun, seconds
         self._last_back = -np.inf  # when the last batch came back
         self._probing = False  # the last batch was sent as a probe (``_probe``)
         self._idle_refusals = 0  # refusals in a row with a replica idle
@@ -203,7 +251,14 @@ class DeadlinePolicy(BatchingPolicy):
         """Planned time from a batch's start to its answers being back: p99 of the measured run
         times of ``size`` (interpolated for sizes not measured; its own, even where a larger
         size runs faster), plus the margin and the learned overrun; 0 before any measurement."""
-        return self._planned(size) + self._slack
+        return self._planned(size) + self._learned()
+
+    def bind(self, runs: RunTimes) -> None:
+        """Also learn overruns with the other models of ``runs``'s group (one kept per
+        group and window length)."""
+        super().bind(runs)
+        window = self.params.overrun_window
+        self._pooled = runs.shared(("deadline.overruns", window), lambda: Overruns(window))
 
     def run_window(self) -> int:
         return self.params.window
@@ -233,18 +288,20 @@ class DeadlinePolicy(BatchingPolicy):
             self._learn(outcome.finished, outcome.finished - start - run)
 
     def _learn(self, back: float, overrun: float) -> None:
-        """One overrun into the window, and the slack planned for from it; answers back within
-        ``TOGETHER_S`` of the first of a group met the same pause, and count once, at the
-        largest of their overruns."""
-        if self._together is not None and 0.0 <= back - self._together[0] <= TOGETHER_S:
-            first, largest = self._together
-            if overrun > largest:
-                self._overruns.replace_last(overrun)
-            self._together = (first, max(largest, overrun))
-        else:
-            self._overruns.add(overrun)
-            self._together = (back, overrun)
-        self._slack = max(0.0, self._overruns.quantile(self.params.overrun_quantile))
+        """One overrun into this model's window and its group's."""
+        self._overruns.add(back, overrun)
+        if self._pooled is not None:
+            self._pooled.add(back, overrun)
+        self._slack = self._overruns.quantile(self.params.overrun_quantile)
+
+    def _learned(self) -> float:
+        """The overrun planned for: this model's own once it has ``OWN_OVERRUNS``, its
+        group's until then (0 with neither, or with ``learn_overrun`` off)."""
+        if not self.params.learn_overrun:
+            return 0.0
+        if len(self._overruns) >= OWN_OVERRUNS or not self._pooled:
+            return self._slack
+        return self._pooled.quantile(self.params.overrun_quantile)
 
     def profile_sizes(self) -> tuple[int, ...]:
         smallest, largest = self._sizes[-1], self._sizes[0]
@@ -258,7 +315,7 @@ class DeadlinePolicy(BatchingPolicy):
         planned = {str(k): self._planned(k) * 1000.0 for k in self.profile_sizes()}
         return {
             **super().describe(),
-            "learned_overrun_ms": self._slack * 1000.0,
+            "learned_overrun_ms": self._learned() * 1000.0,
             "planned_run_ms": planned,
         }
 
@@ -273,15 +330,27 @@ class DeadlinePolicy(BatchingPolicy):
             return probe or Reject(doomed, "cannot meet deadline")  # step (1)
         free = [r for r in view.replicas if r.free]
         if not free:
-            return Wait()
+            return self._wait(urgent, view.now)
         slot = min(free, key=lambda r: self._start(r, view.now))
         if self.params.schedule_ahead_ms is not None:
             ahead = self._start(slot, view.now) - self.params.schedule_ahead_ms / 1000.0
             if ahead > view.now:
                 return Wait(ahead)  # no commitment yet behind the work in flight
         if urgent:
-            return self._most_urgent(urgent, slot, view.now)  # step (2)
+            decision = self._most_urgent(urgent, slot, view.now)  # step (2)
+            if isinstance(decision, Wait) and decision.until is None:
+                return self._wait(urgent, view.now)
+            return decision
         return self._fill(view, slot)  # step (3)
+
+    def _wait(self, urgent: Sequence[QueuedQuery], now: float) -> Wait:
+        """Wait for a replica to take the urgent queries, at the latest until just past the
+        first one's required start, when step (1) refuses it (at the required start itself it
+        could still make it, on a replica freed then)."""
+        if not urgent:
+            return Wait()
+        last = min(q.deadline for q in urgent) - self.estimate(1)
+        return Wait(math.nextafter(max(last, now), math.inf))
 
     def _probe(
         self, urgent: Sequence[QueuedQuery], doomed: tuple[int, ...], view: BatcherView
@@ -311,7 +380,9 @@ class DeadlinePolicy(BatchingPolicy):
     def _doomed(self, urgent: Sequence[QueuedQuery], view: BatcherView) -> tuple[int, ...]:
         if not urgent or not view.replicas:
             return ()
-        earliest = min(self._start(r, view.now) for r in view.replicas)
+        earliest = view.now
+        if self.params.refuse_behind_work:
+            earliest = min(self._start(r, view.now) for r in view.replicas)
         finish = earliest + self.estimate(1)
         return tuple(q.query_id for q in urgent if q.deadline < finish)
 

@@ -10,9 +10,11 @@ UNLOAD. Everything that needs a duration reads it here, each at its own quantile
 * ``GET /v1/models`` and the plan view show the p50 and p99 of the last 100.
 
 Only the scheduler (live or simulated) writes, after a worker reports a measured duration; a
-policy only reads. A model never measured reads its group's record (the models declared by one
-bulk entry share an architecture), and a LOAD never measured reads the group's loads scaled by
-the weight bytes, so the first cold start of a model is planned on its siblings' times.
+policy only reads, except what it learns for the models of a group together
+(:meth:`RunTimes.shared`: the ``deadline`` policy's overruns). A model never measured reads its
+group's record (the models declared by one bulk entry share an architecture), and a LOAD never
+measured reads the group's loads scaled by the weight bytes, so the first cold start of a model
+is planned on its siblings' times.
 
 Sizes never measured are interpolated (:func:`interpolate_batches`).
 Memory: at most ``window`` floats per measured size, per model. Reads cost O(sizes) once cached;
@@ -25,7 +27,8 @@ import bisect
 import itertools
 import math
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
+from typing import TypeVar
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -43,6 +46,7 @@ __all__ = [
 DEFAULT_FLOOR_S = 1e-6
 """Smallest service time handed to a latency model, in seconds."""
 
+T = TypeVar("T")
 DEFAULT_WINDOW = 100  # durations kept per batch size, and per LOAD / UNLOAD
 _Cached = dict[tuple[float, int], dict[int, float]]
 
@@ -165,6 +169,7 @@ class RunTimes:
         self._load = _Series(window)
         self._unload = _Series(window)
         self._version = 0
+        self._shared: dict[Hashable, object] = {}
         self.weight_bytes: int | None = None  # of the model, once known (scales group loads)
 
     # -- writing (the scheduler) -----------------------------------------------------------
@@ -203,6 +208,16 @@ class RunTimes:
         self._version += 1
         if self._group is not None:
             self._group.observe_unload(seconds)
+
+    def shared(self, key: Hashable, make: Callable[[], T]) -> T | None:
+        """What a reader learns from every model of this record's group, under ``key``, made
+        by ``make`` on first use; None when the model has no group."""
+        if self._group is None:
+            return None
+        kept = self._group._shared
+        if key not in kept:
+            kept[key] = make()
+        return kept[key]  # type: ignore[return-value]
 
     # -- reading ---------------------------------------------------------------------------
 

@@ -21,7 +21,8 @@ from raysrv.batching import (
     Wait,
 )
 from raysrv.batching.actions import LATE_START
-from raysrv.batching.deadline import LOCKED_OUT, STALE_S
+from raysrv.batching.deadline import LOCKED_OUT, OWN_OVERRUNS, STALE_S
+from raysrv.batching.profile import RunProfile
 from raysrv.testing import teach
 
 
@@ -74,13 +75,27 @@ def test_plans_each_batch_size_on_its_own_run_times_even_when_a_larger_one_runs_
 
 
 def test_counts_the_work_already_in_flight_on_the_replica() -> None:
+    """A query that cannot finish behind the work predicted in flight waits, as that work may
+    end early, until its required start (its deadline less its run) passes; then it is
+    refused (Appendix B drops strategies whose required start has passed).
+    ``refuse_behind_work`` refuses it at once."""
     policy = _trained()
-    queue = _queue([0.010])
+    queue = _queue([0.010])  # a batch of one takes 3 ms: required start 7 ms
     busy_until_8ms = [ReplicaSlot(0, busy_until=0.008)]  # free to take one more, pipelined
-    assert policy.decide(BatcherView(0.0, queue, busy_until_8ms)) == Reject(
+    waiting = policy.decide(BatcherView(0.0, queue, busy_until_8ms))
+    assert isinstance(waiting, Wait)
+    assert waiting.until == pytest.approx(0.007)
+    assert policy.decide(BatcherView(0.005, queue, [ReplicaSlot(0)])) == Dispatch((0,), 0)
+    at_last = policy.decide(BatcherView(waiting.until, queue, busy_until_8ms))
+    assert at_last == Reject((0,), "cannot meet deadline")  # just past its required start
+    assert policy.decide(BatcherView(0.0075, queue, busy_until_8ms)) == Reject(
         (0,), "cannot meet deadline"
     )
-    assert policy.decide(BatcherView(0.0, queue, [ReplicaSlot(0)])) == Dispatch((0,), 0)
+    eager = _trained(refuse_behind_work=True)
+    assert eager.decide(BatcherView(0.0, queue, busy_until_8ms)) == Reject(
+        (0,), "cannot meet deadline"
+    )
+    assert eager.decide(BatcherView(0.0, queue, [ReplicaSlot(0)])) == Dispatch((0,), 0)
 
 
 def test_plans_behind_its_own_batch_in_flight_re_anchored_on_each_answer() -> None:
@@ -89,12 +104,10 @@ def test_plans_behind_its_own_batch_in_flight_re_anchored_on_each_answer() -> No
     assert first == Dispatch((0, 1, 2, 3), 0)  # planned to run 0..6 ms
     # The batcher's running average says the replica frees at 3 ms and lets another batch go;
     # the policy still expects it busy until 6 ms, so one query (3 ms) due at 8 ms cannot make
-    # it behind that batch.
+    # it behind that batch: it waits, until its required start at 5 ms.
     pipelined = [ReplicaSlot(0, busy_until=0.003)]
     urgent = [QueuedQuery(9, 0.001, 0.008)]
-    assert policy.decide(BatcherView(0.001, urgent, pipelined)) == Reject(
-        (9,), "cannot meet deadline"
-    )
+    assert policy.decide(BatcherView(0.001, urgent, pipelined)) == Wait(pytest.approx(0.005))
     second = policy.decide(BatcherView(0.001, _queue([0.5] * 2), pipelined))
     assert second == Dispatch((0, 1), 0)
     assert second.expected_start == 0.006  # behind the first, by the policy's own plan
@@ -171,7 +184,7 @@ def test_waits_when_only_a_busy_replica_could_still_make_it() -> None:
     policy = _trained()
     queue = _queue([0.010])
     replicas = [ReplicaSlot(0, busy_until=0.008), ReplicaSlot(1, 0.0, 4, busy_until=0.001)]
-    assert policy.decide(BatcherView(0.0, queue, replicas)) == Wait()
+    assert policy.decide(BatcherView(0.0, queue, replicas)) == Wait(pytest.approx(0.007))
 
 
 def test_batch_clients_only_fill_idle_time_in_short_batches() -> None:
@@ -273,11 +286,10 @@ def test_adds_the_overrun_once_to_a_plan_not_to_each_batch_in_flight_ahead_of_it
     first = policy.decide(BatcherView(0.0, _queue([0.5] * 4), [ReplicaSlot(0)]))
     assert first == Dispatch((0, 1, 2, 3), 0)  # planned to run 0..6 ms, back by 10 ms
     pipelined = [ReplicaSlot(0, busy_until=0.003)]
-    # One query behind it: starts at 6 ms, runs 3 ms, plus the 4 ms overrun once: 13 ms.
+    # One query behind it: starts at 6 ms, runs 3 ms, plus the 4 ms overrun once: 13 ms. Due
+    # at 12.5 ms, it waits for the replica, at most until its required start, 5.5 ms.
     too_soon = [QueuedQuery(9, 0.001, 0.0125)]
-    assert policy.decide(BatcherView(0.001, too_soon, pipelined)) == Reject(
-        (9,), "cannot meet deadline"
-    )
+    assert policy.decide(BatcherView(0.001, too_soon, pipelined)) == Wait(pytest.approx(0.0055))
     behind = policy.decide(BatcherView(0.001, [QueuedQuery(10, 0.001, 0.0135)], pipelined))
     assert behind == Dispatch((10,), 0)
     assert behind.expected_start == pytest.approx(0.006)
@@ -306,6 +318,32 @@ def test_a_pause_that_several_batches_meet_at_once_counts_once() -> None:
         back = planned + 0.150 + 0.0005 * k
         teach(policy, BatchOutcome(4, k % 2, start, back, 0.006, True, start))
     assert policy.describe()["learned_overrun_ms"] == pytest.approx(2.0)
+
+
+def test_a_model_with_few_overruns_of_its_own_plans_with_its_groups() -> None:
+    """The hops are the pool's: a model just loaded plans with the overruns the models of its
+    group came back with, and with its own once it has ``OWN_OVERRUNS`` of them."""
+    profile = RunProfile()
+    hot, cold, apart = (DeadlinePolicy(DeadlineParams(), 0.05) for _ in range(3))
+    hot.bind(profile.runs("hot", group="zoo"))
+    cold.bind(profile.runs("cold", group="zoo"))
+    apart.bind(profile.runs("apart"))
+    for policy in (hot, cold, apart):
+        for size in (1, 4):
+            teach(policy, BatchOutcome(size, 0, 0.0, 0.006, 0.006))
+    _late_by(hot, 0.004)
+    assert hot.describe()["learned_overrun_ms"] == pytest.approx(4.0)
+    assert cold.describe()["learned_overrun_ms"] == pytest.approx(4.0)  # the group's
+    assert cold.estimate(1) == pytest.approx(0.010)
+    assert apart.describe()["learned_overrun_ms"] == 0.0  # no group: nothing shared
+    off = DeadlinePolicy(DeadlineParams(learn_overrun=False), 0.05)
+    off.bind(profile.runs("off", group="zoo"))
+    assert off.describe()["learned_overrun_ms"] == 0.0  # learning off: none, not the group's
+    _late_by(cold, 0.001, batches=OWN_OVERRUNS - 1)
+    assert cold.describe()["learned_overrun_ms"] == pytest.approx(4.0)
+    _late_by(cold, 0.001, batches=1)
+    assert cold.describe()["learned_overrun_ms"] == pytest.approx(1.0)  # its own now
+    assert hot.describe()["learned_overrun_ms"] == pytest.approx(4.0)
 
 
 def test_a_slow_run_is_learned_as_run_time_not_as_overrun() -> None:
