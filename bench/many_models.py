@@ -58,7 +58,8 @@ For each raysrv point, "simulator": the same arrivals through
 :func:`raysrv.analytics.simulate_pool` with the run times and LOAD times the point measured per
 model, their spread and the trips it measured (``Bench.simulate``): the same scheduler, on
 simulated workers and hops. Plots:
-``bench/figures/many_models_cdf.png`` and ``many_models_goodput.png``; everything in
+``bench/figures/many_models_cdf.png`` and ``many_models_goodput.png`` (``--replot`` draws them
+again from a saved run); everything, the request logs included, in
 ``bench/out/many_models.json``.
 """
 
@@ -706,9 +707,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             print(table([point]).splitlines()[-1])
     hot = await bench.hot() if "hot" in args.workloads else []
     if logs:
-        FIGURES.mkdir(exist_ok=True)
-        attainment_panels(logs, bench.slo_s, FIGURES / "many_models_cdf.png")
-        goodput_panels(logs, bench.slo_s, capacities, FIGURES / "many_models_goodput.png")
+        plot(logs, bench.slo_s, capacities)
     return {
         "args": vars(args),
         "per_worker_models": bench.per_worker,
@@ -718,7 +717,32 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "timing_ms": timing,
         "hot": hot,
         "measured": measured,
+        "logs": {w: {system: asdict(log) for system, log in by.items()} for w, by in logs.items()},
     }
+
+
+def plot(
+    logs: dict[str, dict[str, RequestLog]],
+    slo_s: float,
+    capacities: dict[str, float],
+    folder: Path = FIGURES,
+) -> None:
+    """The two figures, each point's answers drawn from its request log."""
+    folder.mkdir(exist_ok=True)
+    attainment_panels(logs, slo_s, folder / "many_models_cdf.png")
+    goodput_panels(logs, slo_s, capacities, folder / "many_models_goodput.png")
+
+
+def replot(path: Path, folder: Path = FIGURES) -> None:
+    """The plots again from the request logs a run saved (its --out)."""
+    saved = json.loads(path.read_text())
+    if not saved.get("logs"):
+        raise SystemExit(f"{path} has no request logs (written before they were saved)")
+    logs = {
+        w: {system: RequestLog(**log) for system, log in by.items()}
+        for w, by in saved["logs"].items()
+    }
+    plot(logs, saved["args"]["slo_ms"] / 1000.0, saved["capacities"], folder)
 
 
 def _capacity(item: str) -> tuple[str, float]:
@@ -826,9 +850,18 @@ def main(argv: list[str] | None = None) -> int:
         metavar="JSON",
         help="run only the simulator, on the raysrv points a run wrote (its --out)",
     )
+    parser.add_argument(
+        "--replot",
+        type=Path,
+        metavar="JSON",
+        help="draw only the plots, from the request logs a run wrote (its --out)",
+    )
     args = parser.parse_args(argv)
     if args.resimulate:
         resimulate(args.resimulate)
+        return 0
+    if args.replot:
+        replot(args.replot)
         return 0
     if args.quick:
         args.seconds, args.capacity_seconds, args.hot_seconds = 20.0, 10.0, 8.0
