@@ -23,6 +23,7 @@ failure (timeout, connection error).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
 import json
 import re
@@ -52,6 +53,7 @@ __all__ = [
     "parse_wrk",
     "poisson_offsets",
     "replay",
+    "scheduled_at",
     "wrk_saturation",
 ]
 
@@ -161,6 +163,16 @@ class HandleClient:
         return 200
 
 
+_SCHEDULED: contextvars.ContextVar[float] = contextvars.ContextVar("scheduled")
+
+
+def scheduled_at() -> float:
+    """The wall-clock time the request being sent was scheduled for (:meth:`RequestLog.timed`
+    sets it; now, outside one): a caller's ``sent_at``, so that the server counts its SLO from
+    where the load generator counts the request's latency, the client's own lag included."""
+    return _SCHEDULED.get(time.time())
+
+
 async def _awaited(response: Awaitable[Any]) -> Any:
     return await response
 
@@ -177,6 +189,7 @@ class RequestLog:
 
     async def timed(self, client: Client, i: int, scheduled: float, t0: float) -> None:
         sent = time.perf_counter() - t0
+        _SCHEDULED.set(time.time() - (sent - scheduled))
         status = await client.send(i)
         self.scheduled.append(scheduled)
         self.sent.append(sent)

@@ -19,10 +19,10 @@ replicas, user code on the replica's main thread), the best a Ray user could con
 
 * ``raysrv``: one shared pool of 2 workers, ``memory_mb`` for 2.5% of the models each, the
   models declared as one model set with the ``deadline`` policy (batches of at most 16;
-  ``--param`` sets its other parameters), the
-  SLO sent with every query (``slo_ms``, ``sent_at``; the ingress keeps back from each
-  deadline, for the answer's way back, what its rule gives at ``--trip-back``, by default
-  raysrv's ``trip_back_quantile``).
+  ``--param`` sets its other parameters), the SLO sent with every query (``slo_ms``, and
+  ``sent_at`` the time the query was scheduled for, where its latency is counted from; the
+  ingress keeps back from each deadline, for the answer's way back, what its rule gives at
+  ``--trip-back``, by default raysrv's ``trip_back_quantile``).
 * ``multiplexed``: what a Ray user would pick, ``@serve.multiplexed`` (:mod:`bench.multiplexed`):
   2 replicas of one CPU, each keeping as many models as a raysrv worker may, ``@serve.batch``
   by model, admission bounded so overload is refused.
@@ -85,6 +85,7 @@ from bench.loadgen import (
     _exception_status,
     closed_loop,
     replay,
+    scheduled_at,
 )
 from bench.multiplexed import build_multiplexed, replica_stats
 from bench.plots import attainment_panels, goodput_panels
@@ -266,7 +267,7 @@ class Bench:
 
             return multiplexed
         return lambda pair: handle.predict_model.remote(
-            pair[0], pair[1], slo_ms=slo_ms, sent_at=time.time()
+            pair[0], pair[1], slo_ms=slo_ms, sent_at=scheduled_at()
         )
 
     def pairs(self, models: np.ndarray) -> list[tuple[str, np.ndarray]]:

@@ -70,14 +70,20 @@ import argparse
 import asyncio
 import json
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.loadgen import HandleClient, RequestLog, closed_loop, make_inputs, replay
+from bench.loadgen import (
+    HandleClient,
+    RequestLog,
+    closed_loop,
+    make_inputs,
+    replay,
+    scheduled_at,
+)
 from bench.models import INPUT_SHAPE, MLP_PATH, build_mlp
 from bench.plots import attainment_panels, goodput_panels
 from bench.traces import PERIODIC_SPIKES
@@ -180,7 +186,7 @@ class System:
             return self.handle.predict.remote(x)
         if not self.sent_at:
             return self.handle.predict.remote(APP, x, slo_ms=self.slo_ms)
-        return self.handle.predict.remote(APP, x, slo_ms=self.slo_ms, sent_at=time.time())
+        return self.handle.predict.remote(APP, x, slo_ms=self.slo_ms, sent_at=scheduled_at())
 
     async def state(self) -> tuple[int, int, dict[str, Any], dict[int, float]]:
         """(batches, queries in them) since the deployment started, raysrv's policy as it

@@ -1,0 +1,56 @@
+"""The many-model benchmark's client and saved runs: a request's ``sent_at`` is when it was
+scheduled, and a saved run draws its plots again without being run again."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from bench.loadgen import RequestLog, scheduled_at
+from bench.many_models import replot
+
+
+def test_a_saved_run_draws_its_plots_again_from_its_request_logs(tmp_path: Path) -> None:
+    log = RequestLog(scheduled=[0.0, 0.1, 0.2], sent=[0.0, 0.1, 0.2], done=[0.05, 0.3, 0.21])
+    log.status.extend([200, 504, 429])
+    saved = {
+        "args": {"slo_ms": 100.0},
+        "capacities": {"trace": 10.0},
+        "logs": {"trace": {"raysrv": asdict(log), "multiplexed": asdict(log)}},
+    }
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(saved))
+    replot(path, tmp_path / "figures")
+    for name in ("many_models_cdf.png", "many_models_goodput.png"):
+        assert (tmp_path / "figures" / name).stat().st_size > 0
+    del saved["logs"]
+    path.write_text(json.dumps(saved))
+    with pytest.raises(SystemExit, match="no request logs"):
+        replot(path, tmp_path / "older")
+
+
+def test_a_request_says_it_was_sent_when_the_load_generator_scheduled_it() -> None:
+    """``sent_at`` is the scheduled time, so a server counts the SLO from where the client counts
+    the latency, the client's own lag in sending included."""
+
+    class Recorder:
+        kind = "handle"
+
+        def __init__(self) -> None:
+            self.sent_at: list[float] = []
+
+        async def send(self, i: int) -> int:
+            self.sent_at.append(scheduled_at())
+            return 200
+
+    client, log = Recorder(), RequestLog()
+    t0 = time.perf_counter()
+    wall = time.time()
+    asyncio.run(log.timed(client, 0, -0.050, t0))  # due 50 ms before the run's start
+    assert client.sent_at[0] == pytest.approx(wall - 0.050, abs=0.01)
+    assert scheduled_at() == pytest.approx(time.time(), abs=0.01)  # outside a request: now
