@@ -11,7 +11,12 @@ model whose LOAD is still running starts when the LOAD ends. An INFER of k queri
 with no interference between the two executors; an action that would start after its
 ``latest`` is not run (§4.4); ``hop_s`` is the round trip of an action to its worker and its
 result back (half each way): seconds, or a function drawing one round trip per action (close
-over a ``numpy.random.Generator`` for trips measured live).
+over a ``numpy.random.Generator`` for trips measured live). A ``weather`` makes the machine's
+speed vary over time: each INFER and LOAD takes its profile's time times the weather's slowdown
+where and when it starts, and each round trip is the weather's there and then. A live pool's
+own timeline (``Pool.timeline``) replayed as the weather (:func:`replayed_weather`) gives the
+simulator the live run's slow spells, in which runs, LOADs and calls are slow together, where
+drawing each independently would not.
 
 Each simulated worker also keeps its own account of the weights it holds and refuses a LOAD
 that would take it past the capacity, as a live worker does, so the result's
@@ -45,7 +50,16 @@ from raysrv.batching.actions import (
 from raysrv.batching.base import BatchingPolicy, QueuedQuery
 from raysrv.batching.scheduler import PoolScheduler
 
-__all__ = ["PoolSimResult", "ServiceFn", "ServiceSource", "SimModel", "service_fn", "simulate_pool"]
+__all__ = [
+    "PoolSimResult",
+    "ServiceFn",
+    "ServiceSource",
+    "SimModel",
+    "Weather",
+    "replayed_weather",
+    "service_fn",
+    "simulate_pool",
+]
 
 ServiceFn = Callable[[int], float]
 
@@ -79,6 +93,77 @@ def service_fn(service: ServiceSource) -> ServiceFn:
         return float(table[k - 1])
 
     return lookup
+
+
+class Weather(Protocol):
+    """How fast a pool's machine runs over time: an action of ``kind`` (``"infer"`` or
+    ``"load"``) started on ``worker`` at ``t`` takes ``slowdown(worker, t, kind)`` times its
+    profile's time, and a call sent to ``worker`` at ``t`` goes there and back in
+    ``hop(worker, t)`` seconds."""
+
+    def slowdown(self, worker: int, t: float, kind: str) -> float: ...
+
+    def hop(self, worker: int, t: float) -> float: ...
+
+
+class _Replayed:
+    """A :class:`Weather` that repeats what a timeline measured: at ``t``, what the last
+    action of the kind on the worker before ``t`` measured (the first one's before it)."""
+
+    def __init__(self, series: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]]) -> None:
+        self._series = series
+
+    def _at(self, worker: int, t: float, what: str, default: float) -> float:
+        series = self._series.get((worker, what))
+        if series is None:
+            return default
+        times, values = series
+        i = int(np.searchsorted(times, t, side="right")) - 1
+        return float(values[max(i, 0)])
+
+    def slowdown(self, worker: int, t: float, kind: str) -> float:
+        return self._at(worker, t, kind, 1.0)
+
+    def hop(self, worker: int, t: float) -> float:
+        return self._at(worker, t, "hop", 0.0)
+
+
+def replayed_weather(
+    timeline: Mapping[str, Sequence[Any]],
+    expected: Callable[[str, str, int], float | None],
+    t0: float,
+) -> Weather:
+    """The weather of a live pool's ``timeline`` (``Pool.timeline``'s columns, wall seconds),
+    on a clock whose 0 is the wall time ``t0``: an INFER or LOAD started at ``t`` on a worker
+    ran ``duration / expected(kind, model, size)`` times what the simulator's profile says
+    (actions whose ``expected`` is None are skipped), and a call sent at ``t`` took its
+    ``overhead`` beyond the runs there and back."""
+    columns = {key: list(values) for key, values in timeline.items()}
+    points: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    rows = zip(
+        columns["kind"],
+        columns["worker"],
+        columns["model"],
+        columns["size"],
+        columns["sent"],
+        columns["started"],
+        columns["ended"],
+        columns["overhead"],
+        strict=True,
+    )
+    for kind, worker, model, size, sent, started, ended, overhead in rows:
+        if kind == "infer" and math.isfinite(overhead):
+            points.setdefault((worker, "hop"), []).append((sent - t0, max(0.0, overhead)))
+        if kind not in ("infer", "load") or not math.isfinite(ended - started):
+            continue
+        base = expected(kind, model, size)
+        if base is not None and base > 0:
+            points.setdefault((worker, kind), []).append((started - t0, (ended - started) / base))
+    series = {}
+    for key, pairs in points.items():
+        pairs.sort()
+        series[key] = (np.array([t for t, _ in pairs]), np.array([v for _, v in pairs]))
+    return _Replayed(series)
 
 
 @dataclass(frozen=True)
@@ -145,8 +230,10 @@ class _PoolRun:
         capacity_bytes: int | None,
         depth: int,
         hop_s: float | Callable[[], float],
+        weather: Weather | None = None,
     ) -> None:
         self.specs = dict(models)
+        self.weather = weather
         self.service = {name: service_fn(m.service) for name, m in models.items()}
         self.scheduler = PoolScheduler(workers, capacity_bytes=capacity_bytes, depth=depth)
         self.workers = [_SimWorker(capacity_bytes) for _ in range(workers)]
@@ -213,7 +300,8 @@ class _PoolRun:
 
     def _carry_out(self, action: Action, now: float) -> None:
         w = self.workers[action.worker]
-        way = self.hop() / 2
+        hop = self.hop() if self.weather is None else self.weather.hop(action.worker, now)
+        way = hop / 2
         arrives = now + way
         ran, ok, error, size, weight = True, True, "", None, None
         if isinstance(action, Infer):
@@ -228,6 +316,7 @@ class _PoolRun:
             ran, duration = False, 0.0
         elif isinstance(action, Load):
             duration, weight = self._load(w, action)
+            duration *= self._slowdown(action.worker, start, "load")
             if weight is None:  # as a live worker answers: not run
                 ran, error = False, NO_ROOM
             else:
@@ -236,6 +325,7 @@ class _PoolRun:
             ran, duration, error = False, 0.0, NOT_LOADED
         else:
             duration, size = self._infer(action, start)
+            duration *= self._slowdown(action.worker, start, "infer")
         end = start + duration
         if isinstance(action, Infer):
             w.infer_free = max(w.infer_free, end)
@@ -245,6 +335,9 @@ class _PoolRun:
         result = ActionResult(action, end + way, ran, ok, duration, size, weight, error, *when)
         self.seq += 1
         heapq.heappush(self.events, (result.finished, self.seq, result))
+
+    def _slowdown(self, worker: int, t: float, kind: str) -> float:
+        return 1.0 if self.weather is None else self.weather.slowdown(worker, t, kind)
 
     def _load(self, w: _SimWorker, action: Load) -> tuple[float, int | None]:
         spec = self.specs[action.model]
@@ -286,12 +379,15 @@ def simulate_pool(
     slo: float | Mapping[str, float] | None = None,
     deadlines: Sequence[float] | np.ndarray | None = None,
     priorities: Sequence[int] | np.ndarray | None = None,
+    weather: Weather | None = None,
 ) -> PoolSimResult:
     """Run queries (``arrivals``: absolute, non-decreasing seconds; ``models_of``: each one's
     model) through a pool of ``workers`` scheduled by :class:`PoolScheduler`.
 
     Deadlines: ``slo`` seconds after each arrival (one value, or one per model), or absolute
-    ``deadlines``, or none. Every query ends answered or refused, exactly once."""
+    ``deadlines``, or none. ``weather``, when given, times the round trips in place of
+    ``hop_s`` and slows runs and LOADs (the module's docstring). Every query ends answered or
+    refused, exactly once."""
     times = np.asarray(arrivals, dtype=float)
     names = list(models_of)
     if times.ndim != 1 or len(names) != times.size or np.any(np.diff(times) < 0):
@@ -301,7 +397,7 @@ def simulate_pool(
         raise ValueError(f"queries name models the pool does not have: {unknown[:5]}")
     due = _deadlines(times, names, slo, deadlines)
     prio = np.zeros(times.size, dtype=int) if priorities is None else np.asarray(priorities)
-    run = _PoolRun(models, workers, capacity_bytes, depth, hop_s)
+    run = _PoolRun(models, workers, capacity_bytes, depth, hop_s, weather)
     run.run(times, names, due, prio)
     return _result(run, times, names, due)
 

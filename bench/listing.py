@@ -28,7 +28,6 @@ import numpy as np
 
 from bench.loadgen import HandleClient, closed_loop
 from bench.many_models import (
-    HOT_CONCURRENCY,
     PASSES,
     TRIP_BACK,
     Bench,
@@ -42,6 +41,7 @@ from bench.validate_live import start_ray
 __all__ = ["main"]
 
 WARM_S = 5.0  # of the loop before the first measured one
+CONCURRENCY = 8  # in flight on the model, as in the results recorded
 
 
 async def _watch(handle: Any, every: float, took: list[float]) -> None:
@@ -76,14 +76,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     start_ray()
     handle = bench.deploy("raysrv", bench.raysrv_spec())
     pairs = bench.pairs(np.zeros(200_000, dtype=int))  # the most popular model only
-    await closed_loop(HandleClient(bench.call("raysrv", handle, args.slo_ms), pairs), 8, WARM_S)
+    warm = HandleClient(bench.call("raysrv", handle, args.slo_ms), pairs)
+    await closed_loop(warm, CONCURRENCY, WARM_S)
     rows: dict[bool, list[dict[str, Any]]] = collections.defaultdict(list)
     for repeat in range(args.repeats):
         for polled in (False, True) if repeat % 2 == 0 else (True, False):
             took: list[float] = []
             watcher = asyncio.create_task(_watch(handle, args.every, took)) if polled else None
             client = TallyClient(bench.call("raysrv", handle, args.slo_ms), pairs)
-            log = await timed_closed_loop(client, args.seconds, HOT_CONCURRENCY)
+            log = await timed_closed_loop(client, args.seconds, CONCURRENCY)
             if watcher is not None:
                 watcher.cancel()
             row = {

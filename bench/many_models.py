@@ -2,8 +2,8 @@
 
     python -m bench.many_models [--models 1000] [--seconds 120] [--slo-ms 100] [--load 0.8]
         [--zipf 1.0] [--workloads zipf trace hot] [--systems raysrv multiplexed]
-        [--capacity-seconds 30] [--capacity trace=QPS zipf=QPS] [--hot-seconds 20]
-        [--hot-repeats 5] [--quick]
+        [--capacity-seconds 30] [--capacity trace=QPS zipf=QPS] [--hot-seconds 10]
+        [--hot-repeats 8] [--hot-concurrency 4] [--quick]
 
 The models are :mod:`bench.zoo`'s: ``--models`` ONNX MLPs with distinct random weights, 2.8 MiB
 each, whose square layer runs ``--passes`` times (``PASSES`` below says why), built here on
@@ -38,16 +38,18 @@ queries in flight on raysrv with the workload's model mix and an SLO no answer r
 * ``trace``: ``bench/data/many_functions.csv`` replayed, function i driving model i, at a mean
   of ``--load`` of the capacity, one trace minute a second (its hourly spikes fall a minute
   apart): :func:`bench.traces.replay_functions`.
-* ``hot``: one model under a closed loop of 8 for ``--hot-seconds``, in the pool with every
-  model registered, in the pool with only it, and on a dedicated pool of 2 workers; the
-  configurations alternate, ``--hot-repeats`` times each, each taking the first place in
-  turn, and the table gives each one's median and the ratio of the medians. 8 in flight keep
-  answers well within the SLO, so goodput measures throughput; at 16 the loop's latency
-  (16 / throughput) sat at the 100 ms SLO itself, and goodput swung with every millisecond of
-  the machine's speed. With ``--refused-wait`` a refused client sends its next query only once
-  its last one's SLO is over, as if it had waited for the answer: otherwise 8 clients resend
-  at once, a refusal takes some 34 ms there and back here, and the refusals, some 200 a
-  second, take the 2 cores from the workers, whose slowness then refuses more.
+* ``hot``: one model under a closed loop of ``--hot-concurrency`` for ``--hot-seconds``: on a
+  dedicated pool of 2 workers, ``--hot-repeats`` loops; then in the shared pool, with every
+  model registered and with it alone, ``--hot-repeats`` pairs of loops in one deployment whose
+  catalog is changed live between them (``Bench.hot``); the table gives each configuration's
+  median, the ratio of the medians and each pair's ratio. With 4 in flight few queries are
+  refused (a loop's p99 was 41-85 ms), so goodput measures throughput. With 8, 4-38% of a
+  loop's queries were refused as predicted late, and the goodput swung with the estimates that
+  refused them: one configuration's loops spread by 1.4-2.7x, and redeploying for every loop
+  added each deployment's own speed. With ``--refused-wait`` a
+  refused client sends its next query only once its last one's SLO is over, as if it had
+  waited for the answer: otherwise the clients resend at once, and the refusals take the 2
+  cores from the workers, whose slowness then refuses more.
 
 Reported per point from the client's side (latency from each query's scheduled arrival): SLO
 attainment (answered within the SLO over offered), goodput, answers within the SLO or refused
@@ -57,7 +59,9 @@ weight any worker held (raysrv: the worker's own account and its process's peak 
 For each raysrv point, "simulator": the same arrivals through
 :func:`raysrv.analytics.simulate_pool` with the run times and LOAD times the point measured per
 model, their spread and the trips it measured (``Bench.simulate``): the same scheduler, on
-simulated workers and hops. Plots:
+simulated workers and hops; "replayed": the same with the runs, LOADs and calls replayed from
+the live pool's timeline rather than drawn (``replay``), so that what differs is the
+scheduling on the live run's weather. Plots:
 ``bench/figures/many_models_cdf.png`` and ``many_models_goodput.png`` (``--replot`` draws them
 again from a saved run); everything, the request logs included, in
 ``bench/out/many_models.json``.
@@ -93,6 +97,7 @@ from bench.traces import MANY_FUNCTIONS, read_functions, replay_functions, zipf_
 from bench.validate_live import start_ray
 from bench.zoo import DEFAULT_DIR, build_zoo, digits_like, model_size
 from raysrv.analytics import SimModel, simulate_pool
+from raysrv.analytics.poolsim import replayed_weather
 from raysrv.batching import make_policy
 from raysrv.config import IngressSpec
 
@@ -113,8 +118,10 @@ WORKERS = 2
 SHARE = 0.05  # of the models, the pool's workers hold together
 CONCURRENCY = 32  # in flight in every closed loop
 INPUTS = 512  # distinct inputs the clients cycle through
-HOT_CONCURRENCY = 8  # in flight on the hot model: its answers well within a 100 ms SLO
+HOT_CONCURRENCY = 4  # in flight on the hot model: its answers well within a 100 ms SLO
 WARM_S = 5.0  # of a closed loop on the workload's mix before each point, not measured
+ALONE, REGISTERED = "pool, the model alone", "pool, every model registered"  # hot configs
+HOT = "hot"  # the hot model's name: the zoo's first model's file, outside the zoo's model set
 SETTLE_S = 5.0  # after a hot-model deployment: the last one's processes end meanwhile
 # raysrv's default: what its ingress keeps back for the answer's way back (a quantile of its
 # workers' answers' trips to it, ``raysrv._server.TripBack``)
@@ -143,6 +150,7 @@ class Point:
     peak_rss_mb: float  # the largest worker process's peak memory (nan: not measured)
     capacity: float  # queries/s measured before the workload, or given (--capacity)
     simulated: float  # within SLO in the simulator (nan: not run)
+    replayed: float = math.nan  # the same with the live run's timeline replayed as its weather
 
 
 class TallyClient(HandleClient):
@@ -158,8 +166,10 @@ class TallyClient(HandleClient):
         self.trips: list[float] = []
         self.ways_back: list[float] = []
         self.transits: dict[int, float] = {}  # query -> seconds to the ingress
+        self.scheduled: dict[int, float] = {}  # query -> wall time it was scheduled for
 
     async def send(self, i: int) -> int:
+        self.scheduled[i] = scheduled_at()
         start = time.perf_counter()
         response = self._call(self._inputs[i % len(self._inputs)])
         try:
@@ -205,21 +215,32 @@ class Bench:
 
     # -- systems ---------------------------------------------------------------------------
 
-    def raysrv_spec(self, models: list[str] | None = None, pool: bool = True) -> dict[str, Any]:
-        """The raysrv spec: every zoo model (or ``models``) in one shared pool, or (without
-        ``pool``) each on a dedicated pool of 2 workers."""
+    def template(self, name: str | None = None) -> dict[str, Any]:
+        """A zoo model's spec in the shared pool (``name``'s), or the model set's template."""
         template = {
             "runtime": "onnx",
             "batching": {"policy": "deadline", "params": self.params},
             "slo_ms": self.args.slo_ms,
             "input": {"shape": [64], "dtype": "float32"},
+            "pool": "zoo",
         }
+        if name is None:
+            return template
+        return {**template, "name": name, "source": str(self.zoo / f"{name}.onnx")}
+
+    def model_set(self) -> dict[str, Any]:
+        """Every zoo model, as one model set."""
+        return {"name": "zoo", "source": str(self.zoo / "m*.onnx"), "template": self.template()}
+
+    def raysrv_spec(self, models: list[str] | None = None, pool: bool = True) -> dict[str, Any]:
+        """The raysrv spec: every zoo model (or ``models``) in one shared pool, or (without
+        ``pool``) the first of ``models`` on a dedicated pool of 2 workers."""
         ingress = {"num_cpus": 0, "trip_back_quantile": self.trip_back}
         spec: dict[str, Any] = {"ingress": ingress}
         if not pool:
-            dedicated = {**template, "replicas": WORKERS, "resources": {"num_cpus": 1}}
-            path = self.zoo / f"{models[0]}.onnx" if models else self.paths[0]
-            spec["models"] = [{**dedicated, "name": path.stem, "source": str(path)}]
+            name = models[0] if models else self.names[0]
+            dedicated = {k: v for k, v in self.template(name).items() if k != "pool"}
+            spec["models"] = [{**dedicated, "replicas": WORKERS, "resources": {"num_cpus": 1}}]
             return spec
         memory_mb = self.per_worker * self.size / (1 << 20) + 0.01
         spec["pools"] = [
@@ -230,13 +251,10 @@ class Bench:
                 "memory_mb": memory_mb,
             }
         ]
-        template["pool"] = "zoo"
         if models is None:
-            source = str(self.zoo / "m*.onnx")
-            spec["model_sets"] = [{"name": "zoo", "source": source, "template": template}]
+            spec["model_sets"] = [self.model_set()]
         else:
-            paths = [self.zoo / f"{m}.onnx" for m in models]
-            spec["models"] = [{**template, "name": p.stem, "source": str(p)} for p in paths]
+            spec["models"] = [self.template(m) for m in models]
         return spec
 
     def deploy(self, system: str, spec: dict[str, Any] | None = None) -> Any:
@@ -245,8 +263,7 @@ class Bench:
 
         from raysrv.app import build_app
 
-        for name in list(serve.status().applications):
-            serve.delete(name)
+        clear()
         quiet = LoggingConfig(enable_access_log=False, log_level="WARNING")
         if system == "multiplexed":
             app = build_multiplexed(self.zoo, WORKERS, models_per_replica=self.per_worker)
@@ -254,6 +271,34 @@ class Bench:
             app = build_app(spec or self.raysrv_spec())
         serve.run(app, name=system, route_prefix=f"/{system}", logging_config=quiet)
         return serve.get_app_handle(system)
+
+    async def deploy_declared(
+        self, spec: dict[str, Any], user_config: dict[str, Any], models: int
+    ) -> Any:
+        """raysrv serving ``spec`` with its ingress's ``user_config`` (what ``serve deploy`` of
+        a config file does), once it lists ``models`` models: a config that changes only the
+        ``user_config`` is applied to the running ingress, restarting nothing."""
+        from ray import serve
+        from ray.serve.context import _get_global_client
+        from ray.serve.schema import ServeDeploySchema
+
+        app = {
+            "name": "raysrv",
+            "route_prefix": "/raysrv",
+            "import_path": "raysrv.app:build_app",
+            "args": spec,
+            "deployments": [{"name": "ingress", "user_config": user_config}],
+            "logging_config": {"enable_access_log": False, "log_level": "WARNING"},
+        }
+        config = ServeDeploySchema.model_validate({"applications": [app]})
+        _get_global_client().deploy_apps(config, _blocking=True)
+        handle = serve.get_app_handle("raysrv")
+        deadline = time.monotonic() + 120.0
+        while len(await handle.models.remote()) != models:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the ingress did not come to serve {models} models")
+            await asyncio.sleep(0.5)
+        return handle
 
     def call(self, system: str, handle: Any, slo_ms: float) -> Any:
         if system == "multiplexed":
@@ -319,6 +364,9 @@ class Bench:
         server["transits"] = [client.transits.get(i, math.nan) for i in range(len(times))]
         print(f"  {system} on {workload}: not answered because {server['reasons']}")
         if system == "raysrv":
+            # the wall time of the replay's start, where the queries' offsets count from
+            server["wall0"] = float(np.median([t - times[i] for i, t in client.scheduled.items()]))
+            server["timeline"] = await handle.timeline.remote("zoo", server["wall0"] - 1.0)
             server["timing"] = _timing(client.trips, server)
             print(f"  {system} on {workload}: timing (ms) {server['timing']}")
         point = summarize(log, workload, system, self.slo_s, self.args.seconds, capacity, server)
@@ -369,45 +417,67 @@ class Bench:
         }
 
     async def hot(self) -> list[dict[str, Any]]:
-        """One model's goodput, with every model registered, alone in the pool, and on a
-        dedicated pool; alternating, ``--hot-repeats`` times each."""
-        hot = self.names[0]
-        configs = {
-            "pool, every model registered": self.raysrv_spec(),
-            "pool, the model alone": self.raysrv_spec([hot]),
-            "dedicated pool": self.raysrv_spec([hot], pool=False),
-        }
+        """The hot model's goodput on a dedicated pool of 2 workers, ``--hot-repeats`` loops in
+        one deployment; then in the shared pool with every model registered and with it alone,
+        ``--hot-repeats`` pairs of loops in one deployment of the pool: its ``args`` declare
+        the hot model (``HOT``, the zoo's first model's file), and its ingress's
+        ``user_config`` catalog holds the zoo's model set or nothing, in turn (as ``serve
+        deploy`` applies a changed config: no worker restarts, the hot model stays loaded), in
+        the order ABBA... so that a drift of the machine's speed falls on both alike."""
         rows = []
+        hot = {**self.template(self.names[0]), "name": HOT}
+        dedicated = self.raysrv_spec([self.names[0]], pool=False)
+        dedicated["models"][0]["name"] = HOT
+        handle = self.deploy("raysrv", dedicated)
+        await asyncio.sleep(SETTLE_S)
+        for repeat in range(self.args.hot_repeats):
+            rows.append(await self.hot_loop(handle, "dedicated pool", repeat))
+        clear()
+        spec = {**self.raysrv_spec([]), "models": [hot]}
+        await self.deploy_declared(spec, {}, 1)
+        await asyncio.sleep(SETTLE_S)
+        registered = {"catalog": {"model_sets": [self.model_set()]}}
+        configs = {ALONE: ({}, 1), REGISTERED: (registered, 1 + len(self.names))}
         labels = list(configs)
         for repeat in range(self.args.hot_repeats):
-            turn = repeat % len(labels)  # each configuration takes each place in turn
-            for label in labels[turn:] + labels[:turn]:
-                handle = self.deploy("raysrv", configs[label])
-                await asyncio.sleep(SETTLE_S)
-                pairs = self.pairs(np.zeros(200_000, dtype=int))
-                warm = HandleClient(self.call("raysrv", handle, self.args.slo_ms), pairs)
-                await closed_loop(warm, 8, WARM_S)  # loads the model, warms up
-                client = TallyClient(self.call("raysrv", handle, self.args.slo_ms), pairs)
-                wait = self.slo_s if getattr(self.args, "refused_wait", False) else 0.0
-                log = await timed_closed_loop(
-                    client, self.args.hot_seconds, HOT_CONCURRENCY, refused_wait_s=wait
-                )
-                goodput = goodput_of(log, self.slo_s)
-                statuses = collections.Counter(log.status)
-                rows.append(
-                    {
-                        "config": label,
-                        "repeat": repeat,
-                        "goodput": goodput,
-                        "statuses": dict(statuses),
-                        "reasons": dict(client.reasons.most_common(4)),
-                    }
-                )
-                print(f"  hot: {label}: {goodput:.1f} answers within the SLO per second")
-                print(f"    statuses {dict(statuses)}, not answered: {rows[-1]['reasons']}")
+            order = labels if repeat % 2 == 0 else labels[::-1]
+            for label in order:
+                handle = await self.deploy_declared(spec, *configs[label])
+                rows.append(await self.hot_loop(handle, label, repeat))
         return rows
 
-    def simulate(self, workload: str, extra: dict[str, Any], capacity_bytes: int) -> float:
+    async def hot_loop(self, handle: Any, label: str, repeat: int) -> dict[str, Any]:
+        """A closed loop of ``--hot-concurrency`` on the hot model for ``--hot-seconds``, after
+        ``WARM_S`` of one not measured."""
+        concurrency = getattr(self.args, "hot_concurrency", HOT_CONCURRENCY)
+        pairs = [(HOT, self.inputs[i]) for i in range(INPUTS)]
+        warm = HandleClient(self.call("raysrv", handle, self.args.slo_ms), pairs)
+        await closed_loop(warm, concurrency, WARM_S)  # loads the model, warms up
+        client = TallyClient(self.call("raysrv", handle, self.args.slo_ms), pairs)
+        wait = self.slo_s if getattr(self.args, "refused_wait", False) else 0.0
+        log = await timed_closed_loop(
+            client, self.args.hot_seconds, concurrency, refused_wait_s=wait
+        )
+        goodput = goodput_of(log, self.slo_s)
+        answered = np.asarray(log.status) == 200
+        latency = (np.asarray(log.done) - np.asarray(log.scheduled))[answered] * 1000.0
+        p50, p99 = np.percentile(latency, [50, 99]) if latency.size else (math.nan, math.nan)
+        row = {
+            "config": label,
+            "repeat": repeat,
+            "goodput": goodput,
+            "p50_ms": float(p50),
+            "p99_ms": float(p99),
+            "statuses": dict(collections.Counter(log.status)),
+            "reasons": dict(client.reasons.most_common(4)),
+        }
+        print(f"  hot: {label}: {goodput:.1f} within the SLO/s, p50 / p99 {p50:.0f} / {p99:.0f} ms")
+        print(f"    statuses {row['statuses']}, not answered: {row['reasons']}")
+        return row
+
+    def simulate(
+        self, workload: str, extra: dict[str, Any], capacity_bytes: int, replay: bool = False
+    ) -> float:
         """Within-SLO share of the same arrivals in the simulator, with what the point measured
         (printed with why the rest were not answered and the overruns the simulated policies
         learned, as the live point's are):
@@ -422,7 +492,13 @@ class Bench:
         measured (``return_ms``); it counts if its answer is back at the client within the SLO,
         after a way back drawn from the ones the client measured. The trips in are taken as
         they were rather than drawn: they come from the ingress's own queue, which grows with
-        the trace's bursts, and every deadline depends on them."""
+        the trace's bursts, and every deadline depends on them.
+
+        With ``replay``, the runs, LOADs and calls are not drawn but replayed from the live
+        pool's timeline (:func:`raysrv.analytics.poolsim.replayed_weather`): an action
+        started at t on a worker takes its median times what the live action before t on that
+        worker took over its median, a call the round trip the live one took there and then.
+        What is left to compare is then the scheduling, on the live run's weather."""
         profiles = extra["profiles"]
         pooled = _pooled_table(p["batch"]["p50"] for p in profiles.values())
         rng = np.random.default_rng(11)
@@ -431,17 +507,26 @@ class Bench:
         pooled_load = float(np.median(loads)) / 1000.0 if loads else 0.0
         used = sorted({self.names[m] for m in extra["models"]})
         models = {}
+        medians: dict[str, Any] = {}  # model -> its median run time of a batch of k
         for name in used:
             own = profiles.get(name, {})
             table = _table(own.get("batch", {}).get("p50") or {}) or pooled
             load_ms = (own.get("load_ms") or {}).get("p50")
+            medians[name] = _service(table, lambda: 1.0)
             models[name] = SimModel(
                 make_policy("deadline", self.params, self.slo_s),
-                _service(table, spread),
+                medians[name] if replay else _service(table, spread),
                 load_s=pooled_load if load_ms is None else load_ms / 1000.0,
                 weight_bytes=self.size,
                 group="zoo",
             )
+
+        def expected(kind: str, model: str, size: int) -> float | None:
+            if model not in models:
+                return None
+            return medians[model](size) if kind == "infer" else models[model].load_s
+
+        weather = replayed_weather(extra["timeline"], expected, extra["wall0"]) if replay else None
         names = [self.names[m] for m in extra["models"]]
         times = extra["times"]
         trip_in = _drawn(extra["trip_in_ms"], rng)
@@ -462,6 +547,7 @@ class Bench:
             depth=2,
             hop_s=_drawn(extra["call_overhead_ms"], rng),
             deadlines=deadlines[order],
+            weather=weather,
         )
         back = result.arrivals + result.latencies + rng.choice(ways_back, times.size)
         met = ~result.rejected & ~result.late & (back <= times[order] + self.slo_s)
@@ -471,13 +557,22 @@ class Bench:
             for name, m in models.items()
             if batches[name] >= OVERRUN_BATCHES
         ]
-        print(f"  simulator on {workload}: not answered because {result.reasons}")
+        which = "simulator, replayed" if replay else "simulator"
+        print(f"  {which} on {workload}: not answered because {result.reasons}")
         late = int(result.late.sum())  # past the ingress's deadline: live, a 504
-        print(f"  simulator on {workload}: {late} answered after the ingress's deadline")
+        print(f"  {which} on {workload}: {late} answered after the ingress's deadline")
         if learned:
             overrun = f"{np.median(learned):.1f} / {np.max(learned):.1f}"
-            print(f"  simulator on {workload}: overrun median / max (ms) {overrun}")
+            print(f"  {which} on {workload}: overrun median / max (ms) {overrun}")
         return float(np.sum(met)) / max(1, len(names))
+
+
+def clear() -> None:
+    """Delete every Serve application."""
+    from ray import serve
+
+    for name in list(serve.status().applications):
+        serve.delete(name)
 
 
 def _drawn(quantiles_ms: dict[str, float | None], rng: np.random.Generator) -> Any:
@@ -646,38 +741,60 @@ def summarize(
 
 
 def hot_table(rows: list[dict[str, Any]]) -> str:
-    """Each hot-model configuration's goodput: its median, its repeats, and the median's ratio
-    to the model alone in the pool."""
+    """Each hot-model configuration's goodput: its median, its loops, and the median's ratio to
+    the model alone in the pool; then the pairs' ratios, registered over alone."""
     by: dict[str, list[float]] = {}
     for row in rows:
         by.setdefault(row["config"], []).append(row["goodput"])
-    alone = float(np.median(by.get("pool, the model alone", [np.nan])))
+    alone = float(np.median(by.get(ALONE, [np.nan])))
     lines = [
-        "| hot model | goodput/s, median | each repeat | median / alone |",
+        "| hot model | goodput/s, median | each loop | median / alone |",
         "|---|---:|---|---:|",
     ]
     for config, values in by.items():
         shown = ", ".join(f"{v:.1f}" for v in values)
         median = float(np.median(values))
         lines.append(f"| {config} | {median:.1f} | {shown} | {median / alone:.3f} |")
+    ratios = paired_ratios(rows)
+    if ratios:
+        shown = ", ".join(f"{r:.3f}" for r in ratios)
+        lines.append(
+            f"\nregistered / alone, pair by pair: median {np.median(ratios):.3f} ({shown})"
+        )
     return "\n".join(lines)
+
+
+def paired_ratios(rows: list[dict[str, Any]]) -> list[float]:
+    """Each pair's goodput with every model registered over the model's alone."""
+    pairs: dict[int, dict[str, float]] = {}
+    for row in rows:
+        pairs.setdefault(row["repeat"], {})[row["config"]] = row["goodput"]
+    return [
+        pair[REGISTERED] / pair[ALONE]
+        for pair in pairs.values()
+        if pair.get(ALONE) and REGISTERED in pair
+    ]
 
 
 def table(points: list[Point]) -> str:
     head = (
         "| workload | system | offered | within SLO | within or refused | goodput/s | late "
         "| refused | 504 | p50 ms | p99 ms | loads | evictions | cold/s | peak weights MiB "
-        "| simulator |"
+        "| simulator | replayed |"
     )
-    rule = "|" + "---|" * 16
+    rule = "|" + "---|" * 17
     rows = [
         f"| {p.workload} | {p.system} | {p.offered} | {p.within_slo:.2%} | "
         f"{p.within_or_refused:.2%} | {p.goodput:.1f} | {p.late} | {p.refused} | {p.expired} | "
         f"{p.p50_ms:.0f} | {p.p99_ms:.0f} | {p.loads} | {p.evictions} | {p.cold_per_s:.1f} | "
-        f"{p.peak_weights_mb:.1f} | {'' if np.isnan(p.simulated) else f'{p.simulated:.2%}'} |"
+        f"{p.peak_weights_mb:.1f} | {_share(p.simulated)} | {_share(p.replayed)} |"
         for p in points
     ]
     return "\n".join([head, rule, *rows])
+
+
+def _share(value: float) -> str:
+    return "" if np.isnan(value) else f"{value:.2%}"
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -700,7 +817,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             if system == "raysrv":
                 capacity_bytes = int(bench.per_worker * bench.size + 0.01 * (1 << 20))
                 simulated = bench.simulate(workload, extra, capacity_bytes)
-                point = Point(**{**asdict(point), "simulated": simulated})
+                replayed = bench.simulate(workload, extra, capacity_bytes, replay=True)
+                point = Point(**{**asdict(point), "simulated": simulated, "replayed": replayed})
                 timing[workload] = extra["timing"]
                 measured[workload] = _measured(extra, capacity_bytes)
             points.append(point)
@@ -753,7 +871,16 @@ def _capacity(item: str) -> tuple[str, float]:
 
 def _measured(extra: dict[str, Any], capacity_bytes: int) -> dict[str, Any]:
     """What the simulator of a raysrv point is given, kept so that it can be run again."""
-    keys = ("profiles", "call_overhead_ms", "start_late_ms", "return_ms", "trip_in_ms", "reasons")
+    keys = (
+        "profiles",
+        "call_overhead_ms",
+        "start_late_ms",
+        "return_ms",
+        "trip_in_ms",
+        "reasons",
+        "timeline",
+        "wall0",
+    )
     return {
         "times": extra["times"].tolist(),
         "models": extra["models"].tolist(),
@@ -778,9 +905,12 @@ def resimulate(path: Path) -> None:
         print(f"{workload}: live not answered because {measured['reasons']}")
         print(f"{workload}: live timing (ms) {saved['timing_ms'][workload]}")
         share = bench.simulate(workload, extra, measured["capacity_bytes"])
+        replayed = math.nan
+        if "timeline" in measured:  # runs saved before the pools kept one have none
+            replayed = bench.simulate(workload, extra, measured["capacity_bytes"], replay=True)
         print(
             f"{workload}: within the SLO live {live[workload]['within_slo']:.2%}, "
-            f"simulated {share:.2%}"
+            f"simulated {share:.2%}, replayed {replayed:.2%}"
         )
 
 
@@ -817,8 +947,14 @@ def main(argv: list[str] | None = None) -> int:
         help="take this capacity instead of measuring it (the load is --load of it): to "
         "compare two settings at the same offered load across runs, e.g. trace=160",
     )
-    parser.add_argument("--hot-seconds", type=float, default=20.0)
-    parser.add_argument("--hot-repeats", type=int, default=5)
+    parser.add_argument("--hot-seconds", type=float, default=10.0)
+    parser.add_argument("--hot-repeats", type=int, default=8)
+    parser.add_argument(
+        "--hot-concurrency",
+        type=int,
+        default=HOT_CONCURRENCY,
+        help="queries in flight on the hot model (default %(default)s)",
+    )
     parser.add_argument(
         "--refused-wait",
         action="store_true",

@@ -64,6 +64,7 @@ class Ingress:
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Apply the live knobs of ``user_config`` (a :class:`LiveConfig`) without a restart."""
         self._server.configure(LiveConfig.model_validate(user_config))
+        settle()  # the models added, out of the collector's full passes; those removed freed
 
     async def predict(
         self,
@@ -131,6 +132,14 @@ class Ingress:
 
     async def pools(self) -> list[dict[str, Any]]:
         return await self._server.describe_pools()
+
+    async def timeline(self, pool: str, since: float = 0.0) -> dict[str, Any]:
+        """The pool's last actions as they ran, sent at or after the wall time ``since``
+        (``raysrv._pool.TIMELINE_COLUMNS``; errors as result objects)."""
+        try:
+            return self._server.timeline(pool, since)
+        except RaysrvError as exc:
+            return exc.to_json()
 
     async def plan(self, model: str) -> dict[str, Any]:
         """The handle twin of ``GET /v1/models/{model}/plan`` (errors as result objects)."""

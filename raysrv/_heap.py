@@ -7,7 +7,10 @@ and the batch a model worker runs, waits that long, more than many SLOs. Almost 
 objects are modules, classes and the loaded model, alive until the process ends, so raysrv
 moves them out of the collector's sight once start-up is done (``gc.freeze``); the full pass
 then took 0.0 ms. What is created later is collected as usual, and the ingress's in-memory
-store keeps its entries as untracked bytes (``raysrv.state.MemoryStore``).
+store keeps its entries as untracked bytes (``raysrv.state.MemoryStore``). Models added or
+removed live (the ingress's ``user_config`` catalog) are settled the same way: a thousand
+models' specs, policies and records are long-lived too, and left in the collector's sight
+they lengthened its full passes for every query after them.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ __all__ = ["settle"]
 
 
 def settle() -> None:
-    """Collect what start-up left behind, then freeze everything still alive."""
+    """Collect what start-up (or a change since the last call) left behind, the objects frozen
+    before included, then freeze everything still alive: one full pass, not for every query."""
+    gc.unfreeze()
     gc.collect()
     gc.freeze()

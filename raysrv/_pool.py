@@ -10,6 +10,11 @@ of the policies (``ctmc``'s optimizer) run in a worker thread, off the loop.
 
 A model's queue is bounded (``max_queue``): past it :meth:`Pool.submit` refuses at once with 503.
 Every accepted query gets exactly one answer: its output, or the error of its refusal or failure.
+
+The pool keeps a timeline of its last ``TIMELINE_ACTIONS`` actions as they ran (``timeline``):
+when each was sent, started and ended on its worker, and came back, on the wall clock. It is
+Clockwork's action telemetry (§5): what the workers did, for a dashboard or to replay a run's
+slow spells in the simulator (:func:`raysrv.analytics.poolsim.replayed_weather`).
 """
 
 from __future__ import annotations
@@ -55,6 +60,18 @@ SHOWN_WINDOW = 100  # batches per size behind the run times ``GET /v1/models`` s
 SHOWN_QUANTILES = (0.1, 0.5, 0.9, 0.99)  # the ones it shows
 OVERHEAD_WINDOW = 500  # calls behind the round-trip overhead ``GET /v1/pools`` shows
 TRIP_SHOWN = 10_000  # queries behind the trips to the ingress ``GET /v1/pools`` shows
+TIMELINE_ACTIONS = 20_000  # the last actions ``timeline`` shows: some 5 MB of tuples
+TIMELINE_COLUMNS = (
+    "kind",  # infer, load or unload
+    "worker",
+    "model",
+    "size",  # queries in an INFER (0 for the others)
+    "sent",  # wall seconds: the call left the ingress
+    "started",  # on the worker (NaN: it did not run)
+    "ended",
+    "back",  # its report reached the ingress's loop
+    "overhead",  # of an INFER's call: the round trip beyond the runs (NaN for the others)
+)
 OVERHEAD_QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9, 0.99)  # the ones it shows
 NOT_LOADED_REASON = "not loaded on its worker when the batch came (its LOAD ran too late)"
 
@@ -113,6 +130,9 @@ class Pool:
         self._trips_in: collections.deque[float] = collections.deque(maxlen=TRIP_SHOWN)
         self._kept_back: collections.deque[float] = collections.deque(maxlen=TRIP_SHOWN)
         self._back = [-math.inf] * len(workers)  # when each worker's last call came back
+        self._timeline: collections.deque[tuple[Any, ...]] = collections.deque(
+            maxlen=TIMELINE_ACTIONS
+        )
 
     # -- models ----------------------------------------------------------------------------
 
@@ -338,12 +358,27 @@ class Pool:
             failed = Report("failed", error=f"{type(exc).__name__}: {exc}")
             reports = [failed] * len(sent)
         finished = self._clock()
+        overhead = math.nan
         if all(isinstance(action, Infer) for action, _ in sent):  # one executor: run in turn
             ran = sum(r.duration for r in reports if math.isfinite(r.duration))
-            self._overheads.add(finished - max(now, self._back[worker]) - ran)
+            overhead = finished - max(now, self._back[worker]) - ran
+            self._overheads.add(overhead)
             self._back[worker] = finished
         back = time.time()
         for (action, entries), wall_report in zip(sent, reports, strict=True):
+            self._timeline.append(
+                (
+                    type(action).__name__.lower(),
+                    worker,
+                    action.model,
+                    len(entries),
+                    now + offset,
+                    wall_report.started,
+                    wall_report.ended,
+                    back,
+                    overhead,
+                )
+            )
             # the worker's start and end, on this loop's clock
             report = replace(
                 wall_report, started=wall_report.started - offset, ended=wall_report.ended - offset
@@ -556,6 +591,12 @@ class Pool:
             "cold_starts": s.cold_starts,
             "workers": workers,
         }
+
+    def timeline(self, since: float = 0.0) -> dict[str, list[Any]]:
+        """The actions kept (the last ``TIMELINE_ACTIONS``) sent at or after the wall time
+        ``since``, oldest first, as columns (``TIMELINE_COLUMNS``)."""
+        rows = [row for row in self._timeline if row[4] >= since]
+        return {name: [row[i] for row in rows] for i, name in enumerate(TIMELINE_COLUMNS)}
 
     def plan_snapshot(self, name: str) -> PlanSnapshot:
         """Copies of what the plan view needs (``raysrv._planner``), taken on the loop."""

@@ -29,7 +29,16 @@ from raysrv._pool import Pool
 from raysrv._workers import Workers
 from raysrv.batching.profile import SortedWindow
 from raysrv.cache import PredictionCache, cache_key
-from raysrv.config import AppSpec, InputSpec, LiveConfig, ModelSpec, RaysrvSpec
+from raysrv.config import (
+    AppLive,
+    AppSpec,
+    InputSpec,
+    LiveConfig,
+    ModelLive,
+    ModelSpec,
+    RaysrvSpec,
+    SelectionSpec,
+)
 from raysrv.errors import BadRequest, DeadlineExpired, NotFound, RaysrvError, Rejected
 from raysrv.metrics import Metrics
 from raysrv.state import MemoryStore, StateStore
@@ -149,6 +158,7 @@ class _App:
     selection: policies.SelectionPolicy
     cache: PredictionCache
     slo_ms: float | None
+    selection_spec: SelectionSpec  # what ``selection`` was made from
 
 
 class Server:
@@ -217,33 +227,39 @@ class Server:
             app.selection.policy, app.models, app.selection.params, self._rng
         )
         model_input = self._models[app.models[0]].input
-        return _App(app, model_input, selection, PredictionCache(app.cache_size), app.slo_ms)
+        cache = PredictionCache(app.cache_size)
+        return _App(app, model_input, selection, cache, app.slo_ms, app.selection)
 
     def configure(self, live: LiveConfig) -> None:
         """Apply live knobs (``user_config``): the catalog of models on shared pools, then
-        batching, SLOs, selection and cache sizes."""
+        batching, SLOs, selection and cache sizes. ``live`` is the whole wanted state, as Serve
+        hands it over: a knob it leaves out goes back to the model's or app's declared value.
+        A policy is made anew only when its spec or SLO changed: a new one would forget what
+        the old one learned (AIMD's batch size, a selection's weights)."""
         added = live.catalog.expanded(self._root)
         live.check_against(self.spec, added)
         self._apply_catalog(added)
-        for name, knobs in live.models.items():
-            wanted = (knobs.batching or self._batching[name][0], knobs.slo_ms or self._slo_ms[name])
-            if wanted != self._batching[name]:  # a new policy only when something changed:
-                spec, slo_ms = wanted  # it would forget what it learned (AIMD's batch size)
+        for name, model in self._models.items():
+            knobs = live.models.get(name) or ModelLive()
+            wanted = (knobs.batching or model.batching, knobs.slo_ms or model.slo_ms)
+            if wanted != self._batching[name]:
+                spec, slo_ms = wanted
                 policy = batching.make_policy(spec.policy, spec.params, slo_ms / 1000.0)
                 self.pool_of(name).set_policy(name, policy)
                 self._batching[name] = wanted
                 self._slo_ms[name] = slo_ms
-        for name, app_knobs in live.apps.items():
-            app = self.apps[name]
-            if app_knobs.selection is not None:
-                selection = app_knobs.selection
+        for name, app in self.apps.items():
+            app_knobs = live.apps.get(name) or AppLive()
+            selection = app_knobs.selection or app.spec.selection
+            if selection != app.selection_spec:
                 app.selection = policies.make_policy(
                     selection.policy, app.spec.models, selection.params, self._rng
                 )
-            if app_knobs.cache_size is not None and app_knobs.cache_size != app.cache.capacity:
-                app.cache.resize(app_knobs.cache_size)
-            if app_knobs.slo_ms is not None:
-                app.slo_ms = app_knobs.slo_ms
+                app.selection_spec = selection
+            size = app.spec.cache_size if app_knobs.cache_size is None else app_knobs.cache_size
+            if size != app.cache.capacity:
+                app.cache.resize(size)
+            app.slo_ms = app.spec.slo_ms if app_knobs.slo_ms is None else app_knobs.slo_ms
 
     def _apply_catalog(self, added: list[ModelSpec]) -> None:
         """Serve the catalog's models and no other added ones: new ones join their pools,
@@ -552,6 +568,12 @@ class Server:
 
     async def describe_pools(self) -> list[dict[str, Any]]:
         return [await pool.describe() for pool in self.pools.values()]
+
+    def timeline(self, pool: str, since: float = 0.0) -> dict[str, list[Any]]:
+        """``Pool.timeline`` of the pool named ``pool``, or :class:`NotFound`."""
+        if pool not in self.pools:
+            raise NotFound(f"unknown pool {pool!r}; pools: {sorted(self.pools)}")
+        return self.pools[pool].timeline(since)
 
     async def close(self) -> None:
         await asyncio.gather(*(p.close() for p in self.pools.values()))

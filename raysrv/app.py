@@ -59,5 +59,5 @@ def build_app(args: RaysrvSpec) -> Application:
         ray_actor_options={"num_cpus": spec.ingress.num_cpus},
         max_ongoing_requests=spec.ingress.max_ongoing_requests,
         max_queued_requests=spec.ingress.max_queued_requests,
-        user_config=given.live().model_dump(mode="json", exclude_none=True),
+        user_config={},  # no knob overridden: every model and app as declared
     ).bind(spec.model_dump(mode="json"), str(Path.cwd()))

@@ -211,16 +211,6 @@ class RaysrvSpec(_Strict):
     def resolved_pools(self) -> list[ResolvedPool]:
         return resolve_pools(self.pools, self.models)
 
-    def live(self) -> LiveConfig:
-        """The live-tunable part of this spec, as the ingress ``user_config`` carries it."""
-        return LiveConfig(
-            models={m.name: ModelLive(batching=m.batching, slo_ms=m.slo_ms) for m in self.models},
-            apps={
-                a.name: AppLive(selection=a.selection, cache_size=a.cache_size, slo_ms=a.slo_ms)
-                for a in self.apps
-            },
-        )
-
 
 def check_apps(apps: list[AppSpec], models: list[ModelSpec]) -> None:
     """Every app names known models, all with one input."""
@@ -281,7 +271,10 @@ class CatalogSpec(_Strict):
 class LiveConfig(_Strict):
     """Knobs applied live through the ingress deployment's ``user_config`` (no restarts).
 
-    Entries override the spec in ``args``; fields left out keep their ``args`` values.
+    Entries override the spec in ``args``; fields left out keep their ``args`` values. Serve
+    hands the ingress the whole ``user_config`` each time, so a knob no longer listed goes
+    back to its ``args`` value, whatever an earlier ``user_config`` set. The application
+    builder deploys it empty: nothing overridden.
     ``catalog`` lists the models served on shared pools beyond the ``args``: a model listed
     there is added, one no longer listed is removed, and no worker restarts.
     """

@@ -131,9 +131,9 @@ class LocalWorkers(Workers):
     each INFER awaits ``run(inputs)`` for its outputs and the run time to report.
     ``weight_bytes``: what each model takes against ``capacity_bytes``. Each INFER's batch size
     is appended to ``log``, and every action to ``actions`` as (worker, kind, model). With
-    ``reply_s``, each INFER's report says when it started and ended (wall clock), as a live
-    worker's does, with its end ``reply_s`` before the report is handed back: an answer that
-    took that long to come back."""
+    ``reply_s``, each INFER's and LOAD's report says when it started and ended (wall clock), as
+    a live worker's does, with its end ``reply_s`` before the report is handed back: an answer
+    that took that long to come back."""
 
     def __init__(
         self,
@@ -260,7 +260,11 @@ class LocalWorkers(Workers):
             await asyncio.sleep(self.load_s)
         held[name] = self._weight
         self.peak_bytes[worker] = max(self.peak_bytes[worker], sum(held.values()))
-        return Report("ok", time.perf_counter() - start, weight_bytes=self._weight)
+        report = Report("ok", time.perf_counter() - start, weight_bytes=self._weight)
+        if self._reply_s is None:
+            return report
+        ended = time.time() - self._reply_s
+        return replace(report, started=ended - report.duration, ended=ended)
 
     async def ready(self) -> list[dict[str, Any]]:
         return [{"models": dict(held)} for held in self.held]

@@ -102,6 +102,15 @@ def test_a_shared_pool_serves_every_model_exactly_within_its_capacity(
     assert worker["process"]["rss_bytes"] > 0
     assert pool["loads"] >= len(set(order))
     assert pool["evictions"] >= 3
+    timeline = handle.timeline.remote("shared").result(timeout_s=30)
+    columns = ("kind", "model", "sent", "started", "ended", "back")
+    rows = list(zip(*(timeline[k] for k in columns), strict=True))
+    served = [model for kind, model, *_ in rows if kind == "infer"]
+    assert served[-len(order) :] == [paths[i].stem for i in order]  # each query's batch, in turn
+    assert [kind for kind, *_ in rows].count("load") >= len(set(order))
+    for _, _, sent, started, ended, back in [r for r in rows if r[0] != "unload"]:
+        assert sent <= started <= ended <= back  # one machine: the workers' clock is the ingress's
+    assert handle.timeline.remote("nope").result(timeout_s=30)["status"] == 404
 
     url = f"http://127.0.0.1:{serve_session.metrics_port}/metrics"
     deadline, body = time.monotonic() + 60, ""

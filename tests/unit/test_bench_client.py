@@ -1,5 +1,6 @@
 """The many-model benchmark's client and saved runs: a request's ``sent_at`` is when it was
-scheduled, and a saved run draws its plots again without being run again."""
+scheduled, a saved run draws its plots again without being run again, and the hot model's
+loops are compared pair by pair."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.loadgen import RequestLog, scheduled_at
-from bench.many_models import replot
+from bench.many_models import ALONE, REGISTERED, hot_table, paired_ratios, replot
 
 
 def test_a_saved_run_draws_its_plots_again_from_its_request_logs(tmp_path: Path) -> None:
@@ -54,3 +55,18 @@ def test_a_request_says_it_was_sent_when_the_load_generator_scheduled_it() -> No
     asyncio.run(log.timed(client, 0, -0.050, t0))  # due 50 ms before the run's start
     assert client.sent_at[0] == pytest.approx(wall - 0.050, abs=0.01)
     assert scheduled_at() == pytest.approx(time.time(), abs=0.01)  # outside a request: now
+
+
+def test_the_hot_models_loops_are_compared_within_each_pair() -> None:
+    rows = [
+        {"config": "dedicated pool", "repeat": 0, "goodput": 120.0},
+        {"config": ALONE, "repeat": 0, "goodput": 100.0},
+        {"config": REGISTERED, "repeat": 0, "goodput": 95.0},
+        {"config": REGISTERED, "repeat": 1, "goodput": 80.0},  # a slow spell: both slower
+        {"config": ALONE, "repeat": 1, "goodput": 80.0},
+        {"config": ALONE, "repeat": 2, "goodput": 110.0},  # its pair never ran
+    ]
+    assert paired_ratios(rows) == [pytest.approx(0.95), pytest.approx(1.0)]
+    table = hot_table(rows)
+    assert "| dedicated pool | 120.0 | 120.0 | 1.200 |" in table  # over the median alone, 100
+    assert "pair by pair: median 0.975 (0.950, 1.000)" in table

@@ -143,14 +143,6 @@ def test_live_user_config_is_validated_against_the_spec() -> None:
         live.check_against(RaysrvSpec.model_validate(_args(_example())))
 
 
-def test_spec_live_part_round_trips() -> None:
-    parsed = RaysrvSpec.model_validate(_args(_example()))
-    live = LiveConfig.model_validate(parsed.live().model_dump(mode="json"))
-    assert live.models["mlp"].batching is not None
-    assert live.models["mlp"].batching.policy == "aimd"
-    assert live.apps["digits"].cache_size == 4096
-
-
 def test_cli_exit_codes_and_messages(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     doc = _example()
     _args(doc)["models"][0]["batching"]["params"]["max_batch_size"] = -3

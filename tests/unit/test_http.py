@@ -478,12 +478,37 @@ def test_reapplying_the_same_live_config_keeps_what_the_policy_learned() -> None
     aimd = {"policy": "aimd", "params": {"max_batch_size": 4}}
     server.configure(LiveConfig.model_validate({"models": {"a": {"batching": aimd}}}))
     learned = server.pool_of("a").policy("a")
-    server.configure(LiveConfig.model_validate({"models": {"a": {"batching": aimd}}}))
+    selection = server.apps["ab"].selection
+    declared = SPEC.apps[1].selection.model_dump()  # named, as the declared one
+    again = {"models": {"a": {"batching": aimd}}, "apps": {"ab": {"selection": declared}}}
+    server.configure(LiveConfig.model_validate(again))
     assert server.pool_of("a").policy("a") is learned
-    server.configure(LiveConfig.model_validate({"models": {"a": {"slo_ms": 5}}}))
+    assert server.apps["ab"].selection is selection  # what it learned from feedback too
+    server.configure(LiveConfig.model_validate({"models": {"a": {"batching": aimd, "slo_ms": 5}}}))
     assert server.pool_of("a").policy("a") is not learned
     assert server.pool_of("a").policy("a").name == "aimd"
     assert server.pool_of("a").policy("a").slo_s == 0.005
+
+
+def test_a_knob_the_live_config_leaves_out_goes_back_to_its_declared_value() -> None:
+    """Serve hands over the whole ``user_config``: one that no longer overrides a knob means
+    the model or app as the ``args`` declare it."""
+    server = _server()
+    declared = server.pool_of("a").policy("a")
+    live = {
+        "models": {"a": {"batching": {"policy": "aimd"}, "slo_ms": 5}},
+        "apps": {"one": {"cache_size": 0, "slo_ms": 7}, "ab": {"selection": {"policy": "single"}}},
+    }
+    server.configure(LiveConfig.model_validate(live))
+    assert (server.pool_of("a").policy("a").name, server.apps["one"].cache.capacity) == ("aimd", 0)
+    server.configure(LiveConfig.model_validate({"models": {"a": {"slo_ms": 5}}}))
+    assert server.pool_of("a").policy("a").name == declared.name
+    assert server.pool_of("a").policy("a").slo_s == 0.005
+    server.configure(LiveConfig())
+    assert server.pool_of("a").policy("a").slo_s == declared.slo_s
+    assert server.apps["one"].cache.capacity == 16
+    assert server.apps["one"].slo_ms is None
+    assert server.apps["ab"].selection.name == "split"
 
 
 def test_the_plan_view_shows_the_prediction_and_its_inputs() -> None:

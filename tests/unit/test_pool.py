@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import raysrv._pool
 from raysrv import batching
 from raysrv._pool import PROFILE_RUNS, Pool
 from raysrv._workers import Call, PoolWorker, Report
@@ -626,3 +627,57 @@ def _ones(n: int) -> np.ndarray:
 
 
 GATED, OPENER = f"{__name__}:_Gated", f"{__name__}:_Opener"
+
+
+def test_the_timeline_shows_each_action_as_it_ran_on_the_wall_clock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A LOAD and the batches behind it, each sent before it started, ended and came back; a
+    call of batches says its round trip beyond the runs; ``since`` keeps the later ones and
+    only the last ``TIMELINE_ACTIONS`` are kept."""
+    monkeypatch.setattr(raysrv._pool, "TIMELINE_ACTIONS", 3)
+
+    async def scenario() -> tuple[dict[str, list[Any]], dict[str, list[Any]], float]:
+        workers = LocalWorkers(
+            1, {"a": EchoModel()}, weight_bytes=1, load_s=0.02, delay_s=0.005, reply_s=0.0
+        )
+        pool = _shared(["a"], workers, capacity_mb=1)
+        before = time.time()
+        for _ in range(3):
+            await pool.submit("a", _x(1))
+        middle = time.time()
+        await pool.submit("a", _x(1))
+        timeline, later = pool.timeline(), pool.timeline(since=middle)
+        await pool.close()
+        return timeline, later, before
+
+    timeline, later, before = asyncio.run(scenario())
+    assert timeline["kind"] == ["infer", "infer", "infer"]  # the LOAD and first batch dropped
+    assert later["kind"] == ["infer"]
+    assert later["sent"] == timeline["sent"][-1:]
+    assert set(timeline["model"]) == {"a"}
+    assert timeline["size"] == [1, 1, 1]
+    for sent, started, ended, back in zip(
+        timeline["sent"], timeline["started"], timeline["ended"], timeline["back"], strict=True
+    ):
+        # the fake worker reports its start as its end less the run time: within a clock tick
+        assert before <= sent <= started + 1e-3
+        assert started < ended <= back <= time.time()
+    assert all(0.0 <= o < 1.0 for o in timeline["overhead"])
+
+
+def test_a_load_in_the_timeline_has_no_call_overhead() -> None:
+    async def scenario() -> dict[str, list[Any]]:
+        workers = LocalWorkers(1, {"a": EchoModel()}, weight_bytes=1, load_s=0.02, reply_s=0.0)
+        pool = _shared(["a"], workers, capacity_mb=1)
+        await pool.submit("a", _x(1))
+        timeline = pool.timeline()
+        await pool.close()
+        return timeline
+
+    timeline = asyncio.run(scenario())
+    assert timeline["kind"] == ["load", "infer"]
+    (load,) = [i for i, kind in enumerate(timeline["kind"]) if kind == "load"]
+    assert timeline["ended"][load] - timeline["started"][load] >= 0.02
+    assert math.isnan(timeline["overhead"][load])
+    assert timeline["size"][load] == 0

@@ -11,6 +11,7 @@ import pytest
 
 from raysrv import batching
 from raysrv.analytics import SimModel, simulate_pool
+from raysrv.analytics.poolsim import replayed_weather
 from raysrv.batching import QueuedQuery
 from raysrv.batching.actions import (
     COLD_DOOMED,
@@ -508,3 +509,29 @@ def test_in_simulation_each_action_may_draw_its_own_round_trip() -> None:
     drawn = simulate_pool(times, names, pool(), workers=1, hop_s=hop, slo=1.0)
     np.testing.assert_allclose(drawn.latencies, fixed.latencies)
     assert len(draws) == drawn.batch_sizes.size + drawn.loads + drawn.unloads
+
+
+def test_in_simulation_a_replayed_timeline_slows_runs_and_calls_where_and_when_it_did() -> None:
+    """A live timeline whose worker ran batches at twice their median and its calls took 4 ms
+    more between t=1 and t=2, replayed as the weather: a query in that spell takes 2 x 10 ms
+    + 4 ms, one before or after it 10 ms, and a LOAD in it twice its profile."""
+    t0 = 1000.0  # the wall time the simulation's clock starts at
+    timeline = {
+        "kind": ["infer", "infer", "infer", "load"],
+        "worker": [0, 0, 0, 0],
+        "model": ["m", "m", "m", "m"],
+        "size": [1, 1, 1, 0],
+        "sent": [t0 + 0.0, t0 + 1.0, t0 + 2.0, t0 + 1.0],
+        "started": [t0 + 0.0, t0 + 1.0, t0 + 2.0, t0 + 1.0],
+        "ended": [t0 + 0.010, t0 + 1.020, t0 + 2.010, t0 + 1.100],
+        "back": [t0 + 0.011, t0 + 1.025, t0 + 2.011, t0 + 1.101],
+        "overhead": [0.0, 0.004, 0.0, math.nan],
+    }
+    expected = {"infer": 0.010, "load": 0.050}
+    weather = replayed_weather(timeline, lambda kind, model, size: expected[kind], t0)
+    assert weather.slowdown(0, 1.5, "load") == pytest.approx(2.0)
+    assert weather.slowdown(1, 1.5, "infer") == 1.0  # a worker the timeline never saw
+    times = np.array([0.5, 1.5, 2.5])
+    pool = {"m": SimModel(_policy(max_batch_size=1), [0.010], pinned=True)}
+    result = simulate_pool(times, ["m"] * 3, pool, workers=1, slo=1.0, weather=weather)
+    np.testing.assert_allclose(result.latencies, [0.010, 0.024, 0.010])
