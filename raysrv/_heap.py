@@ -7,10 +7,9 @@ and the batch a model worker runs, waits that long, more than many SLOs. Almost 
 objects are modules, classes and the loaded model, alive until the process ends, so raysrv
 moves them out of the collector's sight once start-up is done (``gc.freeze``); the full pass
 then took 0.0 ms. What is created later is collected as usual, and the ingress's in-memory
-store keeps its entries as untracked bytes (``raysrv.state.MemoryStore``). Models added or
-removed live (the ingress's ``user_config`` catalog) are settled the same way: a thousand
-models' specs, policies and records are long-lived too, and left in the collector's sight
-they lengthened its full passes for every query after them.
+store keeps its entries as untracked bytes (``raysrv.state.MemoryStore``). The ingress settles
+its heap again after models are added or removed live (its ``user_config`` catalog): a
+thousand models' specs, policies and records live as long as the models do.
 """
 
 from __future__ import annotations
