@@ -118,6 +118,23 @@ async def _read_json(request: Request, limit: int) -> dict[str, Any]:
     return data
 
 
+def _since(value: str | None) -> float:
+    """The ``since`` of a timeline request: wall-clock seconds, 0 if absent."""
+    if value is None:
+        return 0.0
+    try:
+        since = float(value)
+    except ValueError:
+        since = math.nan
+    if not math.isfinite(since):
+        raise BadRequest(f"since must be wall-clock seconds, got {value!r}")
+    return since
+
+
+def _finite(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
 def _parse_predict(data: dict[str, Any], context_field: str | None) -> tuple[Any, dict[str, Any]]:
     """The input and the keyword arguments of :meth:`Server.predict` from a request body (of
     :meth:`Server.predict_model` without a ``context_field``)."""
@@ -215,7 +232,8 @@ def create_http_app(server: Server, max_body_bytes: int, metrics: Metrics | None
 
 
 def _model_routes(api: FastAPI, server: Server, max_body_bytes: int, metrics: Metrics) -> None:
-    """``POST /v1/models/{model}/predict``, ``GET /v1/models[/{model}]`` and ``GET /v1/pools``."""
+    """``POST /v1/models/{model}/predict``, ``GET /v1/models[/{model}]`` and ``GET /v1/pools``
+    (with ``GET /v1/pools/{pool}/timeline``)."""
 
     @api.post(
         "/v1/models/{model}/predict",
@@ -250,3 +268,12 @@ def _model_routes(api: FastAPI, server: Server, max_body_bytes: int, metrics: Me
     @api.get("/v1/pools")
     async def pools() -> JSONResponse:
         return JSONResponse({"pools": await server.describe_pools()})
+
+    @api.get("/v1/pools/{pool}/timeline")
+    async def timeline(pool: str, request: Request) -> JSONResponse:
+        columns = server.timeline(pool, _since(request.query_params.get("since")))
+        # an action that did not run has no start or end, and only calls of batches have an
+        # overhead: JSON's null for the NaN that stands for them
+        return JSONResponse(
+            {name: [_finite(v) for v in values] for name, values in columns.items()}
+        )

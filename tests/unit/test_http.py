@@ -549,3 +549,35 @@ def test_the_slo_starts_when_the_caller_sent_the_query() -> None:
     assert fresh.status_code == 200
     assert stale.status_code == 429, stale.text
     assert "deadline passed" in stale.json()["message"]
+
+
+def test_a_pools_timeline_is_served_as_json_columns_with_null_for_what_did_not_happen() -> None:
+    """The fake workers here report no start or end (a live one does): those come as null,
+    never as a NaN that is not JSON; ``since`` keeps the later actions; a bad one is a 400 and
+    an unknown pool a 404."""
+
+    async def scenario() -> list[httpx.Response]:
+        server = _server()
+        async with await _client(server) as c:
+            await c.post("/v1/models/a/predict", json={"input": [1, 0, 0, 0]})
+            middle = time.time()
+            await c.post("/v1/models/a/predict", json={"input": [2, 0, 0, 0]})
+            pool = server.pool_of("a").name
+            return [
+                await c.get(f"/v1/pools/{pool}/timeline"),
+                await c.get(f"/v1/pools/{pool}/timeline", params={"since": middle}),
+                await c.get(f"/v1/pools/{pool}/timeline", params={"since": "soon"}),
+                await c.get(f"/v1/pools/{pool}/timeline", params={"since": "nan"}),
+                await c.get("/v1/pools/nope/timeline"),
+            ]
+
+    every, later, bad, nan, unknown = run(scenario())
+    assert every.status_code == 200
+    columns = every.json()
+    assert columns["kind"] == ["infer", "infer"]
+    assert columns["model"] == ["a", "a"]
+    assert columns["started"] == [None, None]
+    assert all(isinstance(t, float) for t in columns["sent"] + columns["back"])
+    assert later.json()["sent"] == columns["sent"][1:]
+    assert (bad.status_code, nan.status_code, unknown.status_code) == (400, 400, 404)
+    assert "since must be wall-clock seconds" in bad.json()["message"]
