@@ -118,6 +118,9 @@ async def _read_json(request: Request, limit: int) -> dict[str, Any]:
     return data
 
 
+TIMELINE_CHUNK = 2000  # values of a timeline column rendered between turns of the event loop
+
+
 def _since(value: str | None) -> float:
     """The ``since`` of a timeline request: wall-clock seconds, 0 if absent."""
     if value is None:
@@ -270,10 +273,18 @@ def _model_routes(api: FastAPI, server: Server, max_body_bytes: int, metrics: Me
         return JSONResponse({"pools": await server.describe_pools()})
 
     @api.get("/v1/pools/{pool}/timeline")
-    async def timeline(pool: str, request: Request) -> JSONResponse:
+    async def timeline(pool: str, request: Request) -> Response:
+        # 20,000 actions make 2 MB of JSON, some 80 ms of CPU in one piece: rendered
+        # TIMELINE_CHUNK values at a time, handing the event loop back between chunks. An
+        # action that did not run has no start or end, and only calls of batches have an
+        # overhead: JSON's null for the NaN that stands for them.
         columns = server.timeline(pool, _since(request.query_params.get("since")))
-        # an action that did not run has no start or end, and only calls of batches have an
-        # overhead: JSON's null for the NaN that stands for them
-        return JSONResponse(
-            {name: [_finite(v) for v in values] for name, values in columns.items()}
-        )
+        parts = []
+        for name, values in columns.items():
+            chunks = []
+            for first in range(0, len(values), TIMELINE_CHUNK):
+                chunk = values[first : first + TIMELINE_CHUNK]
+                chunks.append(_json([_finite(v) for v in chunk])[1:-1])
+                await asyncio.sleep(0)
+            parts.append(f"{_json(name)}:[{','.join(chunks)}]")
+        return Response("{" + ",".join(parts) + "}", media_type="application/json")

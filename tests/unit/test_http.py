@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+import raysrv._http
 from raysrv._http import create_http_app
 from raysrv._server import DESCRIBE_CHUNK, TRIP_WINDOW, TRIPS_KNOWN, Server, TripBack
 from raysrv.config import LiveConfig, RaysrvSpec
@@ -581,3 +582,36 @@ def test_a_pools_timeline_is_served_as_json_columns_with_null_for_what_did_not_h
     assert later.json()["sent"] == columns["sent"][1:]
     assert (bad.status_code, nan.status_code, unknown.status_code) == (400, 400, 404)
     assert "since must be wall-clock seconds" in bad.json()["message"]
+
+
+def test_a_long_timeline_is_rendered_in_chunks_between_other_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(raysrv._http, "TIMELINE_CHUNK", 3)
+
+    async def scenario() -> tuple[dict[str, list[Any]], dict[str, list[Any]], int]:
+        server = _server()
+        async with await _client(server) as c:
+            for i in range(10):  # one at a time: a batch each
+                await c.post("/v1/models/a/predict", json={"input": [i, 0, 0, 0]})
+            pool = server.pool_of("a").name
+            turns = 0
+
+            async def other_work() -> None:
+                nonlocal turns
+                while True:
+                    turns += 1
+                    await asyncio.sleep(0)
+
+            ticking = asyncio.create_task(other_work())
+            await asyncio.sleep(0)
+            before = turns
+            shown = (await c.get(f"/v1/pools/{pool}/timeline")).json()
+            ticking.cancel()
+            return shown, server.timeline(pool), turns - before
+
+    shown, kept, turns = run(scenario())
+    assert len(shown["kind"]) == 10
+    for name, values in kept.items():  # the same values, null for NaN
+        assert shown[name] == [None if v != v else v for v in values], name
+    assert turns >= 9 * 4  # 9 columns of 10 values, 4 chunks of 3 each
