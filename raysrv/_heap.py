@@ -8,8 +8,9 @@ objects are modules, classes and the loaded model, alive until the process ends,
 moves them out of the collector's sight once start-up is done (``gc.freeze``); the full pass
 then took 0.0 ms. What is created later is collected as usual, and the ingress's in-memory
 store keeps its entries as untracked bytes (``raysrv.state.MemoryStore``). The ingress settles
-its heap again after models are added or removed live (its ``user_config`` catalog): a
-thousand models' specs, policies and records live as long as the models do.
+its heap again after each live reconfiguration, which may add or remove models (its
+``user_config`` catalog): a thousand models' specs, policies and records live as long as the
+models do.
 """
 
 from __future__ import annotations
