@@ -42,7 +42,8 @@ queries in flight on raysrv with the workload's model mix and an SLO no answer r
   dedicated pool of 2 workers, ``--hot-repeats`` loops; then in the shared pool, with every
   model registered and with it alone, ``--hot-repeats`` pairs of loops in one deployment whose
   catalog is changed live between them (``Bench.hot``); the table gives each configuration's
-  median, the ratio of the medians and each pair's ratio. With 4 in flight few queries are
+  median, the ratio of the medians, each pair's ratio and how far their median moves when
+  the pairs are resampled (``resampled_median``). With 4 in flight few queries are
   refused (a loop's p99 was 41-85 ms), so goodput measures throughput. With 8, 4-38% of a
   loop's queries were refused as predicted late, and the goodput swung with the estimates that
   refused them: one configuration's loops spread by 1.4-2.7x, and redeploying for every loop
@@ -122,6 +123,7 @@ HOT_CONCURRENCY = 4  # in flight on the hot model: its answers well within a 100
 WARM_S = 5.0  # of a closed loop on the workload's mix before each point, not measured
 ALONE, REGISTERED = "pool, the model alone", "pool, every model registered"  # hot configs
 HOT = "hot"  # the hot model's name: the zoo's first model's file, outside the zoo's model set
+RESAMPLES = 5000  # of the hot model's pairs, for the spread of their median ratio
 SETTLE_S = 5.0  # after a hot-model deployment: the last one's processes end meanwhile
 # raysrv's default: what its ingress keeps back for the answer's way back (a quantile of its
 # workers' answers' trips to it, ``raysrv._server.TripBack``)
@@ -758,10 +760,21 @@ def hot_table(rows: list[dict[str, Any]]) -> str:
     ratios = paired_ratios(rows)
     if ratios:
         shown = ", ".join(f"{r:.3f}" for r in ratios)
+        low, high = resampled_median(ratios)
         lines.append(
-            f"\nregistered / alone, pair by pair: median {np.median(ratios):.3f} ({shown})"
+            f"\nregistered / alone, pair by pair: median {np.median(ratios):.3f} ({shown}); "
+            f"95% of {RESAMPLES:,} resampled medians within {low:.3f}-{high:.3f}"
         )
     return "\n".join(lines)
+
+
+def resampled_median(values: list[float], seed: int = 0) -> tuple[float, float]:
+    """The 2.5th and 97.5th percentiles of the medians of ``RESAMPLES`` resamples of ``values``
+    (with replacement): how far the median of this many pairs moves with the pairs drawn."""
+    rng = np.random.default_rng(seed)
+    draws = rng.choice(np.asarray(values), size=(RESAMPLES, len(values)))
+    low, high = np.percentile(np.median(draws, axis=1), [2.5, 97.5])
+    return float(low), float(high)
 
 
 def paired_ratios(rows: list[dict[str, Any]]) -> list[float]:

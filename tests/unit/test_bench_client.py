@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 
 from bench.loadgen import RequestLog, scheduled_at
-from bench.many_models import ALONE, REGISTERED, hot_table, paired_ratios, replot
+from bench.many_models import (
+    ALONE,
+    REGISTERED,
+    hot_table,
+    paired_ratios,
+    replot,
+    resampled_median,
+)
 
 
 def test_a_saved_run_draws_its_plots_again_from_its_request_logs(tmp_path: Path) -> None:
@@ -69,4 +76,7 @@ def test_the_hot_models_loops_are_compared_within_each_pair() -> None:
     assert paired_ratios(rows) == [pytest.approx(0.95), pytest.approx(1.0)]
     table = hot_table(rows)
     assert "| dedicated pool | 120.0 | 120.0 | 1.200 |" in table  # over the median alone, 100
-    assert "pair by pair: median 0.975 (0.950, 1.000)" in table
+    assert "pair by pair: median 0.975 (0.950, 1.000); 95% of 5,000 resampled" in table
+    assert resampled_median([1.0] * 5) == (1.0, 1.0)
+    low, high = resampled_median([0.9, 1.0, 1.1, 1.0, 0.95, 1.05])
+    assert 0.9 <= low < 1.0 < high <= 1.1
