@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import httpx
@@ -51,6 +51,25 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
 
 def run(coro: Any) -> Any:
     return asyncio.run(coro)
+
+
+async def _with_turns(call: Awaitable[Any]) -> tuple[Any, int]:
+    """``call``'s result, and how many turns a task beside it had while it ran: how often
+    ``call`` handed the event loop back."""
+    turns = 0
+
+    async def other_work() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    ticking = asyncio.create_task(other_work())
+    await asyncio.sleep(0)
+    before = turns
+    result = await call
+    ticking.cancel()
+    return result, turns - before
 
 
 def test_predict_answers_and_repeats_hit_the_cache() -> None:
@@ -201,22 +220,12 @@ def test_listing_many_models_hands_the_event_loop_back_between_chunks() -> None:
     raw = spec(models, [], pools=[{"name": "shared", "workers": 2, "memory_mb": 64}])
     server = Server(RaysrvSpec.model_validate(raw), {"shared": LocalWorkers(2)})
 
-    async def scenario() -> tuple[list[dict[str, Any]], int]:
-        turns = 0
-
-        async def other_work() -> None:
-            nonlocal turns
-            while True:
-                turns += 1
-                await asyncio.sleep(0)
-
-        ticking = asyncio.create_task(other_work())
-        await asyncio.sleep(0)
-        before = turns
+    async def listing() -> list[dict[str, Any]]:
         async with await _client(server) as c:
-            listed = (await c.get("/v1/models")).json()["models"]
-        ticking.cancel()
-        return listed, turns - before
+            return (await c.get("/v1/models")).json()["models"]
+
+    async def scenario() -> tuple[list[dict[str, Any]], int]:
+        return await _with_turns(listing())
 
     listed, turns = run(scenario())
     assert [m["name"] for m in listed] == [f"m{i:03d}" for i in range(count)]
@@ -595,20 +604,8 @@ def test_a_long_timeline_is_rendered_in_chunks_between_other_work(
             for i in range(10):  # one at a time: a batch each
                 await c.post("/v1/models/a/predict", json={"input": [i, 0, 0, 0]})
             pool = server.pool_of("a").name
-            turns = 0
-
-            async def other_work() -> None:
-                nonlocal turns
-                while True:
-                    turns += 1
-                    await asyncio.sleep(0)
-
-            ticking = asyncio.create_task(other_work())
-            await asyncio.sleep(0)
-            before = turns
-            shown = (await c.get(f"/v1/pools/{pool}/timeline")).json()
-            ticking.cancel()
-            return shown, server.timeline(pool), turns - before
+            shown, turns = await _with_turns(c.get(f"/v1/pools/{pool}/timeline"))
+            return shown.json(), server.timeline(pool), turns
 
     shown, kept, turns = run(scenario())
     assert len(shown["kind"]) == 10
