@@ -61,8 +61,9 @@ class Ingress:
     def __serve_build_asgi_app__(self) -> Any:
         return create_http_app(self._server, self._spec.ingress.max_body_bytes, self._metrics)
 
-    def reconfigure(self, user_config: dict[str, Any]) -> None:
-        """Apply the live knobs of ``user_config`` (a :class:`LiveConfig`) without a restart."""
+    async def reconfigure(self, user_config: dict[str, Any]) -> None:
+        """Apply the live knobs of ``user_config`` (a :class:`LiveConfig`) without a restart, on
+        the loop that serves the queries (the pools' schedulers are not thread-safe)."""
         self._server.configure(LiveConfig.model_validate(user_config))
         settle()  # the models added, out of the collector's full passes; those removed freed
 

@@ -2,11 +2,12 @@
 
 :class:`Pool` holds what the pure scheduler (:mod:`raysrv.batching.scheduler`) leaves out:
 each query's input and future, the workers, and the clock. On every arrival, result or wake-up
-it calls ``scheduler.step(now)``, answers the refusals, sends the actions and sleeps until the
-step's wake time or the next event. The actions of one step for one worker (an UNLOAD, a LOAD
-and the INFER behind it) travel as one call, and the worker hands each to its executor in the
-order they were made. Each report goes back to ``scheduler.finished``. Planning jobs
-of the policies (``ctmc``'s optimizer) run in a worker thread, off the loop.
+it calls ``scheduler.step(now)`` at the loop's next turn, answers the refusals, sends the
+actions and steps again at the step's wake time unless an event comes first. The actions of
+one step for one worker (an UNLOAD, a LOAD and the INFER behind it) travel as one call, and the
+worker hands each to its executor in the order they were made. Each report goes back to
+``scheduler.finished``. Planning jobs of the policies (``ctmc``'s optimizer) run in a worker
+thread, off the loop.
 
 A model's queue is bounded (``max_queue``): past it :meth:`Pool.submit` refuses at once with 503.
 Every accepted query gets exactly one answer: its output, or the error of its refusal or failure.
@@ -73,6 +74,7 @@ TIMELINE_COLUMNS = (
     "overhead",  # of an INFER's call: the round trip beyond the runs (NaN for the others)
 )
 OVERHEAD_QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9, 0.99)  # the ones it shows
+FAULT_RETRY_S = 0.01  # after the scheduler raised, step again this much later
 NOT_LOADED_REASON = "not loaded on its worker when the batch came (its LOAD ran too late)"
 
 logger = logging.getLogger(__name__)
@@ -114,8 +116,10 @@ class Pool:
         self._queued: dict[asyncio.Future[Any], int] = {}
         self._arrivals: dict[str, collections.deque[float]] = {}
         self._ids = itertools.count()
-        self._wake = asyncio.Event()
-        self._loop_task: asyncio.Task[None] | None = None
+        self._due: asyncio.Handle | None = None  # the step asked for at the loop's next turn
+        self._timer: asyncio.TimerHandle | None = None  # the step at the last one's wake time
+        self._poked: float | None = None  # when the step due was first asked for
+        self._closed = False
         self._running: set[asyncio.Task[Any]] = set()
         # a call's round trip beyond its actions' run times: the hop to the worker and back
         self._overheads = SortedWindow(OVERHEAD_WINDOW)
@@ -124,6 +128,8 @@ class Pool:
         self._late_starts = SortedWindow(OVERHEAD_WINDOW)
         self._returns = SortedWindow(OVERHEAD_WINDOW)
         self._replies = replies
+        # from an arrival, result or plan to the step that acts on it: the loop's other work
+        self._step_lags = SortedWindow(OVERHEAD_WINDOW)
         # of each query that said when it was sent: its trip to the ingress, and the time kept
         # back from its deadline for the answer's way back; sorted only when shown, since
         # every query adds to them
@@ -159,7 +165,7 @@ class Pool:
         self._answer(ids, NotFound(f"model {name!r} was removed while the query waited"))
         self._specs.pop(name, None)
         self._arrivals.pop(name, None)
-        self._wake.set()
+        self._poke()
 
     def models(self) -> list[str]:
         return self.scheduler.models()
@@ -167,7 +173,7 @@ class Pool:
     def set_policy(self, name: str, policy: BatchingPolicy) -> None:
         """Swap a model's policy live; it starts from the run times already measured."""
         self.scheduler.set_policy(name, policy)
-        self._wake.set()
+        self._poke()
 
     def policy(self, name: str) -> BatchingPolicy:
         return self.scheduler.policy(name)
@@ -200,9 +206,7 @@ class Pool:
         self._entries[query_id] = _Entry(model, x, future, cold, now)
         self._queued[future] = query_id
         self._arrivals[model].append(now)
-        if self._loop_task is None:
-            self._loop_task = asyncio.create_task(self._run(), name=f"pool-{self.name}")
-        self._wake.set()
+        self._poke()
         return future
 
     def withdraw(self, model: str, future: asyncio.Future[Any]) -> bool:
@@ -219,16 +223,35 @@ class Pool:
 
     # -- the loop --------------------------------------------------------------------------
 
-    async def _run(self) -> None:
-        while True:
-            now = self._clock()
-            try:
-                step = self.scheduler.step(now)
-            except Exception as exc:  # a scheduler fault must not strand the queries
-                logger.exception("scheduling pool %s failed", self.name)
-                self._answer(list(self._queued.values()), ModelFailed(f"scheduling failed: {exc}"))
-                await asyncio.sleep(0.01)
-                continue
+    def _poke(self) -> None:
+        """Step at the loop's next turn, once however many ask before it: an arrival, a result
+        or a plan is acted on one turn of the loop after it, where a task woken by an event
+        took three or four (each turn runs every callback ready then, the other queries' too)."""
+        if self._due is not None or self._closed:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not on a loop yet, so nothing is queued: the first query pokes
+            return
+        if self._poked is None:
+            self._poked = self._clock()
+        self._due = loop.call_soon(self._step)
+
+    def _step(self) -> None:
+        """One step of the scheduler: answer its refusals, send its actions, and step again at
+        its wake time unless something pokes it first."""
+        for handle in (self._due, self._timer):
+            if handle is not None:
+                handle.cancel()
+        self._due = self._timer = None
+        now = self._clock()
+        if self._poked is not None:
+            self._step_lags.add(now - self._poked)
+            self._poked = None
+        wake_at: float | None = now + FAULT_RETRY_S
+        try:
+            step = self.scheduler.step(now)
+            wake_at = step.wake_at
             self._start_plans(step.plans)
             for refusal in step.refusals:
                 self._refuse(refusal)
@@ -237,21 +260,13 @@ class Pool:
                 per_worker.setdefault(action.worker, []).append(action)
             for worker, actions in per_worker.items():
                 self._send(worker, actions, now)
-            await self._sleep(step.wake_at)
-
-    async def _sleep(self, until: float | None) -> None:
-        timeout = None if until is None else until - self._clock()
-        if timeout is not None and timeout <= 0:
-            await asyncio.sleep(0)  # a time already past: yield, then step again
-            return
-        # Not ``asyncio.wait_for``: before Python 3.12 it drops a cancellation that lands in the
-        # step the wait ends, and the loop would outlive ``close``.
-        woken = asyncio.ensure_future(self._wake.wait())
-        try:
-            await asyncio.wait((woken,), timeout=timeout)
+        except Exception as exc:  # a scheduler fault must not strand the queries
+            logger.exception("scheduling pool %s failed", self.name)
+            self._answer(list(self._queued.values()), ModelFailed(f"scheduling failed: {exc}"))
         finally:
-            woken.cancel()
-        self._wake.clear()
+            if wake_at is not None and not self._closed:
+                delay = max(0.0, wake_at - self._clock())
+                self._timer = asyncio.get_running_loop().call_later(delay, self._step)
 
     def _start_plans(self, plans: tuple[PlanJob, ...]) -> None:
         for plan in plans:
@@ -266,7 +281,7 @@ class Pool:
                 else:
                     result = done.result()
                 self.scheduler.apply_plan(plan.model, plan.policy, result)
-                self._wake.set()
+                self._poke()
 
             task.add_done_callback(adopt)
 
@@ -332,7 +347,7 @@ class Pool:
                 calls.append(Call("unload", action.model))
             sent.append((action, entries))
         if not calls:
-            self._wake.set()
+            self._poke()
             return
         pending = self._workers.run(worker, calls)
         self._track(self._finish(worker, now, earliest - now, sent, pending))
@@ -395,7 +410,7 @@ class Pool:
                 self._load_done(action, report, finished)
             else:
                 self._unload_done(action, report, finished)
-        self._wake.set()
+        self._poke()
 
     def _infer_done(
         self, action: Infer, entries: list[_Entry], report: Report, finished: float
@@ -581,6 +596,7 @@ class Pool:
             "call_overhead_ms": _quantiles_ms(self._overheads),
             "start_late_ms": _quantiles_ms(self._late_starts),
             "return_ms": _quantiles_ms(self._returns),
+            "step_lag_ms": _quantiles_ms(self._step_lags),
             "trip_in_ms": _recent_quantiles_ms(self._trips_in),
             "kept_back_ms": _recent_quantiles_ms(self._kept_back),
             "capacity_bytes": self.spec.capacity_bytes,
@@ -612,10 +628,11 @@ class Pool:
         )
 
     async def close(self) -> None:
-        """Stop the loop and fail whatever is still queued."""
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            await asyncio.gather(self._loop_task, return_exceptions=True)
+        """Stop stepping and fail whatever is still queued."""
+        self._closed = True
+        for handle in (self._due, self._timer):
+            if handle is not None:
+                handle.cancel()
         self._answer(list(self._entries), Overloaded(f"pool {self.name!r} is shutting down"))
 
 

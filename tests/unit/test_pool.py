@@ -329,10 +329,32 @@ def test_a_policy_swapped_in_live_starts_from_the_run_times_measured() -> None:
     assert swapped.estimate(1) >= 0.01
 
 
-def test_closing_stops_a_loop_that_was_woken_in_the_same_step() -> None:
-    """A query arriving while the loop sleeps towards a time wakes it; a close in that same
-    step must still stop it. ``asyncio.wait_for`` (before Python 3.12) returns the finished
-    wait and drops the cancellation then, and the loop slept on, forever."""
+def test_an_arrival_leaves_for_a_free_worker_at_the_loops_next_turn() -> None:
+    """The step an arrival asks for runs at the loop's next turn, not on the caller's stack and
+    not turns later, and the pool shows how long such steps waited."""
+
+    async def scenario() -> None:
+        workers = fake_workers(EchoModel())
+        calls: list[int] = []
+        run = workers.run
+        workers.run = lambda worker, sent: (calls.append(len(sent)), run(worker, sent))[1]
+        pool = one_model_pool(_fixed(), workers)
+        future = pool.submit("echo", _x(1))
+        assert calls == []
+        await asyncio.sleep(0)  # one turn
+        assert calls == [1]
+        assert (await future)["sum"] == 4.0
+        lags = (await pool.describe())["step_lag_ms"]
+        assert 0.0 <= lags["p50"] <= lags["p99"]
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_closing_stops_a_pool_whose_step_is_due() -> None:
+    """A query arriving while the pool waits towards a time asks for a step at the loop's next
+    turn; a close before that turn must still stop it: nothing steps after it, and every
+    query queued is answered."""
 
     class WaitLong(batching.FixedPolicy):
         def decide(self, view: batching.BatcherView) -> batching.Decision:
@@ -342,10 +364,10 @@ def test_closing_stops_a_loop_that_was_woken_in_the_same_step() -> None:
         policy = WaitLong(batching.FixedParams(max_batch_size=2), 1.0)
         pool = one_model_pool(policy, fake_workers(EchoModel()))
         first = pool.submit("echo", _x(1))
-        await asyncio.sleep(0.01)  # the loop sleeps towards now + 60 s
-        second = pool.submit("echo", _x(1))  # wakes it
-        await asyncio.sleep(0)  # the wake lands, the loop has not run yet
-        await asyncio.wait_for(pool.close(), 2.0)
+        await asyncio.sleep(0.01)  # the pool waits towards now + 60 s
+        second = pool.submit("echo", _x(1))  # a step is due at the next turn
+        await pool.close()  # before that turn
+        await asyncio.sleep(0.01)
         for future in (first, second):
             with pytest.raises(Overloaded, match="shutting down"):
                 future.result()
