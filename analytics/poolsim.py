@@ -13,10 +13,12 @@ with no interference between the two executors; an action that would start after
 result back (half each way): seconds, or a function drawing one round trip per action (close
 over a ``numpy.random.Generator`` for trips measured live). A ``weather`` makes the machine's
 speed vary over time: each INFER and LOAD takes its profile's time times the weather's slowdown
-where and when it starts, and each round trip is the weather's there and then. A live pool's
-own timeline (``Pool.timeline``) replayed as the weather (:func:`replayed_weather`) gives the
-simulator the live run's slow spells, in which runs, LOADs and calls are slow together, where
-drawing each independently would not.
+where and when it starts, given how many actions run on the pool's other executors then (its
+time is fixed when it starts, as SERF's eq. 12 reads its interference), and each round trip is
+the weather's there and then. A live pool's own timeline (``Pool.timeline``) replayed as the
+weather (:func:`replayed_weather`) gives the simulator the live run's slow spells, in which
+runs, LOADs and calls are slow together, where drawing each independently would not, and the
+interference its actions met.
 
 Each simulated worker also keeps its own account of the weights it holds and refuses a LOAD
 that would take it past the capacity, as a live worker does, so the result's
@@ -62,6 +64,8 @@ __all__ = [
 ]
 
 ServiceFn = Callable[[int], float]
+MOST_OTHERS = 2  # the interference of this many others running and of more is one class
+INTERFERENCE_ACTIONS = 20  # actions of a kind behind a count's interference
 
 
 @runtime_checkable
@@ -97,21 +101,27 @@ def service_fn(service: ServiceSource) -> ServiceFn:
 
 class Weather(Protocol):
     """How fast a pool's machine runs over time: an action of ``kind`` (``"infer"`` or
-    ``"load"``) started on ``worker`` at ``t`` takes ``slowdown(worker, t, kind)`` times its
-    profile's time, and a call sent to ``worker`` at ``t`` goes there and back in
-    ``hop(worker, t)`` seconds."""
+    ``"load"``) started on ``worker`` at ``t`` with ``others`` actions running on the pool's
+    other executors then takes ``slowdown(worker, t, kind, others)`` times its profile's time,
+    and a call sent to ``worker`` at ``t`` goes there and back in ``hop(worker, t)`` seconds."""
 
-    def slowdown(self, worker: int, t: float, kind: str) -> float: ...
+    def slowdown(self, worker: int, t: float, kind: str, others: int = 0) -> float: ...
 
     def hop(self, worker: int, t: float) -> float: ...
 
 
 class _Replayed:
     """A :class:`Weather` that repeats what a timeline measured: at ``t``, what the last
-    action of the kind on the worker before ``t`` measured (the first one's before it)."""
+    action of the kind on the worker before ``t`` measured (the first one's before it), net
+    of the interference it met, times the interference of ``others``."""
 
-    def __init__(self, series: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]]) -> None:
+    def __init__(
+        self,
+        series: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]],
+        interference: dict[str, np.ndarray],
+    ) -> None:
         self._series = series
+        self._interference = interference
 
     def _at(self, worker: int, t: float, what: str, default: float) -> float:
         series = self._series.get((worker, what))
@@ -121,8 +131,12 @@ class _Replayed:
         i = int(np.searchsorted(times, t, side="right")) - 1
         return float(values[max(i, 0)])
 
-    def slowdown(self, worker: int, t: float, kind: str) -> float:
-        return self._at(worker, t, kind, 1.0)
+    def slowdown(self, worker: int, t: float, kind: str, others: int = 0) -> float:
+        if (worker, kind) not in self._series:
+            return 1.0
+        factors = self._interference.get(kind)
+        crowd = 1.0 if factors is None else float(factors[min(others, MOST_OTHERS)])
+        return self._at(worker, t, kind, 1.0) * crowd
 
     def hop(self, worker: int, t: float) -> float:
         return self._at(worker, t, "hop", 0.0)
@@ -137,33 +151,81 @@ def replayed_weather(
     on a clock whose 0 is the wall time ``t0``: an INFER or LOAD started at ``t`` on a worker
     ran ``duration / expected(kind, model, size)`` times what the simulator's profile says
     (actions whose ``expected`` is None are skipped), and a call sent at ``t`` took its
-    ``overhead`` beyond the runs there and back."""
+    ``overhead`` beyond the runs there and back.
+
+    Workers on one machine slow each other down (SERF §III-C's interference): an action that
+    started with others running on the pool's other executors ran slower. So each action's
+    slowdown is kept net of the interference it met, the median slowdown of the actions of its
+    kind that started with as many others running (0, 1, or ``MOST_OTHERS`` or more; a count
+    with fewer than ``INTERFERENCE_ACTIONS`` actions takes the nearest one below it that has
+    them), and the simulator's action pays the interference of the others running with it
+    there. A scheduler that runs more at once than the live one did then pays for it, where a
+    replay of the live slowdowns alone would have given it the live run's quieter machine."""
     columns = {key: list(values) for key, values in timeline.items()}
-    points: dict[tuple[int, str], list[tuple[float, float]]] = {}
-    rows = zip(
-        columns["kind"],
-        columns["worker"],
-        columns["model"],
-        columns["size"],
-        columns["sent"],
-        columns["started"],
-        columns["ended"],
-        columns["overhead"],
-        strict=True,
+    rows = list(
+        zip(
+            columns["kind"],
+            columns["worker"],
+            columns["model"],
+            columns["size"],
+            columns["sent"],
+            columns["started"],
+            columns["ended"],
+            columns["overhead"],
+            strict=True,
+        )
     )
+    ran = [
+        (started, ended)
+        for kind, _, _, _, _, started, ended, _ in rows
+        if kind in ("infer", "load") and math.isfinite(ended - started)
+    ]
+    starts = np.sort([started for started, _ in ran])
+    ends = np.sort([ended for _, ended in ran])
+    points: dict[tuple[int, str], list[tuple[float, float, int]]] = {}
     for kind, worker, model, size, sent, started, ended, overhead in rows:
         if kind == "infer" and math.isfinite(overhead):
-            points.setdefault((worker, "hop"), []).append((sent - t0, max(0.0, overhead)))
+            points.setdefault((worker, "hop"), []).append((sent - t0, max(0.0, overhead), 0))
         if kind not in ("infer", "load") or not math.isfinite(ended - started):
             continue
         base = expected(kind, model, size)
         if base is not None and base > 0:
-            points.setdefault((worker, kind), []).append((started - t0, (ended - started) / base))
+            running = np.searchsorted(starts, started, "right") - np.searchsorted(ends, started)
+            others = min(max(int(running) - 1, 0), MOST_OTHERS)
+            points.setdefault((worker, kind), []).append(
+                (started - t0, (ended - started) / base, others)
+            )
+    interference = {
+        kind: _interference([(v, n) for (_, k), p in points.items() if k == kind for _, v, n in p])
+        for kind in ("infer", "load")
+    }
     series = {}
-    for key, pairs in points.items():
-        pairs.sort()
-        series[key] = (np.array([t for t, _ in pairs]), np.array([v for _, v in pairs]))
-    return _Replayed(series)
+    for key, triples in points.items():
+        triples.sort()
+        crowd = interference.get(key[1])
+        values = [v / (1.0 if crowd is None else crowd[n]) for _, v, n in triples]
+        series[key] = (np.array([t for t, _, _ in triples]), np.array(values))
+    return _Replayed(series, interference)
+
+
+def _interference(slowdowns: list[tuple[float, int]]) -> np.ndarray:
+    """The median slowdown of the actions that started with each count of others running
+    (index 0..``MOST_OTHERS``); a count with fewer than ``INTERFERENCE_ACTIONS`` takes the
+    nearest count below it that has them, or above, or 1 with none."""
+    by_count: list[list[float]] = [[] for _ in range(MOST_OTHERS + 1)]
+    for value, count in slowdowns:
+        by_count[count].append(value)
+    known = [
+        float(np.median(values)) if len(values) >= INTERFERENCE_ACTIONS else None
+        for values in by_count
+    ]
+    factors = []
+    for count in range(MOST_OTHERS + 1):
+        nearest = [k for k in known[count::-1] if k is not None] or [
+            k for k in known[count:] if k is not None
+        ]
+        factors.append(nearest[0] if nearest else 1.0)
+    return np.array(factors)
 
 
 @dataclass(frozen=True)
@@ -202,6 +264,8 @@ class PoolSimResult:
     evictions: int
     peak_bytes: tuple[int, ...]  # per worker, as the workers held them
     reasons: dict[str, int] = field(default_factory=dict)
+    why: np.ndarray = field(default_factory=lambda: np.array([], dtype=object))  # per query:
+    # why it was refused ("" for those answered)
 
     @property
     def answered(self) -> np.ndarray:
@@ -218,6 +282,8 @@ class _SimWorker:
         self.load_free = 0.0  # when its LOAD executor is next free
         self.held: dict[str, int] = {}
         self.ready: dict[str, float] = {}  # model -> when its LOAD ends
+        # the last action each executor was given: from when to when it runs
+        self.spans: dict[str, tuple[float, float]] = {"infer": (0.0, 0.0), "load": (0.0, 0.0)}
         self.capacity = capacity
         self.peak = 0
 
@@ -331,13 +397,27 @@ class _PoolRun:
             w.infer_free = max(w.infer_free, end)
         else:
             w.load_free = end
+        if ran:
+            w.spans["infer" if isinstance(action, Infer) else "load"] = (start, end)
         when = (start, end) if ran else (math.nan, math.nan)  # as a live worker reports
         result = ActionResult(action, end + way, ran, ok, duration, size, weight, error, *when)
         self.seq += 1
         heapq.heappush(self.events, (result.finished, self.seq, result))
 
     def _slowdown(self, worker: int, t: float, kind: str) -> float:
-        return 1.0 if self.weather is None else self.weather.slowdown(worker, t, kind)
+        if self.weather is None:
+            return 1.0
+        return self.weather.slowdown(worker, t, kind, self._others(worker, kind, t))
+
+    def _others(self, worker: int, executor: str, t: float) -> int:
+        """Actions running at ``t`` on the pool's executors other than ``worker``'s
+        ``executor``, as far as those sent so far say."""
+        return sum(
+            start <= t < end
+            for i, w in enumerate(self.workers)
+            for name, (start, end) in w.spans.items()
+            if (i, name) != (worker, executor)
+        )
 
     def _load(self, w: _SimWorker, action: Load) -> tuple[float, int | None]:
         spec = self.specs[action.model]
@@ -414,8 +494,10 @@ def _result(run: _PoolRun, times: np.ndarray, names: list[str], due: np.ndarray)
         done[q] = t
     rejected = np.zeros(n, dtype=bool)
     rejected[list(run.refused)] = True
+    why = np.full(n, "", dtype=object)
     reasons: dict[str, int] = {}
-    for reason in run.refused.values():
+    for q, reason in run.refused.items():
+        why[q] = reason
         reasons[reason] = reasons.get(reason, 0) + 1
     latencies = np.where(rejected, np.nan, done - times)
     s = run.scheduler
@@ -434,6 +516,7 @@ def _result(run: _PoolRun, times: np.ndarray, names: list[str], due: np.ndarray)
         s.evictions,
         tuple(w.peak for w in run.workers),
         reasons,
+        why,
     )
 
 

@@ -50,8 +50,10 @@ What a step decides:
 
 Every action carries the window in which the worker may start it (clockwork §4.4): from when it
 is sent to ``latest`` (an INFER: its earliest deadline less its median run time, Appendix B's
-"required start time", so a batch that could only finish late is never run; a LOAD: the last
-moment it still helps a waiting query); a worker refuses to start an action after that. Each
+"required start time", and less the median of its pool's last ``RETURN_WINDOW`` answers' ways
+back, from a batch's end on the worker to its report here, so that a batch whose answer could
+only arrive late is never run; a LOAD: the last moment it still helps a waiting query); a
+worker refuses to start an action after that. Each
 result carries the duration the worker measured, recorded in the model's
 :class:`~raysrv.batching.profile.RunTimes` after the policy has seen it. No worker is ever sent
 a LOAD that would take its models' weights past ``capacity_bytes``; the worker checks again with
@@ -97,11 +99,13 @@ from raysrv.batching.base import (
     QueuedQuery,
     Reject,
 )
-from raysrv.batching.profile import RunProfile, RunTimes
+from raysrv.batching.profile import RunProfile, RunTimes, SortedWindow
 
 __all__ = ["PoolScheduler"]
 
 logger = logging.getLogger(__name__)
+
+RETURN_WINDOW = 200  # INFERs behind the answer's way back that an INFER's latest start keeps
 
 
 class PoolScheduler(Placement):
@@ -136,6 +140,8 @@ class PoolScheduler(Placement):
         self._backoff = load_backoff_s
         self._ahead = ahead_s
         self._calls = 0
+        # of each INFER that ran: from its end on the worker to its report here
+        self._returns = SortedWindow(RETURN_WINDOW)
         self._models: dict[str, _Model] = {}
         self._active: dict[str, _Model] = {}  # models with queued queries
         self._removals: list[tuple[int, str]] = []  # (worker, model) to UNLOAD at the next step
@@ -383,7 +389,8 @@ class PoolScheduler(Placement):
         expected = ready if decision.expected_start is None else decision.expected_start
         predicted = _estimate(model.runs, len(queries), PREDICT_Q, default=math.inf)
         run = predicted if math.isfinite(predicted) else 0.0
-        latest = min(q.deadline for q in queries) - run  # Appendix B's required start
+        back = self._returns.quantile(PREDICT_Q) if self._returns else 0.0
+        latest = min(q.deadline for q in queries) - run - back  # Appendix B's required start
         action = Infer(w.index, model.name, decision.query_ids, now, expected, latest)
         w.infers.sent(action, predicted, now, out.call, ready)
         w.running[model.name] += 1
@@ -460,6 +467,8 @@ class PoolScheduler(Placement):
         )
         if good and size:
             model.runs.observe(size, result.duration)
+        if result.ran and math.isfinite(result.ended):
+            self._returns.add(max(0.0, result.finished - result.ended))
 
     def _load_done(self, w: _Worker, action: Load, result: ActionResult) -> None:
         w.loading.pop(action.model, None)

@@ -11,8 +11,10 @@ first use. Clockwork (OSDI'20) §6.2-6.5 serves thousands of models from
 workers whose memory holds a few; here two CPU workers (one CPU and one onnxruntime thread each)
 may hold 5% of the models between them.
 
-Systems, each deployed afresh for each point and warmed up by a closed loop of 8 on the
-workload's mix for 5 s, driven through Serve handles from this process, with Ray Serve in its
+Systems, each deployed afresh for each point and sent first ``LEAD_S`` of the workload at the
+point's rate, not counted (its lead-in: the trace's last minutes, which come before its first,
+or another draw of the Zipf), so that each starts the point in the state that load leaves;
+driven through Serve handles from this process, with Ray Serve in its
 throughput-optimized mode (``RAY_SERVE_THROUGHPUT_OPTIMIZED=1``: gRPC between handles and
 replicas, user code on the replica's main thread), the best a Ray user could configure
 (``--default-serve``: Serve's default mode):
@@ -61,8 +63,9 @@ For each raysrv point, "simulator": the same arrivals through
 :func:`raysrv.analytics.simulate_pool` with the run times and LOAD times the point measured per
 model, their spread and the trips it measured (``Bench.simulate``): the same scheduler, on
 simulated workers and hops; "replayed": the same with the runs, LOADs and calls replayed from
-the live pool's timeline rather than drawn (``replay``), so that what differs is the
-scheduling on the live run's weather. Plots:
+the live pool's timeline rather than drawn (``replay``), with the interference the actions met
+there, so that what differs is the scheduling on the live run's weather. Both simulate the
+lead-in too and count the point's queries only. Plots:
 ``bench/figures/many_models_cdf.png`` and ``many_models_goodput.png`` (``--replot`` draws them
 again from a saved run); everything, the request logs included, in
 ``bench/out/many_models.json``.
@@ -120,7 +123,11 @@ SHARE = 0.05  # of the models, the pool's workers hold together
 CONCURRENCY = 32  # in flight in every closed loop
 INPUTS = 512  # distinct inputs the clients cycle through
 HOT_CONCURRENCY = 4  # in flight on the hot model: its answers well within a 100 ms SLO
-WARM_S = 5.0  # of a closed loop on the workload's mix before each point, not measured
+WARM_S = 5.0  # of a closed loop before the hot model's loops, not measured
+# Before each point, this much of its workload at its rate, not counted: every system, and the
+# simulator, start the point in the state that load leaves (a closed loop of 8 left raysrv's
+# estimates of run times and ways back about twice what the point itself settles at).
+LEAD_S = 5.0
 ALONE, REGISTERED = "pool, the model alone", "pool, every model registered"  # hot configs
 HOT = "hot"  # the hot model's name: the zoo's first model's file, outside the zoo's model set
 RESAMPLES = 5000  # of the hot model's pairs, for the spread of their median ratio
@@ -162,8 +169,12 @@ class TallyClient(HandleClient):
     waited (the trips) and how much of that came after the answer left the ingress (the ways
     back: the trip less the trip in)."""
 
-    def __init__(self, call: Any, pairs: list[tuple[str, np.ndarray]]) -> None:
+    def __init__(
+        self, call: Any, pairs: list[tuple[str, np.ndarray]], counted_from: int = 0
+    ) -> None:
+        """Queries before ``counted_from`` (a lead-in) are not tallied but their transits."""
         super().__init__(call, pairs)
+        self.counted_from = counted_from
         self.reasons: collections.Counter[str] = collections.Counter()
         self.trips: list[float] = []
         self.ways_back: list[float] = []
@@ -174,27 +185,32 @@ class TallyClient(HandleClient):
         self.scheduled[i] = scheduled_at()
         start = time.perf_counter()
         response = self._call(self._inputs[i % len(self._inputs)])
+        counted = i >= self.counted_from
         try:
             result = await asyncio.wait_for(_awaited(response), self._timeout_s)
         except asyncio.TimeoutError:
             response.cancel()
-            self.reasons["client timeout"] += 1
+            self._tally(counted, "client timeout")
             return 0
         except Exception as exc:
-            self.reasons[type(exc).__name__] += 1
+            self._tally(counted, type(exc).__name__)
             return _exception_status(exc)
         transit = result.get("transit_ms") if isinstance(result, dict) else None
         if transit is not None:
             self.transits[i] = transit / 1000.0
         if isinstance(result, dict) and "error" in result:
-            self.reasons[result.get("message", "").split(": ", 1)[-1][:60]] += 1
+            self._tally(counted, result.get("message", "").split(": ", 1)[-1][:60])
             return int(result.get("status", 500))
-        if isinstance(result, dict) and "latency_ms" in result:
+        if counted and isinstance(result, dict) and "latency_ms" in result:
             trip = time.perf_counter() - start - result["latency_ms"] / 1000.0
             self.trips.append(trip)
             if transit is not None:
                 self.ways_back.append(trip - transit / 1000.0)
         return 200
+
+    def _tally(self, counted: bool, reason: str) -> None:
+        if counted:
+            self.reasons[reason] += 1
 
 
 class Bench:
@@ -330,14 +346,22 @@ class Bench:
         _, models = self.arrivals(workload, 50.0)
         return np.resize(models, n)
 
-    def arrivals(self, workload: str, rate: float) -> tuple[np.ndarray, np.ndarray]:
-        rng = np.random.default_rng(3)
-        seconds = self.args.seconds
+    def arrivals(
+        self, workload: str, rate: float, lead: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The point's arrival times and models; with ``lead``, its ``LEAD_S`` lead-in, at
+        times in [-LEAD_S, 0): the trace's last minutes (the day before its first), or other
+        draws of the same Zipf."""
+        rng = np.random.default_rng(4 if lead else 3)
+        seconds = LEAD_S if lead else self.args.seconds
         if workload == "zipf":
-            return zipf_arrivals(rate, seconds, len(self.names), self.args.zipf, rng)
-        counts = read_functions(MANY_FUNCTIONS)
-        matrix = np.vstack(list(counts.values()))[: len(self.names)]
-        return replay_functions(matrix, rate, seconds, rng, minute_s=1.0, start=0)
+            times, models = zipf_arrivals(rate, seconds, len(self.names), self.args.zipf, rng)
+        else:
+            counts = read_functions(MANY_FUNCTIONS)
+            matrix = np.vstack(list(counts.values()))[: len(self.names)]
+            start = matrix.shape[1] - math.ceil(LEAD_S) if lead else 0
+            times, models = replay_functions(matrix, rate, seconds, rng, 1.0, start)
+        return (times - LEAD_S, models) if lead else (times, models)
 
     async def capacity(self, workload: str) -> float:
         """raysrv's closed-loop throughput on the workload's mix (no SLO reached)."""
@@ -351,24 +375,28 @@ class Bench:
     async def point(
         self, workload: str, system: str, capacity: float
     ) -> tuple[Point, RequestLog, dict[str, Any]]:
-        times, models = self.arrivals(workload, self.args.load * capacity)
+        """One system on the workload, after its lead-in (``LEAD_S``, not counted)."""
+        rate = self.args.load * capacity
+        times, models = self.arrivals(workload, rate)
+        lead, lead_models = self.arrivals(workload, rate, lead=True)
+        every = np.concatenate([lead, times])
         handle = self.deploy(system)
-        warm = HandleClient(
-            self.call(system, handle, self.args.slo_ms), self.pairs(self.mix(workload, 100_000))
-        )
-        await closed_loop(warm, 8, WARM_S)
-        client = TallyClient(self.call(system, handle, self.args.slo_ms), self.pairs(models))
-        log = await replay(client, times)
+        call = self.call(system, handle, self.args.slo_ms)
+        client = TallyClient(call, self.pairs(np.concatenate([lead_models, models])), lead.size)
+        log = _counted(await replay(client, every + LEAD_S), LEAD_S)
         server = await self.server_state(system, handle)
         server["reasons"] = dict(client.reasons.most_common(8))
         server["trips"] = client.trips
         server["ways_back"] = client.ways_back
-        server["transits"] = [client.transits.get(i, math.nan) for i in range(len(times))]
+        transits = [client.transits.get(i, math.nan) for i in range(every.size)]
+        server["lead"], server["lead_models"] = lead, lead_models
+        server["lead_transits"], server["transits"] = transits[: lead.size], transits[lead.size :]
         print(f"  {system} on {workload}: not answered because {server['reasons']}")
         if system == "raysrv":
-            # the wall time of the replay's start, where the queries' offsets count from
-            server["wall0"] = float(np.median([t - times[i] for i, t in client.scheduled.items()]))
-            server["timeline"] = await handle.timeline.remote("zoo", server["wall0"] - 1.0)
+            # the wall time of the point's start, where the queries' offsets count from
+            server["wall0"] = float(np.median([t - every[i] for i, t in client.scheduled.items()]))
+            since = server["wall0"] - LEAD_S - 1.0
+            server["timeline"] = await handle.timeline.remote("zoo", since)
             server["timing"] = _timing(client.trips, server)
             print(f"  {system} on {workload}: timing (ms) {server['timing']}")
         point = summarize(log, workload, system, self.slo_s, self.args.seconds, capacity, server)
@@ -392,6 +420,7 @@ class Bench:
             "call_overhead_ms": pool["call_overhead_ms"],
             "start_late_ms": pool["start_late_ms"],
             "return_ms": pool["return_ms"],
+            "step_lag_ms": pool["step_lag_ms"],
             "trip_in_ms": pool["trip_in_ms"],
             "kept_back_ms": pool["kept_back_ms"],
             "loads": pool["loads"],
@@ -499,15 +528,21 @@ class Bench:
         With ``replay``, the runs, LOADs and calls are not drawn but replayed from the live
         pool's timeline (:func:`raysrv.analytics.poolsim.replayed_weather`): an action
         started at t on a worker takes its median times what the live action before t on that
-        worker took over its median, a call the round trip the live one took there and then.
-        What is left to compare is then the scheduling, on the live run's weather."""
+        worker took over its median, net of the interference it met and with that of the
+        actions running beside it in the simulation; a call takes the round trip the live one
+        took there and then, and the ingress's rule is fed the replies it took up live, in
+        their order. What is left to compare is then the scheduling, on the live run's weather.
+
+        The lead-in's queries go through the simulator first, as they went through the live
+        pool, and only the point's count."""
         profiles = extra["profiles"]
         pooled = _pooled_table(p["batch"]["p50"] for p in profiles.values())
         rng = np.random.default_rng(11)
         spread = _spread(list(profiles.values()), rng)
         loads = [p["load_ms"]["p50"] for p in profiles.values() if p["load_ms"]["p50"]]
         pooled_load = float(np.median(loads)) / 1000.0 if loads else 0.0
-        used = sorted({self.names[m] for m in extra["models"]})
+        every = np.concatenate([extra["lead_models"], extra["models"]]).astype(int)
+        used = sorted({self.names[m] for m in every})
         models = {}
         medians: dict[str, Any] = {}  # model -> its median run time of a batch of k
         for name in used:
@@ -529,19 +564,24 @@ class Bench:
             return medians[model](size) if kind == "infer" else models[model].load_s
 
         weather = replayed_weather(extra["timeline"], expected, extra["wall0"]) if replay else None
-        names = [self.names[m] for m in extra["models"]]
-        times = extra["times"]
+        names = [self.names[m] for m in every]
+        times = np.concatenate([extra["lead"], extra["times"]])
         trip_in = _drawn(extra["trip_in_ms"], rng)
-        way = np.asarray(extra["transits"], dtype=float)
+        way = np.asarray([*extra["lead_transits"], *extra["transits"]], dtype=float)
         unknown = np.flatnonzero(np.isnan(way))  # the client gave up on them, or Ray failed
         way[unknown] = [trip_in() for _ in unknown]
         order = np.argsort(times + way, kind="stable")
-        replies = _drawn(extra["return_ms"], rng)
-        kept = _kept_back(way[order], replies, self.trip_back)[np.argsort(order)]
+        if replay:  # the replies the live ingress took up, in their order
+            replies = _replayed_replies(extra["timeline"], extra["wall0"])
+        else:
+            draw = _drawn(extra["return_ms"], rng)
+            replies = lambda t: (draw(),)  # noqa: E731 - one reply drawn with each query
+        arrivals = (times + way)[order]
+        kept = _kept_back(arrivals, way[order], replies, self.trip_back)[np.argsort(order)]
         deadlines = times + self.slo_s - kept
         ways_back = np.asarray(extra["ways_back"] or [0.0])
         result = simulate_pool(
-            (times + way)[order],
+            arrivals,
             [names[i] for i in order],
             models,
             workers=WORKERS,
@@ -551,8 +591,9 @@ class Bench:
             deadlines=deadlines[order],
             weather=weather,
         )
+        counted = order >= len(extra["lead"])  # not the lead-in
         back = result.arrivals + result.latencies + rng.choice(ways_back, times.size)
-        met = ~result.rejected & ~result.late & (back <= times[order] + self.slo_s)
+        met = ~result.rejected & ~result.late & (back <= times[order] + self.slo_s) & counted
         batches = collections.Counter(result.batch_models.tolist())
         learned = [
             float(m.policy.describe()["learned_overrun_ms"])  # type: ignore[arg-type]
@@ -560,13 +601,14 @@ class Bench:
             if batches[name] >= OVERRUN_BATCHES
         ]
         which = "simulator, replayed" if replay else "simulator"
-        print(f"  {which} on {workload}: not answered because {result.reasons}")
-        late = int(result.late.sum())  # past the ingress's deadline: live, a 504
+        reasons = collections.Counter(result.why[counted & result.rejected].tolist())
+        print(f"  {which} on {workload}: not answered because {dict(reasons)}")
+        late = int((result.late & counted).sum())  # past the ingress's deadline: live, a 504
         print(f"  {which} on {workload}: {late} answered after the ingress's deadline")
         if learned:
             overrun = f"{np.median(learned):.1f} / {np.max(learned):.1f}"
             print(f"  {which} on {workload}: overrun median / max (ms) {overrun}")
-        return float(np.sum(met)) / max(1, len(names))
+        return float(np.sum(met)) / max(1, int(counted.sum()))
 
 
 def clear() -> None:
@@ -575,6 +617,21 @@ def clear() -> None:
 
     for name in list(serve.status().applications):
         serve.delete(name)
+
+
+def _counted(log: RequestLog, lead_s: float) -> RequestLog:
+    """The queries of ``log`` scheduled after its first ``lead_s``, on a clock whose 0 is
+    then."""
+    kept = RequestLog()
+    for scheduled, sent, done, status in zip(
+        log.scheduled, log.sent, log.done, log.status, strict=True
+    ):
+        if scheduled >= lead_s:
+            kept.scheduled.append(scheduled - lead_s)
+            kept.sent.append(sent - lead_s)
+            kept.done.append(done - lead_s)
+            kept.status.append(status)
+    return kept
 
 
 def _drawn(quantiles_ms: dict[str, float | None], rng: np.random.Generator) -> Any:
@@ -588,18 +645,45 @@ def _drawn(quantiles_ms: dict[str, float | None], rng: np.random.Generator) -> A
     return lambda: float(np.interp(rng.random(), qs, values))
 
 
-def _kept_back(trips: np.ndarray, replies: Any, quantile: float) -> np.ndarray:
-    """What the ingress keeps back from each query's deadline, the queries arriving with
-    ``trips`` in this order and a reply from a worker (``replies()``, seconds) taken up with
-    each: its own rule, :class:`raysrv._server.TripBack`."""
+def _kept_back(
+    arrivals: np.ndarray, trips: np.ndarray, replies: Any, quantile: float
+) -> np.ndarray:
+    """What the ingress keeps back from each query's deadline, the queries arriving at
+    ``arrivals`` after ``trips``, in this order, and the ingress taking up ``replies(t)`` from
+    its workers (seconds) before a query at t: its own rule, :class:`raysrv._server.TripBack`."""
     from raysrv._server import TripBack
 
     rule, kept = TripBack(), np.empty(trips.size)
-    for i, trip in enumerate(trips):
+    for i, (t, trip) in enumerate(zip(arrivals, trips, strict=True)):
         rule.add(float(trip))
-        rule.reply(replies())
+        for reply in replies(float(t)):
+            rule.reply(reply)
         kept[i] = rule.kept(quantile)
     return kept
+
+
+def _replayed_replies(timeline: dict[str, list[Any]], wall0: float) -> Any:
+    """``replies(t)`` for :func:`_kept_back`: the live run's replies (a batch's end on its
+    worker to the ingress taking its answer up) taken up since the last call and before t, on
+    a clock whose 0 is the wall time ``wall0``."""
+    ran = [
+        (back - wall0, back - ended)
+        for kind, ended, back in zip(
+            timeline["kind"], timeline["ended"], timeline["back"], strict=True
+        )
+        if kind == "infer" and math.isfinite(ended)
+    ]
+    ran.sort()
+    cursor = 0
+
+    def replies(t: float) -> list[float]:
+        nonlocal cursor
+        start = cursor
+        while cursor < len(ran) and ran[cursor][0] < t:
+            cursor += 1
+        return [max(0.0, reply) for _, reply in ran[start:cursor]]
+
+    return replies
 
 
 def _timing(trips: list[float], server: dict[str, Any]) -> dict[str, float]:
@@ -618,6 +702,7 @@ def _timing(trips: list[float], server: dict[str, Any]) -> dict[str, float]:
         "call_overhead_ms": "call",
         "start_late_ms": "start",
         "return_ms": "return",
+        "step_lag_ms": "lag",
     }
     for name, prefix in shown.items():
         for key, value in server[name].items():
@@ -885,6 +970,7 @@ def _capacity(item: str) -> tuple[str, float]:
 def _measured(extra: dict[str, Any], capacity_bytes: int) -> dict[str, Any]:
     """What the simulator of a raysrv point is given, kept so that it can be run again."""
     keys = (
+        "lead_transits",
         "profiles",
         "call_overhead_ms",
         "start_late_ms",
@@ -897,6 +983,8 @@ def _measured(extra: dict[str, Any], capacity_bytes: int) -> dict[str, Any]:
     return {
         "times": extra["times"].tolist(),
         "models": extra["models"].tolist(),
+        "lead": extra["lead"].tolist(),
+        "lead_models": extra["lead_models"].tolist(),
         "trips": extra["trips"],
         "ways_back": extra["ways_back"],
         "transits": extra["transits"],
@@ -915,6 +1003,10 @@ def resimulate(path: Path) -> None:
     for workload, measured in saved["measured"].items():
         extra = {**measured, "times": np.asarray(measured["times"])}
         extra["models"] = np.asarray(measured["models"])
+        # runs saved before the points had a lead-in have none
+        extra["lead"] = np.asarray(measured.get("lead", []), dtype=float)
+        extra["lead_models"] = np.asarray(measured.get("lead_models", []), dtype=int)
+        extra["lead_transits"] = measured.get("lead_transits", [])
         print(f"{workload}: live not answered because {measured['reasons']}")
         print(f"{workload}: live timing (ms) {saved['timing_ms'][workload]}")
         share = bench.simulate(workload, extra, measured["capacity_bytes"])

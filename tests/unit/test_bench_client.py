@@ -1,5 +1,6 @@
 """The many-model benchmark's client and saved runs: a request's ``sent_at`` is when it was
-scheduled, a saved run draws its plots again without being run again, and the hot model's
+scheduled, a point's lead-in is not counted, the replayed simulator takes the live replies in
+their order, a saved run draws its plots again without being run again, and the hot model's
 loops are compared pair by pair."""
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from bench.loadgen import RequestLog, scheduled_at
 from bench.many_models import (
     ALONE,
     REGISTERED,
+    _counted,
+    _replayed_replies,
     hot_table,
     paired_ratios,
     replot,
@@ -80,3 +83,26 @@ def test_the_hot_models_loops_are_compared_within_each_pair() -> None:
     assert resampled_median([1.0] * 5) == (1.0, 1.0)
     low, high = resampled_median([0.9, 1.0, 1.1, 1.0, 0.95, 1.05])
     assert 0.9 <= low < 1.0 < high <= 1.1
+
+
+def test_a_points_lead_in_is_not_counted_and_its_clock_starts_after_it() -> None:
+    log = RequestLog(scheduled=[4.9, 5.0, 7.5], sent=[4.9, 5.1, 7.5], done=[5.0, 5.2, 7.6])
+    log.status.extend([429, 200, 504])
+    counted = _counted(log, 5.0)
+    assert counted.scheduled == [0.0, 2.5]
+    assert counted.sent == [pytest.approx(0.1), 2.5]
+    assert counted.done == [pytest.approx(0.2), pytest.approx(2.6)]
+    assert counted.status == [200, 504]
+
+
+def test_the_replayed_replies_are_the_live_ones_in_the_order_the_ingress_took_them_up() -> None:
+    nan = float("nan")
+    timeline = {
+        "kind": ["infer", "load", "infer", "infer"],
+        "ended": [100.010, 100.050, nan, 100.020],  # the third did not run
+        "back": [100.013, 100.060, 100.030, 100.021],
+    }
+    replies = _replayed_replies(timeline, 100.0)
+    assert replies(0.015) == [pytest.approx(0.003)]
+    assert replies(0.015) == []  # each reply once
+    assert replies(1.0) == [pytest.approx(0.001)]

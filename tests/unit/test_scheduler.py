@@ -4,6 +4,7 @@ on a dedicated pool and on a shared one."""
 
 from __future__ import annotations
 
+import collections
 import math
 
 import numpy as np
@@ -122,6 +123,23 @@ def test_an_infer_must_start_in_time_to_finish_by_its_earliest_deadline() -> Non
     (infer,) = s.step(0.0).actions
     assert isinstance(infer, Infer)
     assert infer.latest == pytest.approx(0.5 - 0.020)
+
+
+def test_an_infer_must_also_start_in_time_for_its_answers_way_back() -> None:
+    """Once answers have come back, the required start also keeps the median of their ways back
+    (a batch's end on its worker to its report): a batch whose answer would only reach the
+    ingress after the deadline is not started."""
+    s = _dedicated(max_batch_size=1)
+    s.runs("m").observe(1, 0.010)
+    for i, back_s in enumerate((0.004, 0.002, 0.009)):
+        s.submit("m", _q(i))
+        (infer,) = s.step(float(i)).actions
+        ended = i + 0.010
+        s.finished(ActionResult(infer, ended + back_s, duration=0.010, started=i, ended=ended))
+    s.submit("m", _q(9, 5.0, deadline=5.5))
+    (infer,) = s.step(5.0).actions
+    assert isinstance(infer, Infer)
+    assert infer.latest == pytest.approx(5.5 - 0.010 - 0.004)
 
 
 def test_a_full_queue_is_refused_at_submit() -> None:
@@ -423,6 +441,10 @@ def test_every_registered_policy_keeps_the_contract_on_both_kinds_of_pool(
     result = simulate_pool(times, names, pool, workers=2, capacity_bytes=capacity, slo=0.08)
     answered = ~result.rejected
     assert int(answered.sum()) == int(result.batch_sizes.sum())  # each answer from one batch
+    assert all(result.why[answered] == "")
+    assert all(result.why[result.rejected] != "")
+    refused = collections.Counter(result.why[result.rejected].tolist())
+    assert refused == collections.Counter(result.reasons)  # each refusal says why, once
     caps = {m: getattr(p.policy.params, "max_batch_size", 64) for m, p in pool.items()}
     assert all(
         1 <= k <= caps[m] for k, m in zip(result.batch_sizes, result.batch_models, strict=False)
@@ -535,3 +557,37 @@ def test_in_simulation_a_replayed_timeline_slows_runs_and_calls_where_and_when_i
     pool = {"m": SimModel(_policy(max_batch_size=1), [0.010], pinned=True)}
     result = simulate_pool(times, ["m"] * 3, pool, workers=1, slo=1.0, weather=weather)
     np.testing.assert_allclose(result.latencies, [0.010, 0.024, 0.010])
+
+
+def test_in_simulation_batches_run_together_pay_the_interference_measured_live() -> None:
+    """Live, a batch that started while the other worker ran one took twice its median, one
+    alone its median. Replayed, a simulated batch pays that by what runs beside it in the
+    simulation when it starts (its time is fixed then, as in SERF's eq. 12), whatever ran
+    beside the live one at that time."""
+    t0 = 1000.0
+    rows: list[tuple[int, float, float]] = []  # worker, started, seconds
+    for i in range(40):
+        t = t0 + 0.1 * i
+        if i % 2 == 0:
+            rows += [(0, t, 0.020), (1, t, 0.020)]  # together
+        else:
+            rows.append(((i // 2) % 2, t, 0.010))  # alone
+    timeline = {
+        "kind": ["infer"] * len(rows),
+        "worker": [w for w, _, _ in rows],
+        "model": ["m"] * len(rows),
+        "size": [1] * len(rows),
+        "sent": [t for _, t, _ in rows],
+        "started": [t for _, t, _ in rows],
+        "ended": [t + d for _, t, d in rows],
+        "back": [t + d for _, t, d in rows],
+        "overhead": [0.0] * len(rows),
+    }
+    weather = replayed_weather(timeline, lambda kind, model, size: 0.010, t0)
+    assert weather.slowdown(0, 0.25, "infer") == pytest.approx(1.0)  # live: together, twice
+    assert weather.slowdown(0, 0.25, "infer", 1) == pytest.approx(2.0)
+    assert weather.slowdown(0, 0.35, "infer", 3) == pytest.approx(2.0)  # as many as measured
+    times = np.array([5.0, 5.0, 6.0])
+    pool = {"m": SimModel(_policy(max_batch_size=1), [0.010], pinned=True)}
+    result = simulate_pool(times, ["m"] * 3, pool, workers=2, slo=1.0, weather=weather)
+    np.testing.assert_allclose(result.latencies, [0.010, 0.020, 0.010])  # the 2nd beside the 1st
