@@ -134,16 +134,26 @@ class Placement:
             free += w.held[name]
         return victims if free >= need else None
 
-    def _load(self, model: _Model, w: _Worker, now: float, out: _Out) -> bool:
+    def _load(
+        self, model: _Model, w: _Worker, now: float, out: _Out, for_queued: bool = True
+    ) -> bool:
+        """LOAD ``model`` on ``w``, evicting what it needs room from. ``for_queued``: the LOAD
+        is for the queries queued now, and its latest start the last one that still serves
+        one of them; it is not sent if that start has passed before it could begin (the worker
+        would refuse it, and it would be sent again). Otherwise (another worker for a model's
+        steady traffic) it has no latest start."""
+        start = w.loads.free_at(now)
+        latest = math.inf
+        if for_queued and model.queue:
+            one = _estimate(model.runs, 1)
+            latest = max(q.deadline for q in model.queue) - one - _load_estimate(model.runs)
+        if latest < start:
+            return False
         victims = self._room(w, model.weight_bytes)
         if victims is None:
             return False
         for name in victims:
             self._unload(w, name, now, out, evicted=True)
-        one = _estimate(model.runs, 1)
-        needed = [q.deadline - one for q in model.queue]
-        latest = max(needed) - _load_estimate(model.runs) if needed else math.inf
-        start = w.loads.free_at(now)
         predicted = _load_estimate(model.runs, PREDICT_Q, default=math.inf)
         action = Load(w.index, model.name, now, start, latest, model.weight_bytes)
         w.held[model.name] = model.weight_bytes or 0
@@ -202,7 +212,7 @@ class Placement:
             if model.failed_until > now:
                 continue
             for w in self.workers:
-                if out.may_load(w) and name not in w.held and self._load(model, w, now, out):
+                if out.may_load(w) and name not in w.held and self._load(model, w, now, out, False):
                     break
 
     def _load_priorities(self, now: float) -> dict[str, float]:

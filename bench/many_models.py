@@ -896,6 +896,8 @@ def _share(value: float) -> str:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every point and the hot model; what is measured so far is written to ``args.out``
+    after each live point, before its simulation, so that nothing measured is lost."""
     bench = Bench(args)
     start_ray()
     points: list[Point] = []
@@ -903,6 +905,21 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     capacities: dict[str, float] = {}
     timing: dict[str, dict[str, float]] = {}
     measured: dict[str, dict[str, Any]] = {}
+    hot: list[dict[str, Any]] = []
+
+    def result() -> dict[str, Any]:
+        return {
+            "args": vars(args),
+            "per_worker_models": bench.per_worker,
+            "model_bytes": bench.size,
+            "capacities": capacities,
+            "points": [asdict(p) for p in points],
+            "timing_ms": timing,
+            "hot": hot,
+            "measured": measured,
+            "logs": {w: {sys: asdict(log) for sys, log in by.items()} for w, by in logs.items()},
+        }
+
     given = dict(_capacity(item) for item in args.capacity or [])
     for workload in [w for w in args.workloads if w != "hot"]:
         if workload in given:
@@ -912,30 +929,28 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"{workload}: capacity {capacities[workload]:.1f} queries/s")
         for system in args.systems:
             point, log, extra = await bench.point(workload, system, capacities[workload])
+            logs.setdefault(workload, {})[system] = log
             if system == "raysrv":
                 capacity_bytes = int(bench.per_worker * bench.size + 0.01 * (1 << 20))
+                timing[workload] = extra["timing"]
+                measured[workload] = _measured(extra, capacity_bytes)
+                save(args.out, {**result(), "points": [asdict(p) for p in [*points, point]]})
                 simulated = bench.simulate(workload, extra, capacity_bytes)
                 replayed = bench.simulate(workload, extra, capacity_bytes, replay=True)
                 point = Point(**{**asdict(point), "simulated": simulated, "replayed": replayed})
-                timing[workload] = extra["timing"]
-                measured[workload] = _measured(extra, capacity_bytes)
             points.append(point)
-            logs.setdefault(workload, {})[system] = log
+            save(args.out, result())
             print(table([point]).splitlines()[-1])
-    hot = await bench.hot() if "hot" in args.workloads else []
+    if "hot" in args.workloads:
+        hot = await bench.hot()
     if logs:
         plot(logs, bench.slo_s, capacities)
-    return {
-        "args": vars(args),
-        "per_worker_models": bench.per_worker,
-        "model_bytes": bench.size,
-        "capacities": capacities,
-        "points": [asdict(p) for p in points],
-        "timing_ms": timing,
-        "hot": hot,
-        "measured": measured,
-        "logs": {w: {system: asdict(log) for system, log in by.items()} for w, by in logs.items()},
-    }
+    return result()
+
+
+def save(path: Path, result: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1, default=str))
 
 
 def plot(
@@ -1115,8 +1130,7 @@ def main(argv: list[str] | None = None) -> int:
         print(table([Point(**p) for p in result["points"]]))
     if result["hot"]:
         print(hot_table(result["hot"]))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1, default=str))
+    save(args.out, result)
     return 0
 
 

@@ -199,9 +199,11 @@ def _shared(models: int, capacity: int, workers: int = 1, **kw: object) -> PoolS
     return s
 
 
-def _serve(s: PoolScheduler, name: str, i: int, now: float) -> list[object]:
+def _serve(
+    s: PoolScheduler, name: str, i: int, now: float, deadline: float = math.inf
+) -> list[object]:
     """Submit one query and carry out what the step decides, each action taking 1 ms."""
-    s.submit(name, _q(i, now))
+    s.submit(name, _q(i, now, deadline=deadline))
     actions = []
     for _ in range(5):
         step = s.step(now)
@@ -492,6 +494,25 @@ def test_a_model_with_steady_traffic_is_loaded_on_every_worker() -> None:
         _serve(s, "m1", i, now)
         now += 1.0
     assert len(s.describe_model("m1")["loaded_on"]) == 1
+
+
+def test_a_load_for_steady_traffic_is_not_bound_to_the_queries_queued_then() -> None:
+    """The LOAD that brings a busy model to another worker serves its traffic from then on: it
+    has no latest start. Bound to the deadlines of the queries queued then, it could leave
+    after its window had closed, be refused by the worker and be sent again, at once."""
+    s = PoolScheduler(2, capacity_bytes=2 * MB)
+    s.add_model("m0", _policy("deadline", slo_s=0.1, max_batch_size=4), weight_bytes=MB)
+    s.runs("m0").observe_load(0.010)
+    s.runs("m0").observe(1, 0.001)
+    now, loads = 0.0, []
+    for i in range(600):  # 500 queries a second, each due 5 ms after it came
+        actions = _serve(s, "m0", i, now, deadline=now + 0.005)
+        loads += [a for a in actions if isinstance(a, Load)]
+        now += 0.002
+    assert s.describe_model("m0")["loaded_on"] == [0, 1]
+    assert len(loads) == 2  # one cold, one for the traffic
+    assert loads[-1].latest == math.inf
+    assert all(load.latest >= load.expected_start for load in loads)
 
 
 def test_in_simulation_loads_of_other_models_do_not_delay_a_loaded_models_batches() -> None:
