@@ -58,12 +58,14 @@ __all__ = [
     "ServiceSource",
     "SimModel",
     "Weather",
+    "call_hops",
     "replayed_weather",
     "service_fn",
     "simulate_pool",
 ]
 
 ServiceFn = Callable[[int], float]
+_COLUMNS = ("kind", "worker", "model", "size", "sent", "started", "ended", "overhead")
 MOST_OTHERS = 2  # the interference of this many others running and of more is one class
 INTERFERENCE_ACTIONS = 20  # actions of a kind behind a count's interference
 
@@ -151,7 +153,7 @@ def replayed_weather(
     on a clock whose 0 is the wall time ``t0``: an INFER or LOAD started at ``t`` on a worker
     ran ``duration / expected(kind, model, size)`` times what the simulator's profile says
     (actions whose ``expected`` is None are skipped), and a call sent at ``t`` took its
-    ``overhead`` beyond the runs there and back.
+    ``overhead`` beyond the runs there and back (:func:`call_hops`'s calls).
 
     Workers on one machine slow each other down (SERF §III-C's interference): an action that
     started with others running on the pool's other executors ran slower. So each action's
@@ -161,20 +163,7 @@ def replayed_weather(
     them), and the simulator's action pays the interference of the others running with it
     there. A scheduler that runs more at once than the live one did then pays for it, where a
     replay of the live slowdowns alone would have given it the live run's quieter machine."""
-    columns = {key: list(values) for key, values in timeline.items()}
-    rows = list(
-        zip(
-            columns["kind"],
-            columns["worker"],
-            columns["model"],
-            columns["size"],
-            columns["sent"],
-            columns["started"],
-            columns["ended"],
-            columns["overhead"],
-            strict=True,
-        )
-    )
+    rows = _rows(timeline)
     ran = [
         (started, ended)
         for kind, _, _, _, _, started, ended, _ in rows
@@ -183,9 +172,9 @@ def replayed_weather(
     starts = np.sort([started for started, _ in ran])
     ends = np.sort([ended for _, ended in ran])
     points: dict[tuple[int, str], list[tuple[float, float, int]]] = {}
-    for kind, worker, model, size, sent, started, ended, overhead in rows:
-        if kind == "infer" and math.isfinite(overhead):
-            points.setdefault((worker, "hop"), []).append((sent - t0, max(0.0, overhead), 0))
+    for worker, sent, hop in _hops(rows):
+        points.setdefault((worker, "hop"), []).append((sent - t0, hop, 0))
+    for kind, worker, model, size, _, started, ended, _ in rows:
         if kind not in ("infer", "load") or not math.isfinite(ended - started):
             continue
         base = expected(kind, model, size)
@@ -206,6 +195,35 @@ def replayed_weather(
         values = [v / (1.0 if crowd is None else crowd[n]) for _, v, n in triples]
         series[key] = (np.array([t for t, _, _ in triples]), np.array(values))
     return _Replayed(series, interference)
+
+
+def call_hops(timeline: Mapping[str, Sequence[Any]]) -> np.ndarray:
+    """The round trips (seconds) of a live pool's calls of INFERs beyond their runs, from its
+    ``timeline``: the hops to a worker and back. A call whose INFER waited on its worker for
+    its model's LOAD is left out: its round trip holds that wait, which the simulator has
+    already (the INFER starts when the LOAD ends)."""
+    return np.array([hop for _, _, hop in _hops(_rows(timeline))])
+
+
+def _rows(timeline: Mapping[str, Sequence[Any]]) -> list[tuple[Any, ...]]:
+    """A timeline's actions as rows of the ``_COLUMNS`` the simulator reads."""
+    return list(zip(*(list(timeline[key]) for key in _COLUMNS), strict=True))
+
+
+def _hops(rows: Sequence[tuple[Any, ...]]) -> list[tuple[int, float, float]]:
+    """(worker, sent, round trip beyond the runs) of each call of INFERs in ``rows`` (the
+    ``_COLUMNS`` of a timeline) that did not wait for its model's LOAD."""
+    loaded: dict[tuple[int, str], list[float]] = {}  # each LOAD's end, by worker and model
+    for kind, worker, model, _, _, started, ended, _ in rows:
+        if kind == "load" and math.isfinite(ended - started):
+            loaded.setdefault((worker, model), []).append(ended)
+    return [
+        (worker, sent, max(0.0, overhead))
+        for kind, worker, model, _, sent, started, _, overhead in rows
+        if kind == "infer"
+        and math.isfinite(overhead)
+        and not any(sent <= end <= started for end in loaded.get((worker, model), ()))
+    ]
 
 
 def _interference(slowdowns: list[tuple[float, int]]) -> np.ndarray:

@@ -101,7 +101,7 @@ from bench.traces import MANY_FUNCTIONS, read_functions, replay_functions, zipf_
 from bench.validate_live import start_ray
 from bench.zoo import DEFAULT_DIR, build_zoo, digits_like, model_size
 from raysrv.analytics import SimModel, simulate_pool
-from raysrv.analytics.poolsim import replayed_weather
+from raysrv.analytics.poolsim import call_hops, replayed_weather
 from raysrv.batching import make_policy
 from raysrv.config import IngressSpec
 
@@ -125,8 +125,9 @@ INPUTS = 512  # distinct inputs the clients cycle through
 HOT_CONCURRENCY = 4  # in flight on the hot model: its answers well within a 100 ms SLO
 WARM_S = 5.0  # of a closed loop before the hot model's loops, not measured
 # Before each point, this much of its workload at its rate, not counted: every system, and the
-# simulator, start the point in the state that load leaves (a closed loop of 8 left raysrv's
-# estimates of run times and ways back about twice what the point itself settles at).
+# simulator, start the point in the state that load leaves (after a closed loop of 8 on its mix
+# raysrv kept back 44 ms for the way back where the trace settles at about 20: bench/RESULTS.md,
+# "The simulator against the live system").
 LEAD_S = 5.0
 ALONE, REGISTERED = "pool, the model alone", "pool, every model registered"  # hot configs
 HOT = "hot"  # the hot model's name: the zoo's first model's file, outside the zoo's model set
@@ -515,7 +516,7 @@ class Bench:
         median run times and LOAD times per model (the pool's medians for a model that ran
         none), each batch's median multiplied by a factor drawn from the spread of the
         measured run times (``_spread``), each call to a worker drawn from the round trips
-        measured beyond their runs (their quantiles). Each query reaches the scheduler after the
+        measured beyond their runs (``_hop``). Each query reaches the scheduler after the
         trip to the ingress it took live (its ``transit_ms``; drawn from the pool's
         ``trip_in_ms`` for the few the client never heard back about), and its deadline there is
         the SLO less what the ingress's own rule (:class:`raysrv._server.TripBack`) keeps back,
@@ -587,7 +588,7 @@ class Bench:
             workers=WORKERS,
             capacity_bytes=capacity_bytes,
             depth=2,
-            hop_s=_drawn(extra["call_overhead_ms"], rng),
+            hop_s=_hop(extra, rng),
             deadlines=deadlines[order],
             weather=weather,
         )
@@ -632,6 +633,16 @@ def _counted(log: RequestLog, lead_s: float) -> RequestLog:
             kept.done.append(done - lead_s)
             kept.status.append(status)
     return kept
+
+
+def _hop(extra: dict[str, Any], rng: np.random.Generator) -> Any:
+    """A function drawing a call's round trip beyond its runs (seconds): one of the point's
+    calls that did not wait for a LOAD (:func:`raysrv.analytics.poolsim.call_hops`), or, for
+    a run saved before the pools kept a timeline, from the quantiles the pool showed."""
+    hops = call_hops(extra["timeline"]) if "timeline" in extra else np.array([])
+    if not hops.size:
+        return _drawn(extra["call_overhead_ms"], rng)
+    return lambda: float(rng.choice(hops))
 
 
 def _drawn(quantiles_ms: dict[str, float | None], rng: np.random.Generator) -> Any:

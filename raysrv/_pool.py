@@ -224,9 +224,9 @@ class Pool:
     # -- the loop --------------------------------------------------------------------------
 
     def _poke(self) -> None:
-        """Step at the loop's next turn, once however many ask before it: an arrival, a result
-        or a plan is acted on one turn of the loop after it, where a task woken by an event
-        took three or four (each turn runs every callback ready then, the other queries' too)."""
+        """Step at the loop's next turn, once however many ask before it. An arrival, a result
+        or a plan is acted on one turn after it, not several: each turn first runs every
+        callback ready then, the other queries' too (``step_lag_ms`` shows the wait)."""
         if self._due is not None or self._closed:
             return
         try:
@@ -248,7 +248,7 @@ class Pool:
         if self._poked is not None:
             self._step_lags.add(now - self._poked)
             self._poked = None
-        wake_at: float | None = now + FAULT_RETRY_S
+        wake_at: float | None = None
         try:
             step = self.scheduler.step(now)
             wake_at = step.wake_at
@@ -263,6 +263,7 @@ class Pool:
         except Exception as exc:  # a scheduler fault must not strand the queries
             logger.exception("scheduling pool %s failed", self.name)
             self._answer(list(self._queued.values()), ModelFailed(f"scheduling failed: {exc}"))
+            wake_at = self._clock() + FAULT_RETRY_S
         finally:
             if wake_at is not None and not self._closed:
                 delay = max(0.0, wake_at - self._clock())

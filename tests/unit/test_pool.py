@@ -351,6 +351,26 @@ def test_an_arrival_leaves_for_a_free_worker_at_the_loops_next_turn() -> None:
     asyncio.run(scenario())
 
 
+def test_a_scheduler_fault_fails_the_queries_queued_and_the_pool_steps_on() -> None:
+    async def scenario() -> None:
+        pool = _echo_pool([])
+        step, calls = pool.scheduler.step, []
+
+        def faulty(now: float) -> Any:
+            calls.append(now)
+            if len(calls) == 1:
+                raise RuntimeError("boom")
+            return step(now)
+
+        pool.scheduler.step = faulty  # type: ignore[method-assign]
+        with pytest.raises(ModelFailed, match="scheduling failed: boom"):
+            await pool.submit("echo", _x(1))
+        assert (await pool.submit("echo", _x(2)))["sum"] == 8.0
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
 def test_closing_stops_a_pool_whose_step_is_due() -> None:
     """A query arriving while the pool waits towards a time asks for a step at the loop's next
     turn; a close before that turn must still stop it: nothing steps after it, and every

@@ -12,7 +12,7 @@ import pytest
 
 from raysrv import batching
 from raysrv.analytics import SimModel, simulate_pool
-from raysrv.analytics.poolsim import replayed_weather
+from raysrv.analytics.poolsim import call_hops, replayed_weather
 from raysrv.batching import QueuedQuery
 from raysrv.batching.actions import (
     COLD_DOOMED,
@@ -612,3 +612,23 @@ def test_in_simulation_batches_run_together_pay_the_interference_measured_live()
     pool = {"m": SimModel(_policy(max_batch_size=1), [0.010], pinned=True)}
     result = simulate_pool(times, ["m"] * 3, pool, workers=2, slo=1.0, weather=weather)
     np.testing.assert_allclose(result.latencies, [0.010, 0.020, 0.010])  # the 2nd beside the 1st
+
+
+def test_a_call_that_waited_for_its_models_load_is_not_a_hop() -> None:
+    """A batch sent right behind its model's LOAD waited on the worker for it, and its round
+    trip holds that wait, which the simulator has already (the INFER starts when the LOAD
+    ends): such a call is left out of the hops, drawn or replayed."""
+    timeline = {
+        "kind": ["load", "infer", "infer"],
+        "worker": [0, 0, 0],
+        "model": ["m", "m", "m"],
+        "size": [0, 1, 1],
+        "sent": [1.000, 1.000, 2.000],
+        "started": [1.002, 1.050, 2.002],
+        "ended": [1.050, 1.060, 2.012],
+        "back": [1.052, 1.062, 2.014],
+        "overhead": [math.nan, 0.052, 0.004],
+    }
+    np.testing.assert_allclose(call_hops(timeline), [0.004])
+    weather = replayed_weather(timeline, lambda kind, model, size: 0.010, 0.0)
+    assert weather.hop(0, 1.5) == pytest.approx(0.004)
