@@ -66,6 +66,7 @@ __all__ = [
 
 ServiceFn = Callable[[int], float]
 _COLUMNS = ("kind", "worker", "model", "size", "sent", "started", "ended", "overhead")
+MACHINE = -1  # the series of all the workers of a pool on one machine (``replayed_weather``)
 MOST_OTHERS = 2  # the interference of this many others running and of more is one class
 INTERFERENCE_ACTIONS = 20  # actions of a kind behind a count's interference
 
@@ -114,19 +115,24 @@ class Weather(Protocol):
 
 class _Replayed:
     """A :class:`Weather` that repeats what a timeline measured: at ``t``, what the last
-    action of the kind on the worker before ``t`` measured (the first one's before it), net
-    of the interference it met, times the interference of ``others``."""
+    action of the kind on the worker (or on the machine) before ``t`` measured (the first
+    one's before it), net of the interference it met, times the interference of ``others``."""
 
     def __init__(
         self,
         series: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]],
         interference: dict[str, np.ndarray],
+        one_machine: bool,
     ) -> None:
         self._series = series
         self._interference = interference
+        self._one_machine = one_machine
+
+    def _key(self, worker: int, what: str) -> tuple[int, str]:
+        return (MACHINE if self._one_machine else worker, what)
 
     def _at(self, worker: int, t: float, what: str, default: float) -> float:
-        series = self._series.get((worker, what))
+        series = self._series.get(self._key(worker, what))
         if series is None:
             return default
         times, values = series
@@ -134,7 +140,7 @@ class _Replayed:
         return float(values[max(i, 0)])
 
     def slowdown(self, worker: int, t: float, kind: str, others: int = 0) -> float:
-        if (worker, kind) not in self._series:
+        if self._key(worker, kind) not in self._series:
             return 1.0
         factors = self._interference.get(kind)
         crowd = 1.0 if factors is None else float(factors[min(others, MOST_OTHERS)])
@@ -148,6 +154,7 @@ def replayed_weather(
     timeline: Mapping[str, Sequence[Any]],
     expected: Callable[[str, str, int], float | None],
     t0: float,
+    one_machine: bool = False,
 ) -> Weather:
     """The weather of a live pool's ``timeline`` (``Pool.timeline``'s columns, wall seconds),
     on a clock whose 0 is the wall time ``t0``: an INFER or LOAD started at ``t`` on a worker
@@ -162,7 +169,13 @@ def replayed_weather(
     with fewer than ``INTERFERENCE_ACTIONS`` actions takes the nearest one below it that has
     them), and the simulator's action pays the interference of the others running with it
     there. A scheduler that runs more at once than the live one did then pays for it, where a
-    replay of the live slowdowns alone would have given it the live run's quieter machine."""
+    replay of the live slowdowns alone would have given it the live run's quieter machine.
+
+    ``one_machine``: the pool's workers share one machine, whose speed every action on it
+    measures, so the last action of a kind on any worker before ``t`` gives the weather at
+    ``t`` on every worker. Per worker, a slow action followed by a quiet spell on that worker
+    held its slowness over the whole spell, while the other worker's actions showed how the
+    machine then ran (``bench/RESULTS.md``, "The simulator against the live system")."""
     rows = _rows(timeline)
     ran = [
         (started, ended)
@@ -172,8 +185,12 @@ def replayed_weather(
     starts = np.sort([started for started, _ in ran])
     ends = np.sort([ended for _, ended in ran])
     points: dict[tuple[int, str], list[tuple[float, float, int]]] = {}
+
+    def where(worker: int) -> int:
+        return MACHINE if one_machine else worker
+
     for worker, sent, hop in _hops(rows):
-        points.setdefault((worker, "hop"), []).append((sent - t0, hop, 0))
+        points.setdefault((where(worker), "hop"), []).append((sent - t0, hop, 0))
     for kind, worker, model, size, _, started, ended, _ in rows:
         if kind not in ("infer", "load") or not math.isfinite(ended - started):
             continue
@@ -181,7 +198,7 @@ def replayed_weather(
         if base is not None and base > 0:
             running = np.searchsorted(starts, started, "right") - np.searchsorted(ends, started)
             others = min(max(int(running) - 1, 0), MOST_OTHERS)
-            points.setdefault((worker, kind), []).append(
+            points.setdefault((where(worker), kind), []).append(
                 (started - t0, (ended - started) / base, others)
             )
     interference = {
@@ -194,7 +211,7 @@ def replayed_weather(
         crowd = interference.get(key[1])
         values = [v / (1.0 if crowd is None else crowd[n]) for _, v, n in triples]
         series[key] = (np.array([t for t, _, _ in triples]), np.array(values))
-    return _Replayed(series, interference)
+    return _Replayed(series, interference, one_machine)
 
 
 def call_hops(timeline: Mapping[str, Sequence[Any]]) -> np.ndarray:

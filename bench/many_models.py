@@ -527,11 +527,11 @@ class Bench:
         the trace's bursts, and every deadline depends on them.
 
         With ``replay``, the runs, LOADs and calls are not drawn but replayed from the live
-        pool's timeline (:func:`raysrv.analytics.poolsim.replayed_weather`): an action
-        started at t on a worker takes its median times what the live action before t on that
-        worker took over its median, net of the interference it met and with that of the
-        actions running beside it in the simulation; a call takes the round trip the live one
-        took there and then, and the ingress's rule is fed the replies it took up live, in
+        pool's timeline (:func:`raysrv.analytics.poolsim.replayed_weather`, the workers as
+        one machine): an action started at t takes its median times what the last live action
+        of its kind before t took over its median, net of the interference it met and with
+        that of the actions running beside it in the simulation; a call takes the round trip
+        the last live one took then, and the ingress's rule is fed the replies it took up live, in
         their order. What is left to compare is then the scheduling, on the live run's weather.
 
         The lead-in's queries go through the simulator first, as they went through the live
@@ -564,7 +564,9 @@ class Bench:
                 return None
             return medians[model](size) if kind == "infer" else models[model].load_s
 
-        weather = replayed_weather(extra["timeline"], expected, extra["wall0"]) if replay else None
+        weather = None
+        if replay:  # the 2 workers share this machine
+            weather = replayed_weather(extra["timeline"], expected, extra["wall0"], True)
         names = [self.names[m] for m in every]
         times = np.concatenate([extra["lead"], extra["times"]])
         trip_in = _drawn(extra["trip_in_ms"], rng)

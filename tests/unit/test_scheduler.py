@@ -632,3 +632,25 @@ def test_a_call_that_waited_for_its_models_load_is_not_a_hop() -> None:
     np.testing.assert_allclose(call_hops(timeline), [0.004])
     weather = replayed_weather(timeline, lambda kind, model, size: 0.010, 0.0)
     assert weather.hop(0, 1.5) == pytest.approx(0.004)
+
+
+def test_on_one_machine_the_weather_is_the_last_action_on_any_worker() -> None:
+    """Worker 0's batch at t=1 ran at twice its median, worker 1's at t=1.5 at its median: per
+    worker, worker 0 stays slow until its next batch; with the workers on one machine, the
+    machine ran at its median from t=1.5 on, for both."""
+    timeline = {
+        "kind": ["infer", "infer"],
+        "worker": [0, 1],
+        "model": ["m", "m"],
+        "size": [1, 1],
+        "sent": [1.0, 1.5],
+        "started": [1.0, 1.5],
+        "ended": [1.020, 1.510],
+        "back": [1.021, 1.511],
+        "overhead": [0.001, 0.001],
+    }
+    per_worker = replayed_weather(timeline, lambda kind, model, size: 0.010, 0.0)
+    machine = replayed_weather(timeline, lambda kind, model, size: 0.010, 0.0, one_machine=True)
+    assert per_worker.slowdown(0, 1.8, "infer") == pytest.approx(2.0)
+    assert machine.slowdown(0, 1.8, "infer") == pytest.approx(1.0)
+    assert machine.slowdown(1, 1.2, "infer") == pytest.approx(2.0)
