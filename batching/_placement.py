@@ -212,7 +212,9 @@ class Placement:
             if model.failed_until > now:
                 continue
             for w in self.workers:
-                if out.may_load(w) and name not in w.held and self._load(model, w, now, out, False):
+                if not out.may_load(w) or name in w.held:
+                    continue
+                if self._load(model, w, now, out, for_queued=False):
                     break
 
     def _load_priorities(self, now: float) -> dict[str, float]:
