@@ -383,11 +383,20 @@ def test_closing_stops_a_pool_whose_step_is_due() -> None:
     async def scenario() -> None:
         policy = WaitLong(batching.FixedParams(max_batch_size=2), 1.0)
         pool = one_model_pool(policy, fake_workers(EchoModel()))
+        step, steps = pool.scheduler.step, []
+
+        def counted(now: float) -> Any:
+            steps.append(now)
+            return step(now)
+
+        pool.scheduler.step = counted  # type: ignore[method-assign]
         first = pool.submit("echo", _x(1))
         await asyncio.sleep(0.01)  # the pool waits towards now + 60 s
         second = pool.submit("echo", _x(1))  # a step is due at the next turn
+        before = len(steps)
         await pool.close()  # before that turn
         await asyncio.sleep(0.01)
+        assert len(steps) == before
         for future in (first, second):
             with pytest.raises(Overloaded, match="shutting down"):
                 future.result()
