@@ -103,7 +103,7 @@ from bench.zoo import DEFAULT_DIR, build_zoo, digits_like, model_size
 from raysrv.analytics import SimModel, simulate_pool
 from raysrv.analytics.poolsim import call_hops, replayed_weather
 from raysrv.batching import make_policy
-from raysrv.config import IngressSpec
+from raysrv.config import IngressSpec, ResourcesSpec
 
 __all__ = ["Bench", "Point", "TallyClient", "goodput_of", "main", "serve_mode", "timed_closed_loop"]
 
@@ -136,6 +136,8 @@ SETTLE_S = 5.0  # after a hot-model deployment: the last one's processes end mea
 # raysrv's default: what its ingress keeps back for the answer's way back (a quantile of its
 # workers' answers' trips to it, ``raysrv._server.TripBack``)
 TRIP_BACK = IngressSpec.model_fields["trip_back_quantile"].default
+NICENESS = ResourcesSpec.model_fields["niceness"].default
+LOAD_NICENESS = ResourcesSpec.model_fields["load_niceness"].default
 
 
 @dataclass(frozen=True)
@@ -227,6 +229,11 @@ class Bench:
         self.per_worker = max(1, round(SHARE * args.models / WORKERS))
         self.inputs = list(digits_like(np.random.default_rng(7), INPUTS))
         self.trip_back = getattr(args, "trip_back", TRIP_BACK)  # absent from older saved runs
+        self.resources = {
+            "num_cpus": 1,
+            "niceness": getattr(args, "niceness", NICENESS),
+            "load_niceness": getattr(args, "load_niceness", LOAD_NICENESS),
+        }
         self.params: dict[str, Any] = {"max_batch_size": MAX_BATCH}
         for item in getattr(args, "param", None) or []:
             key, _, value = item.partition("=")
@@ -259,14 +266,14 @@ class Bench:
         if not pool:
             name = models[0] if models else self.names[0]
             dedicated = {k: v for k, v in self.template(name).items() if k != "pool"}
-            spec["models"] = [{**dedicated, "replicas": WORKERS, "resources": {"num_cpus": 1}}]
+            spec["models"] = [{**dedicated, "replicas": WORKERS, "resources": self.resources}]
             return spec
         memory_mb = self.per_worker * self.size / (1 << 20) + 0.01
         spec["pools"] = [
             {
                 "name": "zoo",
                 "workers": WORKERS,
-                "resources": {"num_cpus": 1},
+                "resources": self.resources,
                 "memory_mb": memory_mb,
             }
         ]
@@ -1106,6 +1113,18 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=TRIP_BACK,
         help="raysrv's ingress.trip_back_quantile (default %(default)s)",
+    )
+    parser.add_argument(
+        "--niceness",
+        type=int,
+        default=NICENESS,
+        help="raysrv's resources.niceness for the workers (default %(default)s)",
+    )
+    parser.add_argument(
+        "--load-niceness",
+        type=int,
+        default=LOAD_NICENESS,
+        help="raysrv's resources.load_niceness for the workers (default %(default)s)",
     )
     parser.add_argument("--quick", action="store_true", help="short points: a smoke test")
     parser.add_argument(

@@ -72,6 +72,21 @@ class ResourcesSpec(_Strict):
     num_gpus: float = Field(0.0, ge=0.0, description="GPUs reserved per replica.")
     memory_mb: int | None = Field(None, gt=0, description="Memory reserved per replica, in MiB.")
     threads: int = Field(1, ge=1, le=256, description="Intra-op threads of the runtime.")
+    niceness: int = Field(
+        0,
+        ge=0,
+        le=19,
+        description="Steps of OS niceness (Linux) a worker's batches run below its other "
+        "threads and the ingress, so that on a busy host scheduling and replies come first, at "
+        "the batches' cost; 0 leaves them as they are.",
+    )
+    load_niceness: int = Field(
+        0,
+        ge=0,
+        le=19,
+        description="The same for a worker's LOADs and UNLOADs, so that they yield the CPU to "
+        "batches.",
+    )
 
 
 class BatchingSpec(_Strict):

@@ -29,6 +29,9 @@ spec, and created with ``get_if_exists``: a restarted ingress finds its own. Eve
 owns its workers: Ray stops an actor with the process that created it. A crashed worker fails the
 action it was running and is restarted by Ray with its dedicated model loaded again and nothing
 else; an INFER for a model it no longer holds answers ``not_loaded``.
+
+The executors run at the worker's priority, or as many steps of niceness lower as the pool's
+``resources.niceness`` (INFERs) and ``resources.load_niceness`` (LOADs, UNLOADs) say.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import json
 import math
 import os
 import resource
+import threading
 import time
 from collections.abc import Awaitable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -122,13 +126,21 @@ def _weights(spec: ModelSpec, runtime: Runtime | None, grown: int) -> int:
 class PoolWorker:
     """One worker of a pool (see the module docstring); also usable in-process in tests."""
 
-    def __init__(self, capacity_bytes: int | None, pinned: list[dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        capacity_bytes: int | None,
+        pinned: list[dict[str, Any]],
+        niceness: tuple[int, int] = (0, 0),
+    ) -> None:
+        """``niceness``: how much lower the INFER and the LOAD executors' priorities are
+        (:func:`lower_priority`)."""
         self._capacity = capacity_bytes
         self._models: dict[str, _Loaded] = {}
         self._peak = 0
         self._execution: Any = None
-        self._infers = ThreadPoolExecutor(1, thread_name_prefix="infer")
-        self._loads = ThreadPoolExecutor(1, thread_name_prefix="load")
+        infers, loads = (partial(lower_priority, steps) for steps in niceness)
+        self._infers = ThreadPoolExecutor(1, "infer", initializer=infers)
+        self._loads = ThreadPoolExecutor(1, "load", initializer=loads)
         self._pending: dict[str, Future[Report]] = {}  # model -> its last LOAD sent
         self._next: int | None = None  # the number of the call expected next
         for spec in pinned:
@@ -279,6 +291,23 @@ class PoolWorker:
         return Report("ok", duration, outputs, started=started, ended=started + duration)
 
 
+def lower_priority(steps: int) -> None:
+    """Raise the calling thread's niceness by ``steps``, to 19 at most (Linux: niceness is a
+    thread's own; threads it starts inherit it). On a busy CPU an executor's actions then get
+    a smaller share than the ingress's scheduling and replies and the worker's own hops. Off
+    by default: on the benchmark's 2 cores the hops sped up and the batches overran more
+    (docs/pools.md, "Choices to know"). Where a thread's priority cannot be set this does
+    nothing."""
+    if steps <= 0:
+        return
+    try:
+        thread = threading.get_native_id()
+        now = os.getpriority(os.PRIO_PROCESS, thread)
+        os.setpriority(os.PRIO_PROCESS, thread, min(19, now + steps))
+    except (AttributeError, OSError):
+        pass
+
+
 def _in_window(earliest: float, latest: float) -> bool:
     now = time.time()
     if now > latest:
@@ -319,8 +348,10 @@ def _actor_options(pool: ResolvedPool, name: str) -> dict[str, Any]:
 
 
 class _RayWorker(PoolWorker):
-    def __init__(self, capacity_bytes: int | None, pinned: list[dict[str, Any]]) -> None:
-        super().__init__(capacity_bytes, pinned)
+    def __init__(
+        self, capacity_bytes: int | None, pinned: list[dict[str, Any]], niceness: tuple[int, int]
+    ) -> None:
+        super().__init__(capacity_bytes, pinned, niceness)
         self.start_metrics()
 
 
@@ -336,10 +367,11 @@ class RayWorkers(Workers):
         key = json.dumps({**shape, "pinned": pinned}, sort_keys=True).encode()
         digest = hashlib.sha256(key).hexdigest()[:12]
         remote = ray.remote(_RayWorker)
+        niceness = (pool.resources.niceness, pool.resources.load_niceness)
         self.actors = [
             remote.options(
                 **_actor_options(pool, f"raysrv:{scope}:{pool.name}:{digest}:{i}")
-            ).remote(pool.capacity_bytes, pinned)
+            ).remote(pool.capacity_bytes, pinned, niceness)
             for i in range(pool.workers)
         ]
         self._calls = [0] * pool.workers

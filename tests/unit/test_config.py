@@ -197,6 +197,14 @@ def test_models_join_a_shared_pool_or_get_a_dedicated_one() -> None:
             "dedicated pool named like the shared pool",
         ),
         (lambda s: s["pools"][0].update(workerz=2), "workerz"),
+        (
+            lambda s: s["pools"][0].update(resources={"niceness": 20}),
+            "pools[0].resources.niceness: Input should be less than or equal to 19 (value: 20)",
+        ),
+        (
+            lambda s: s["models"][1].update(resources={"load_niceness": -1}),
+            "models[1].resources.load_niceness: Input should be greater than or equal to 0",
+        ),
     ],
 )
 def test_pool_mistakes_are_named_with_their_values(mutate: Any, fragment: str) -> None:

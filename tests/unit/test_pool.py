@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
+import sys
 import threading
 import time
 from collections.abc import Awaitable
@@ -671,6 +673,39 @@ def test_an_infer_waits_for_the_load_sent_before_it_even_if_ray_delivers_it_firs
         assert [r.status for r in reports] == ["late", "late"]
 
     asyncio.run(scenario())
+
+
+def _niceness() -> int:
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+class _Niceness:
+    """Answers the niceness of the thread that loaded it and of the one running its batch."""
+
+    def __init__(self) -> None:
+        self.loaded_at = _niceness()
+
+    def predict_batch(self, inputs: Any) -> list[tuple[int, int]]:
+        return [(self.loaded_at, _niceness())] * len(inputs)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a thread's own niceness is Linux's")
+def test_a_worker_runs_loads_and_batches_at_the_niceness_its_resources_give() -> None:
+    """``resources.niceness`` and ``load_niceness``: a worker's INFERs and LOADs run that many
+    steps below the thread that receives its calls, which stays as it was."""
+    here = _niceness()
+    spec = _worker_spec("nice", f"{__name__}:_Niceness")
+
+    async def scenario(worker: PoolWorker) -> tuple[int, int, int]:
+        (load,) = await worker.run([Call("load", "nice", spec=spec)])
+        assert load.status == "ok"
+        (infer,) = await worker.run([Call("infer", "nice", inputs=_ones(1))])
+        loaded_at, run_at = infer.outputs[0]
+        return loaded_at, run_at, _niceness()
+
+    lowered = asyncio.run(scenario(PoolWorker(None, [], niceness=(3, 5))))
+    assert lowered == (min(19, here + 5), min(19, here + 3), here)
+    assert asyncio.run(scenario(PoolWorker(None, []))) == (here, here, here)
 
 
 def _ones(n: int) -> np.ndarray:
