@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.loadgen import RequestLog, scheduled_at
+from bench.loadgen import RequestLog, replay, scheduled_at
 from bench.many_models import (
     ALONE,
     REGISTERED,
@@ -106,3 +106,32 @@ def test_the_replayed_replies_are_the_live_ones_in_the_order_the_ingress_took_th
     assert replies(0.015) == [pytest.approx(0.003)]
     assert replies(0.015) == []  # each reply once
     assert replies(1.0) == [pytest.approx(0.001)]
+
+
+class _Slow:
+    """Answers request i after ``delays[i]`` seconds; raises for a request numbered ``fails``."""
+
+    kind = "handle"
+
+    def __init__(self, delays: list[float], fails: int | None = None) -> None:
+        self.delays = delays
+        self.fails = fails
+
+    async def send(self, i: int) -> int:
+        await asyncio.sleep(self.delays[i])
+        if i == self.fails:
+            raise RuntimeError(f"request {i} failed")
+        return 200
+
+
+def test_a_replay_waits_for_the_answers_still_in_flight_and_surfaces_a_clients_error() -> None:
+    """Every request is logged, the slow first one included (answered after the last was sent),
+    each no earlier than its offset; a client that raises fails the replay once all are in."""
+    log = asyncio.run(replay(_Slow([0.05, 0.0, 0.0]), [0.0, 0.01, 0.02], first=0))
+    assert sorted(log.scheduled) == [0.0, 0.01, 0.02]
+    assert log.status == [200, 200, 200]
+    first = log.scheduled.index(0.0)
+    assert log.done[first] >= 0.05
+    assert all(sent >= scheduled for sent, scheduled in zip(log.sent, log.scheduled, strict=True))
+    with pytest.raises(RuntimeError, match="request 1 failed"):
+        asyncio.run(replay(_Slow([0.02, 0.0], fails=1), [0.0, 0.0]))
