@@ -517,6 +517,12 @@ class PoolScheduler(Placement):
 
     # -- what users see --------------------------------------------------------------------
 
+    @property
+    def returns(self) -> SortedWindow:
+        """The last ``RETURN_WINDOW`` INFERs' ways back, from a batch's end on its worker to its
+        report here (seconds): what an INFER's latest start keeps."""
+        return self._returns
+
     def describe_model(self, name: str) -> dict[str, object]:
         model = self._models[name]
         on = [w.index for w in self.workers if name in w.held and name not in w.loading]

@@ -123,10 +123,9 @@ class Pool:
         self._running: set[asyncio.Task[Any]] = set()
         # a call's round trip beyond its actions' run times: the hop to the worker and back
         self._overheads = SortedWindow(OVERHEAD_WINDOW)
-        # of each batch: how much later it started than the scheduler expected, and how long
-        # its answer took from the worker's end of it to this loop's taking it up
+        # of each batch: how much later it started than the scheduler expected (how long its
+        # answer took back here, the scheduler keeps: ``return_ms``)
         self._late_starts = SortedWindow(OVERHEAD_WINDOW)
-        self._returns = SortedWindow(OVERHEAD_WINDOW)
         self._replies = replies
         # from an arrival, result or plan to the step that acts on it: the loop's other work
         self._step_lags = SortedWindow(OVERHEAD_WINDOW)
@@ -401,10 +400,8 @@ class Pool:
             )
             if isinstance(action, Infer) and math.isfinite(report.started):
                 self._late_starts.add(report.started - action.expected_start)
-                reply = back - wall_report.ended
-                self._returns.add(reply)
                 if self._replies is not None:
-                    self._replies(reply)
+                    self._replies(back - wall_report.ended)
             if isinstance(action, Infer):
                 self._infer_done(action, entries, report, finished)
             elif isinstance(action, Load):
@@ -596,7 +593,7 @@ class Pool:
             "device": self.spec.device,
             "call_overhead_ms": _quantiles_ms(self._overheads),
             "start_late_ms": _quantiles_ms(self._late_starts),
-            "return_ms": _quantiles_ms(self._returns),
+            "return_ms": _quantiles_ms(self.scheduler.returns),
             "step_lag_ms": _quantiles_ms(self._step_lags),
             "trip_in_ms": _recent_quantiles_ms(self._trips_in),
             "kept_back_ms": _recent_quantiles_ms(self._kept_back),
