@@ -54,8 +54,8 @@ hand-set ``margin_ms``. Each source of lateness is learned once, by what forgets
     group shares (the models one bulk entry declares, :meth:`RunTimes.shared`), and a model
     with fewer than ``OWN_OVERRUNS`` of its own (one just loaded, or rarely asked for) plans
     with the group's. Planned with none, such models made 2.5% of the batches of a live run
-    of the many-model trace and 42% of those dropped at their deadline (``bench/RESULTS.md``,
-    "Batches dropped at their deadline").
+    of the many-model trace and 42% of those dropped at their deadline
+    (``bench/RESULTS_ARCHIVE.md``, "Batches dropped at their deadline").
 Measured against the whole plan instead, with a window of 50, one pause of the machine set the
 slack to 137-148 ms for the next 50 batches, doubled in every chain; at 50% load the policy then
 refused 43 queries on arrival with 562-582 ms left before their deadline

@@ -126,8 +126,8 @@ HOT_CONCURRENCY = 4  # in flight on the hot model: its answers well within a 100
 WARM_S = 5.0  # of a closed loop before the hot model's loops, not measured
 # Before each point, this much of its workload at its rate, not counted: every system, and the
 # simulator, start the point in the state that load leaves (after a closed loop of 8 on its mix
-# raysrv kept back 44 ms for the way back where the trace settles at about 20: bench/RESULTS.md,
-# "The simulator against the live system").
+# raysrv kept back 44 ms for the way back where the trace settles at about 20:
+# bench/RESULTS_ARCHIVE.md, "what the simulator lacked until run 12").
 LEAD_S = 5.0
 ALONE, REGISTERED = "pool, the model alone", "pool, every model registered"  # hot configs
 HOT = "hot"  # the hot model's name: the zoo's first model's file, outside the zoo's model set

@@ -109,7 +109,7 @@ class TripBack:
       whose queries all wait in front of the ingress.
     - Trips: the quantile of the last ``TRIP_WINDOW`` trips here. Under load they include the
       wait in front of the ingress, which answers do not meet, so they overstate the way back
-      (``bench/RESULTS.md``, "What is kept back for the way back"); but every query renews
+      (``bench/RESULTS_ARCHIVE.md``, "What is kept back for the way back"); but every query renews
       them, refused ones too, while replies come only from batches that ran: a stall that
       slowed the last replies would otherwise refuse every query, and none would run to
       measure the replies again.
