@@ -6,6 +6,7 @@ loops are compared pair by pair."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
 from dataclasses import asdict
@@ -135,3 +136,31 @@ def test_a_replay_waits_for_the_answers_still_in_flight_and_surfaces_a_clients_e
     assert all(sent >= scheduled for sent, scheduled in zip(log.sent, log.scheduled, strict=True))
     with pytest.raises(RuntimeError, match="request 1 failed"):
         asyncio.run(replay(_Slow([0.02, 0.0], fails=1), [0.0, 0.0]))
+
+
+class _Watching(_Slow):
+    """Notes, at each request, whether the client's collector could run."""
+
+    def __init__(self, delays: list[float]) -> None:
+        super().__init__(delays)
+        self.collecting: list[bool] = []
+
+    async def send(self, i: int) -> int:
+        self.collecting.append(gc.isenabled())
+        return await super().send(i)
+
+
+def test_the_clients_collector_is_off_during_a_replay_and_as_it_was_after() -> None:
+    """Its full passes would hold the client's loop while answers arrive; after the run the
+    collector is back on, or stays off if it was off before."""
+    assert gc.isenabled()
+    client = _Watching([0.0, 0.01])
+    asyncio.run(replay(client, [0.0, 0.005]))
+    assert client.collecting == [False, False]
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        asyncio.run(replay(_Watching([0.0]), [0.0]))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
