@@ -9,16 +9,21 @@ UNLOADs, each running its actions one at a time in the order they were sent; an 
 model whose LOAD is still running starts when the LOAD ends. An INFER of k queries runs for
 ``service(k)`` seconds, a LOAD for the model's ``load_s`` and an UNLOAD for its ``unload_s``,
 with no interference between the two executors; an action that would start after its
-``latest`` is not run (§4.4); ``hop_s`` is the round trip of an action to its worker and its
-result back (half each way): seconds, or a function drawing one round trip per action (close
-over a ``numpy.random.Generator`` for trips measured live). A ``weather`` makes the machine's
-speed vary over time: each INFER and LOAD takes its profile's time times the weather's slowdown
-where and when it starts, given how many actions run on the pool's other executors then (its
-time is fixed when it starts, as SERF's eq. 12 reads its interference), and each round trip is
-the weather's there and then. A live pool's own timeline (``Pool.timeline``) replayed as the
-weather (:func:`replayed_weather`) gives the simulator the live run's slow spells, in which
-runs, LOADs and calls are slow together, where drawing each independently would not, and the
-interference its actions met.
+``latest`` is not run (§4.4); ``hop_s`` is how long an action takes to reach its worker and its
+result to come back: a round trip in seconds (half each way), or a function drawing each call's
+two legs (close over a ``numpy.random.Generator`` for legs measured live). A ``weather`` makes
+the machine's speed vary over time: each INFER and LOAD takes its profile's time times the
+weather's slowdown where and when it starts, given how many actions run on the pool's other
+executors then (its time is fixed when it starts, as SERF's eq. 12 reads its interference), and
+each call's legs are the weather's there and then. A live pool's own timeline
+(``Pool.timeline``) replayed as the weather (:func:`replayed_weather`) gives the simulator the
+live run's slow spells, in which runs, LOADs and calls are slow together, where drawing each
+independently would not, and the interference its actions met.
+
+A call's legs (:class:`Legs`) are kept apart, not halves of one round trip: live, an answer's
+way back took about twice the round trip's half, and halved round trips let the simulated
+policies learn shorter overruns than the live ones did (``bench/RESULTS.md``, "The simulator
+against the live system").
 
 Each simulated worker also keeps its own account of the weights it holds and refuses a LOAD
 that would take it past the capacity, as a live worker does, so the result's
@@ -33,7 +38,7 @@ import heapq
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -58,14 +63,15 @@ __all__ = [
     "ServiceSource",
     "SimModel",
     "Weather",
-    "call_hops",
+    "Legs",
+    "call_legs",
     "replayed_weather",
     "service_fn",
     "simulate_pool",
 ]
 
 ServiceFn = Callable[[int], float]
-_COLUMNS = ("kind", "worker", "model", "size", "sent", "started", "ended", "overhead")
+_COLUMNS = ("kind", "worker", "model", "size", "sent", "started", "ended", "back")
 MACHINE = -1  # the series of all the workers of a pool on one machine (``replayed_weather``)
 MOST_OTHERS = 2  # the interference of this many others running and of more is one class
 INTERFERENCE_ACTIONS = 20  # actions of a kind behind a count's interference
@@ -106,11 +112,23 @@ class Weather(Protocol):
     """How fast a pool's machine runs over time: an action of ``kind`` (``"infer"`` or
     ``"load"``) started on ``worker`` at ``t`` with ``others`` actions running on the pool's
     other executors then takes ``slowdown(worker, t, kind, others)`` times its profile's time,
-    and a call sent to ``worker`` at ``t`` goes there and back in ``hop(worker, t)`` seconds."""
+    and a call sent to ``worker`` at ``t`` takes ``legs(worker, t)`` (:class:`Legs`)."""
 
     def slowdown(self, worker: int, t: float, kind: str, others: int = 0) -> float: ...
 
-    def hop(self, worker: int, t: float) -> float: ...
+    def legs(self, worker: int, t: float) -> Legs: ...
+
+
+class Legs(NamedTuple):
+    """How long a call takes beyond its actions' runs (seconds): ``there``, from its sending
+    to its action's start on an idle worker; ``back``, from the action's end on the worker to
+    the scheduler taking its answer up; ``behind``, for a batch that reached its worker while
+    the worker still ran the one before, from that one's end to its start (the worker's own
+    handoff between two batches)."""
+
+    there: float
+    back: float
+    behind: float = 0.0
 
 
 class _Replayed:
@@ -146,8 +164,8 @@ class _Replayed:
         crowd = 1.0 if factors is None else float(factors[min(others, MOST_OTHERS)])
         return self._at(worker, t, kind, 1.0) * crowd
 
-    def hop(self, worker: int, t: float) -> float:
-        return self._at(worker, t, "hop", 0.0)
+    def legs(self, worker: int, t: float) -> Legs:
+        return Legs(*(self._at(worker, t, leg, 0.0) for leg in Legs._fields))
 
 
 def replayed_weather(
@@ -159,8 +177,8 @@ def replayed_weather(
     """The weather of a live pool's ``timeline`` (``Pool.timeline``'s columns, wall seconds),
     on a clock whose 0 is the wall time ``t0``: an INFER or LOAD started at ``t`` on a worker
     ran ``duration / expected(kind, model, size)`` times what the simulator's profile says
-    (actions whose ``expected`` is None are skipped), and a call sent at ``t`` took its
-    ``overhead`` beyond the runs there and back (:func:`call_hops`'s calls).
+    (actions whose ``expected`` is None are skipped), and a call sent at ``t`` takes each of
+    its :class:`Legs` from the last live call before ``t`` that measured it (:func:`call_legs`).
 
     Workers on one machine slow each other down (SERF §III-C's interference): an action that
     started with others running on the pool's other executors ran slower. So each action's
@@ -189,8 +207,9 @@ def replayed_weather(
     def where(worker: int) -> int:
         return MACHINE if one_machine else worker
 
-    for worker, sent, hop in _hops(rows):
-        points.setdefault((where(worker), "hop"), []).append((sent - t0, hop, 0))
+    for leg, legs in zip(Legs._fields, _legs(rows), strict=True):
+        for worker, sent, seconds in legs:
+            points.setdefault((where(worker), leg), []).append((sent - t0, seconds, 0))
     for kind, worker, model, size, _, started, ended, _ in rows:
         if kind not in ("infer", "load") or not math.isfinite(ended - started):
             continue
@@ -214,12 +233,15 @@ def replayed_weather(
     return _Replayed(series, interference, one_machine)
 
 
-def call_hops(timeline: Mapping[str, Sequence[Any]]) -> np.ndarray:
-    """The round trips (seconds) of a live pool's calls of INFERs beyond their runs, from its
-    ``timeline``: the hops to a worker and back. A call whose INFER waited on its worker for
-    its model's LOAD is left out: its round trip holds that wait, which the simulator has
-    already (the INFER starts when the LOAD ends)."""
-    return np.array([hop for _, _, hop in _hops(_rows(timeline))])
+def call_legs(timeline: Mapping[str, Sequence[Any]]) -> Legs:
+    """The :class:`Legs` (seconds) a live pool's calls of INFERs measured, from its
+    ``timeline``, each an array. A batch that waited on its worker tells no leg there: one
+    sent while the worker still ran the batch before it, or right behind its model's LOAD (the
+    INFER starts when the LOAD ends, in the simulator too). One sent at least the last leg
+    there measured before the batch ahead of it ended reached its worker while that one ran
+    and tells how long after its end it started (``behind``); one sent later than that tells
+    neither, as the worker does not say when a call reached it."""
+    return Legs(*(np.array([s for _, _, s in leg]) for leg in _legs(_rows(timeline))))
 
 
 def _rows(timeline: Mapping[str, Sequence[Any]]) -> list[tuple[Any, ...]]:
@@ -227,20 +249,39 @@ def _rows(timeline: Mapping[str, Sequence[Any]]) -> list[tuple[Any, ...]]:
     return list(zip(*(list(timeline[key]) for key in _COLUMNS), strict=True))
 
 
-def _hops(rows: Sequence[tuple[Any, ...]]) -> list[tuple[int, float, float]]:
-    """(worker, sent, round trip beyond the runs) of each call of INFERs in ``rows`` (the
-    ``_COLUMNS`` of a timeline) that did not wait for its model's LOAD."""
+_Measured = list[tuple[int, float, float]]  # (worker, sent, seconds) per call
+
+
+def _legs(rows: Sequence[tuple[Any, ...]]) -> tuple[_Measured, _Measured, _Measured]:
+    """What the calls of INFERs in ``rows`` (the ``_COLUMNS`` of a timeline) that ran
+    measured of each of the :class:`Legs`, as :func:`call_legs` reads them."""
     loaded: dict[tuple[int, str], list[float]] = {}  # each LOAD's end, by worker and model
-    for kind, worker, model, _, _, started, ended, _ in rows:
-        if kind == "load" and math.isfinite(ended - started):
+    runs: dict[int, list[tuple[float, float, float, str]]] = {}  # started, ended, sent, model
+    back: _Measured = []
+    for kind, worker, model, _, sent, started, ended, answered in rows:
+        if not math.isfinite(ended - started):
+            continue
+        if kind == "load":
             loaded.setdefault((worker, model), []).append(ended)
-    return [
-        (worker, sent, max(0.0, overhead))
-        for kind, worker, model, _, sent, started, _, overhead in rows
-        if kind == "infer"
-        and math.isfinite(overhead)
-        and not any(sent <= end <= started for end in loaded.get((worker, model), ()))
-    ]
+        elif kind == "infer":
+            runs.setdefault(worker, []).append((started, ended, sent, model))
+            back.append((worker, sent, max(0.0, answered - ended)))
+    there: _Measured = []
+    behind: _Measured = []
+    for worker, ran in runs.items():
+        ran.sort()
+        free = -math.inf  # when the worker's batch before ended
+        leg = 0.0  # the last leg there measured on the worker
+        for started, ended, sent, model in ran:
+            if any(sent <= end <= started for end in loaded.get((worker, model), ())):
+                pass  # it waited for its model's LOAD
+            elif sent >= free:
+                leg = max(0.0, started - sent)
+                there.append((worker, sent, leg))
+            elif sent + leg <= free:  # by the last leg there, it came while the worker ran
+                behind.append((worker, sent, max(0.0, started - free)))
+            free = max(free, ended)
+    return there, back, behind
 
 
 def _interference(slowdowns: list[tuple[float, int]]) -> np.ndarray:
@@ -330,7 +371,7 @@ class _PoolRun:
         workers: int,
         capacity_bytes: int | None,
         depth: int,
-        hop_s: float | Callable[[], float],
+        hop_s: float | Callable[[], Legs],
         weather: Weather | None = None,
     ) -> None:
         self.specs = dict(models)
@@ -339,10 +380,10 @@ class _PoolRun:
         self.scheduler = PoolScheduler(workers, capacity_bytes=capacity_bytes, depth=depth)
         self.workers = [_SimWorker(capacity_bytes) for _ in range(workers)]
         if callable(hop_s):
-            self.hop = hop_s
+            self.legs = hop_s
         else:
-            fixed = float(hop_s)
-            self.hop = lambda: fixed
+            way = float(hop_s) / 2
+            self.legs = lambda: Legs(way, way)
         self.events: list[tuple[float, int, ActionResult]] = []
         self.seq = 0
         self.timer = math.inf
@@ -401,12 +442,12 @@ class _PoolRun:
 
     def _carry_out(self, action: Action, now: float) -> None:
         w = self.workers[action.worker]
-        hop = self.hop() if self.weather is None else self.weather.hop(action.worker, now)
-        way = hop / 2
-        arrives = now + way
+        legs = self.legs() if self.weather is None else self.weather.legs(action.worker, now)
+        arrives = now + legs.there
         ran, ok, error, size, weight = True, True, "", None, None
         if isinstance(action, Infer):
-            start = max(arrives, w.infer_free, w.ready.get(action.model, arrives))
+            behind = w.infer_free + legs.behind if arrives < w.infer_free else arrives
+            start = max(behind, w.ready.get(action.model, arrives))
         else:
             start = max(arrives, w.load_free)
         if isinstance(action, Unload):
@@ -435,7 +476,9 @@ class _PoolRun:
         if ran:
             w.spans["infer" if isinstance(action, Infer) else "load"] = (start, end)
         when = (start, end) if ran else (math.nan, math.nan)  # as a live worker reports
-        result = ActionResult(action, end + way, ran, ok, duration, size, weight, error, *when)
+        result = ActionResult(
+            action, end + legs.back, ran, ok, duration, size, weight, error, *when
+        )
         self.seq += 1
         heapq.heappush(self.events, (result.finished, self.seq, result))
 
@@ -490,7 +533,7 @@ def simulate_pool(
     workers: int,
     capacity_bytes: int | None = None,
     depth: int = 1,
-    hop_s: float | Callable[[], float] = 0.0,
+    hop_s: float | Callable[[], Legs] = 0.0,
     slo: float | Mapping[str, float] | None = None,
     deadlines: Sequence[float] | np.ndarray | None = None,
     priorities: Sequence[int] | np.ndarray | None = None,
@@ -500,7 +543,7 @@ def simulate_pool(
     model) through a pool of ``workers`` scheduled by :class:`PoolScheduler`.
 
     Deadlines: ``slo`` seconds after each arrival (one value, or one per model), or absolute
-    ``deadlines``, or none. ``weather``, when given, times the round trips in place of
+    ``deadlines``, or none. ``weather``, when given, times the calls' legs in place of
     ``hop_s`` and slows runs and LOADs (the module's docstring). Every query ends answered or
     refused, exactly once."""
     times = np.asarray(arrivals, dtype=float)

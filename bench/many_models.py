@@ -101,7 +101,7 @@ from bench.traces import MANY_FUNCTIONS, read_functions, replay_functions, zipf_
 from bench.validate_live import start_ray
 from bench.zoo import DEFAULT_DIR, build_zoo, digits_like, model_size
 from raysrv.analytics import SimModel, simulate_pool
-from raysrv.analytics.poolsim import call_hops, replayed_weather
+from raysrv.analytics.poolsim import Legs, call_legs, replayed_weather
 from raysrv.batching import make_policy
 from raysrv.config import IngressSpec, ResourcesSpec
 
@@ -522,8 +522,8 @@ class Bench:
         learned, as the live point's are):
         median run times and LOAD times per model (the pool's medians for a model that ran
         none), each batch's median multiplied by a factor drawn from the spread of the
-        measured run times (``_spread``), each call to a worker drawn from the round trips
-        measured beyond their runs (``_hop``). Each query reaches the scheduler after the
+        measured run times (``_spread``), each call's legs to a worker and back drawn from the
+        ones measured (``_legs``). Each query reaches the scheduler after the
         trip to the ingress it took live (its ``transit_ms``; drawn from the pool's
         ``trip_in_ms`` for the few the client never heard back about), and its deadline there is
         the SLO less what the ingress's own rule (:class:`raysrv._server.TripBack`) keeps back,
@@ -537,8 +537,8 @@ class Bench:
         pool's timeline (:func:`raysrv.analytics.poolsim.replayed_weather`, the workers as
         one machine): an action started at t takes its median times what the last live action
         of its kind before t took over its median, net of the interference it met and with
-        that of the actions running beside it in the simulation; a call takes the round trip
-        the last live one took then, and the ingress's rule is fed the replies it took up live, in
+        that of the actions running beside it in the simulation; a call takes the legs the last
+        live ones took then, and the ingress's rule is fed the replies it took up live, in
         their order. What is left to compare is then the scheduling, on the live run's weather.
 
         The lead-in's queries go through the simulator first, as they went through the live
@@ -597,7 +597,7 @@ class Bench:
             workers=WORKERS,
             capacity_bytes=capacity_bytes,
             depth=2,
-            hop_s=_hop(extra, rng),
+            hop_s=_legs(extra, rng),
             deadlines=deadlines[order],
             weather=weather,
         )
@@ -644,14 +644,11 @@ def _counted(log: RequestLog, lead_s: float) -> RequestLog:
     return kept
 
 
-def _hop(extra: dict[str, Any], rng: np.random.Generator) -> Any:
-    """A function drawing a call's round trip beyond its runs (seconds): one of the point's
-    calls that did not wait for a LOAD (:func:`raysrv.analytics.poolsim.call_hops`), or, for
-    a run saved before the pools kept a timeline, from the quantiles the pool showed."""
-    hops = call_hops(extra["timeline"]) if "timeline" in extra else np.array([])
-    if not hops.size:
-        return _drawn(extra["call_overhead_ms"], rng)
-    return lambda: float(rng.choice(hops))
+def _legs(extra: dict[str, Any], rng: np.random.Generator) -> Any:
+    """A function drawing a call's :class:`raysrv.analytics.poolsim.Legs`, each from the
+    point's calls that measured it (:func:`raysrv.analytics.poolsim.call_legs`)."""
+    measured = call_legs(extra["timeline"])
+    return lambda: Legs(*(float(rng.choice(m)) if m.size else 0.0 for m in measured))
 
 
 def _drawn(quantiles_ms: dict[str, float | None], rng: np.random.Generator) -> Any:

@@ -12,7 +12,7 @@ import pytest
 
 from raysrv import batching
 from raysrv.analytics import SimModel, simulate_pool
-from raysrv.analytics.poolsim import call_hops, replayed_weather
+from raysrv.analytics.poolsim import Legs, call_legs, replayed_weather
 from raysrv.batching import QueuedQuery
 from raysrv.batching.actions import (
     COLD_DOOMED,
@@ -532,16 +532,17 @@ def test_in_simulation_loads_of_other_models_do_not_delay_a_loaded_models_batche
     assert float(np.max(result.latencies[hot & ~result.cold])) < 0.01
 
 
-def test_in_simulation_each_action_may_draw_its_own_round_trip() -> None:
-    """``hop_s`` as a function is drawn once per action: a constant function gives what the
-    constant does, and the draws add up to one per action carried out."""
+def test_in_simulation_each_action_may_draw_its_own_legs() -> None:
+    """``hop_s`` as a function draws each action's legs there and back: a constant pair gives
+    what its round trip does as a number (half each way), and the draws add up to one per
+    action carried out."""
     times = np.arange(0.0, 1.0, 0.01)
     names = ["m0" if i % 3 else "m1" for i in range(times.size)]
-    draws: list[float] = []
+    draws: list[Legs] = []
 
-    def hop() -> float:
-        draws.append(0.004)
-        return 0.004
+    def hop() -> Legs:
+        draws.append(Legs(0.002, 0.002))
+        return draws[-1]
 
     def pool() -> dict[str, SimModel]:
         return {
@@ -555,9 +556,10 @@ def test_in_simulation_each_action_may_draw_its_own_round_trip() -> None:
 
 
 def test_in_simulation_a_replayed_timeline_slows_runs_and_calls_where_and_when_it_did() -> None:
-    """A live timeline whose worker ran batches at twice their median and its calls took 4 ms
-    more between t=1 and t=2, replayed as the weather: a query in that spell takes 2 x 10 ms
-    + 4 ms, one before or after it 10 ms, and a LOAD in it twice its profile."""
+    """A live timeline whose worker ran batches at twice their median and its calls took 1 ms
+    more to get there and 3 ms more back between t=1 and t=2, replayed as the weather: a query
+    in that spell takes 1 + 2 x 10 + 3 ms, one before or after it 10 ms, and a LOAD in it
+    twice its profile."""
     t0 = 1000.0  # the wall time the simulation's clock starts at
     timeline = {
         "kind": ["infer", "infer", "infer", "load"],
@@ -565,9 +567,9 @@ def test_in_simulation_a_replayed_timeline_slows_runs_and_calls_where_and_when_i
         "model": ["m", "m", "m", "m"],
         "size": [1, 1, 1, 0],
         "sent": [t0 + 0.0, t0 + 1.0, t0 + 2.0, t0 + 1.0],
-        "started": [t0 + 0.0, t0 + 1.0, t0 + 2.0, t0 + 1.0],
-        "ended": [t0 + 0.010, t0 + 1.020, t0 + 2.010, t0 + 1.100],
-        "back": [t0 + 0.011, t0 + 1.025, t0 + 2.011, t0 + 1.101],
+        "started": [t0 + 0.0, t0 + 1.001, t0 + 2.0, t0 + 1.0],
+        "ended": [t0 + 0.010, t0 + 1.021, t0 + 2.010, t0 + 1.100],
+        "back": [t0 + 0.010, t0 + 1.024, t0 + 2.010, t0 + 1.101],
         "overhead": [0.0, 0.004, 0.0, math.nan],
     }
     expected = {"infer": 0.010, "load": 0.050}
@@ -578,6 +580,7 @@ def test_in_simulation_a_replayed_timeline_slows_runs_and_calls_where_and_when_i
     pool = {"m": SimModel(_policy(max_batch_size=1), [0.010], pinned=True)}
     result = simulate_pool(times, ["m"] * 3, pool, workers=1, slo=1.0, weather=weather)
     np.testing.assert_allclose(result.latencies, [0.010, 0.024, 0.010])
+    assert weather.legs(0, 1.5) == pytest.approx((0.001, 0.003, 0.0))
 
 
 def test_in_simulation_batches_run_together_pay_the_interference_measured_live() -> None:
@@ -614,24 +617,51 @@ def test_in_simulation_batches_run_together_pay_the_interference_measured_live()
     np.testing.assert_allclose(result.latencies, [0.010, 0.020, 0.010])  # the 2nd beside the 1st
 
 
-def test_a_call_that_waited_for_its_models_load_is_not_a_hop() -> None:
-    """A batch sent right behind its model's LOAD waited on the worker for it, and its round
-    trip holds that wait, which the simulator has already (the INFER starts when the LOAD
-    ends): such a call is left out of the hops, drawn or replayed."""
+def test_a_batch_that_waited_on_its_worker_tells_no_leg_there() -> None:
+    """A call's leg there runs from its sending to its batch's start on the worker, its leg
+    back from the batch's end to the answer taken up. A batch that started late because its
+    worker was busy, right behind its model's LOAD or behind the batch before it, waited
+    there, which the simulator has already (its batch starts when the worker is free): it
+    tells no leg there, drawn or replayed; one that surely came while the batch before it ran
+    tells how long after that batch's end it started."""
     timeline = {
-        "kind": ["load", "infer", "infer"],
-        "worker": [0, 0, 0],
-        "model": ["m", "m", "m"],
-        "size": [0, 1, 1],
-        "sent": [1.000, 1.000, 2.000],
-        "started": [1.002, 1.050, 2.002],
-        "ended": [1.050, 1.060, 2.012],
-        "back": [1.052, 1.062, 2.014],
-        "overhead": [math.nan, 0.052, 0.004],
+        "kind": ["load", "infer", "infer", "infer", "infer"],
+        "worker": [0, 0, 0, 0, 0],
+        "model": ["m", "m", "m", "m", "m"],
+        "size": [0, 1, 1, 1, 1],
+        # the 4th sent while the 3rd ran, 7 ms before its end; the 5th 1 ms before the 4th's
+        # end, less than the last leg there (2 ms): it may have come after that end
+        "sent": [1.000, 1.000, 2.000, 2.005, 2.022],
+        "started": [1.002, 1.050, 2.002, 2.013, 2.024],
+        "ended": [1.050, 1.060, 2.012, 2.023, 2.030],
+        "back": [1.052, 1.061, 2.014, 2.026, 2.034],
+        "overhead": [math.nan, 0.051, 0.004, 0.003, 0.004],
     }
-    np.testing.assert_allclose(call_hops(timeline), [0.004])
+    legs = call_legs(timeline)
+    np.testing.assert_allclose(legs.there, [0.002])
+    np.testing.assert_allclose(legs.back, [0.001, 0.002, 0.003, 0.004])
+    np.testing.assert_allclose(legs.behind, [0.001])  # the 4th: 1 ms after the 3rd's end
     weather = replayed_weather(timeline, lambda kind, model, size: 0.010, 0.0)
-    assert weather.hop(0, 1.5) == pytest.approx(0.004)
+    assert weather.legs(0, 1.5) == pytest.approx((0.002, 0.001, 0.001))  # before the first:
+    assert weather.legs(0, 2.1) == pytest.approx((0.002, 0.004, 0.001))  # the first's
+
+
+def test_in_simulation_a_batch_that_reaches_a_busy_worker_starts_behind_after_the_one_before() -> (
+    None
+):
+    """The second batch at t=0.5 runs 30 ms where 10 were planned: the third, sent when the
+    second was planned to end, reaches the worker while it still runs and starts ``behind``
+    (3 ms) after its end; the others reach an idle worker and start on arrival."""
+    runs = iter([0.010, 0.030, 0.010])
+    pool = {"m": SimModel(_policy(max_batch_size=1), lambda k: next(runs), pinned=True)}
+    times = np.array([0.0, 0.5, 0.5])
+
+    def legs() -> Legs:
+        return Legs(there=0.0, back=0.0, behind=0.003)
+
+    result = simulate_pool(times, ["m"] * 3, pool, workers=1, depth=2, hop_s=legs, slo=1.0)
+    np.testing.assert_allclose(result.batch_starts, [0.0, 0.5, 0.533])
+    np.testing.assert_allclose(result.latencies, [0.010, 0.030, 0.043])
 
 
 def test_on_one_machine_the_weather_is_the_last_action_on_any_worker() -> None:
