@@ -43,6 +43,7 @@ from raysrv._heap import settle
 
 __all__ = [
     "REJECTED",
+    "STALL_S",
     "Client",
     "HandleClient",
     "HttpClient",
@@ -61,6 +62,7 @@ __all__ = [
 ]
 
 REJECTED = frozenset({429, 503})
+STALL_S = 0.005  # a replay's client notes when its loop runs a sleep this long this late
 DEFAULT_TIMEOUT_S = 10.0
 
 
@@ -183,12 +185,15 @@ async def _awaited(response: Awaitable[Any]) -> Any:
 @dataclass
 class RequestLog:
     """Per request: scheduled and actual send time, completion time (seconds from the run's
-    start) and status."""
+    start) and status. ``stalls``: when the client's own event loop was held (a replay's),
+    as (seconds from the run's start when it ran again, seconds it was held beyond
+    ``STALL_S``): an answer that arrived meanwhile was seen that much later."""
 
     scheduled: list[float] = field(default_factory=list)
     sent: list[float] = field(default_factory=list)
     done: list[float] = field(default_factory=list)
     status: list[int] = field(default_factory=list)
+    stalls: list[tuple[float, float]] = field(default_factory=list)
 
     async def timed(self, client: Client, i: int, scheduled: float, t0: float) -> None:
         sent = time.perf_counter() - t0
@@ -323,6 +328,7 @@ async def _replay(client: Client, offsets: Sequence[float] | np.ndarray, first: 
     tasks: list[asyncio.Task[None]] = []
     in_flight: set[asyncio.Task[None]] = set()
     t0 = time.perf_counter()
+    watch = asyncio.create_task(_watch_stalls(log.stalls, t0))
     for k, offset in enumerate(offsets):
         delay = offset - (time.perf_counter() - t0)
         if delay > 0:
@@ -333,9 +339,21 @@ async def _replay(client: Client, offsets: Sequence[float] | np.ndarray, first: 
         task.add_done_callback(in_flight.discard)
     if in_flight:
         await asyncio.wait(in_flight)
+    watch.cancel()
     for task in tasks:  # what a request raised, now that none is timed any more
         task.result()
     return log
+
+
+async def _watch_stalls(stalls: list[tuple[float, float]], t0: float) -> None:
+    """Append to ``stalls`` each time this event loop ran a ``STALL_S`` sleep more than
+    ``STALL_S`` late."""
+    while True:
+        before = time.perf_counter()
+        await asyncio.sleep(STALL_S)
+        after = time.perf_counter()
+        if after - before > 2 * STALL_S:
+            stalls.append((after - t0, after - before - STALL_S))
 
 
 async def closed_loop(

@@ -87,6 +87,7 @@ import numpy as np
 
 from bench.loadgen import (
     REJECTED,
+    STALL_S,
     HandleClient,
     RequestLog,
     _awaited,
@@ -408,6 +409,10 @@ class Bench:
             server["timing"] = _timing(client.trips, server)
             print(f"  {system} on {workload}: timing (ms) {server['timing']}")
         point = summarize(log, workload, system, self.slo_s, self.args.seconds, capacity, server)
+        server["late"] = late_answers(log, self.slo_s)
+        if server["late"]:
+            print(f"  {system} on {workload}: late answers (sent at s, ms late, client held ms)")
+            print(f"    {server['late']}")
         return point, log, {"times": times, "models": models, **server}
 
     async def server_state(self, system: str, handle: Any) -> dict[str, Any]:
@@ -641,6 +646,7 @@ def _counted(log: RequestLog, lead_s: float) -> RequestLog:
             kept.sent.append(sent - lead_s)
             kept.done.append(done - lead_s)
             kept.status.append(status)
+    kept.stalls = [(t - lead_s, held) for t, held in log.stalls if t >= lead_s]
     return kept
 
 
@@ -842,6 +848,26 @@ def summarize(
         capacity,
         float("nan"),
     )
+
+
+def late_answers(log: RequestLog, slo_s: float) -> list[tuple[float, float, float]]:
+    """Each answer past the SLO: when it was scheduled (s), how late it came (ms) and how long
+    the client's own loop had just been held (ms, 0 for none): a stall that ended within
+    ``STALL_S`` of the answer being seen, or that it was seen in."""
+    latency = np.asarray(log.done) - np.asarray(log.scheduled)
+    late = np.flatnonzero((np.asarray(log.status) == 200) & (latency > slo_s))
+    rows = []
+    for i in late:
+        seen = log.done[i]
+        held = [h for t, h in log.stalls if t - h - STALL_S <= seen <= t + STALL_S]
+        rows.append(
+            (
+                round(log.scheduled[i], 3),
+                round((latency[i] - slo_s) * 1e3, 1),
+                round(max(held, default=0.0) * 1e3, 1),
+            )
+        )
+    return rows
 
 
 def hot_table(rows: list[dict[str, Any]]) -> str:

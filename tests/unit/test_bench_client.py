@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from bench.loadgen import RequestLog, replay, scheduled_at
+from bench.loadgen import STALL_S, RequestLog, replay, scheduled_at
 from bench.many_models import (
     ALONE,
     REGISTERED,
     _counted,
     _replayed_replies,
     hot_table,
+    late_answers,
     paired_ratios,
     replot,
     resampled_median,
@@ -164,3 +165,39 @@ def test_the_clients_collector_is_off_during_a_replay_and_as_it_was_after() -> N
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+class _Blocking(_Slow):
+    """Holds the event loop (a blocking sleep) for ``hold_s`` when request 1 is sent."""
+
+    def __init__(self, delays: list[float], hold_s: float) -> None:
+        super().__init__(delays)
+        self.hold_s = hold_s
+
+    async def send(self, i: int) -> int:
+        if i == 1:
+            time.sleep(self.hold_s)
+        return await super().send(i)
+
+
+def test_a_replay_notes_when_the_clients_own_loop_was_held() -> None:
+    """A request that blocks the client's loop for 60 ms shows as one stall of about that long
+    (less the watcher's own sleep), ending once the loop ran again."""
+    log = asyncio.run(replay(_Blocking([0.0, 0.0, 0.0], hold_s=0.060), [0.0, 0.02, 0.1]))
+    (ended, held) = max(log.stalls, key=lambda stall: stall[1])
+    assert 0.060 - STALL_S <= held < 0.060 + 0.030
+    assert 0.02 + 0.060 <= ended < 0.1 + 0.030
+    assert [h for _, h in log.stalls if h >= 0.040] == [held]  # the one hold, once
+
+
+def test_each_late_answer_says_how_long_the_clients_loop_had_just_been_held() -> None:
+    """Answers past the SLO (100 ms) are listed with how late they came and the stall of the
+    client's loop they were seen in or right after; answers within it and refusals are not."""
+    log = RequestLog(
+        scheduled=[0.0, 1.0, 2.0, 3.0, 4.0],
+        sent=[0.0, 1.0, 2.0, 3.0, 4.0],
+        done=[0.05, 1.104, 2.130, 3.5, 4.120],
+        status=[200, 200, 200, 429, 200],
+        stalls=[(1.105, 0.030), (4.050, 0.010)],  # the second ended before the 5th was seen
+    )
+    assert late_answers(log, 0.100) == [(1.0, 4.0, 30.0), (2.0, 30.0, 0.0), (4.0, 20.0, 0.0)]
