@@ -11,7 +11,7 @@ model whose LOAD is still running starts when the LOAD ends. An INFER of k queri
 with no interference between the two executors; an action that would start after its
 ``latest`` is not run (§4.4); ``hop_s`` is how long an action takes to reach its worker and its
 result to come back: a round trip in seconds (half each way), or a function drawing each call's
-two legs (close over a ``numpy.random.Generator`` for legs measured live). A ``weather`` makes
+:class:`Legs` (close over a ``numpy.random.Generator`` for legs measured live). A ``weather`` makes
 the machine's speed vary over time: each INFER and LOAD takes its profile's time times the
 weather's slowdown where and when it starts, given how many actions run on the pool's other
 executors then (its time is fixed when it starts, as SERF's eq. 12 reads its interference), and
@@ -237,10 +237,11 @@ def call_legs(timeline: Mapping[str, Sequence[Any]]) -> Legs:
     """The :class:`Legs` (seconds) a live pool's calls of INFERs measured, from its
     ``timeline``, each an array. A batch that waited on its worker tells no leg there: one
     sent while the worker still ran the batch before it, or right behind its model's LOAD (the
-    INFER starts when the LOAD ends, in the simulator too). One sent at least the last leg
-    there measured before the batch ahead of it ended reached its worker while that one ran
-    and tells how long after its end it started (``behind``); one sent later than that tells
-    neither, as the worker does not say when a call reached it."""
+    INFER starts when the LOAD ends, in the simulator too). One sent while the batch ahead of
+    it ran, by at least the last leg there measured before that batch's end, reached its
+    worker while that batch ran and tells how long after its end it started (``behind``); one
+    sent closer to that end tells neither, as the worker does not say when a call reached
+    it."""
     return Legs(*(np.array([s for _, _, s in leg]) for leg in _legs(_rows(timeline))))
 
 
@@ -446,8 +447,9 @@ class _PoolRun:
         arrives = now + legs.there
         ran, ok, error, size, weight = True, True, "", None, None
         if isinstance(action, Infer):
-            behind = w.infer_free + legs.behind if arrives < w.infer_free else arrives
-            start = max(behind, w.ready.get(action.model, arrives))
+            # reaching its worker busy, it starts ``behind`` after the batch before it ends
+            begins = w.infer_free + legs.behind if arrives < w.infer_free else arrives
+            start = max(begins, w.ready.get(action.model, arrives))
         else:
             start = max(arrives, w.load_free)
         if isinstance(action, Unload):

@@ -279,10 +279,9 @@ def collector_off() -> Iterator[None]:
     """The client's heap frozen (``settle``) and its collector off until the block ends.
 
     Freezing keeps start-up's objects (Ray's modules: an 80 ms full pass) out of the collector's
-    passes, but a run's own requests are still collected: in a replay of 16,000 requests the
-    client's full passes took 29-36 ms mid-run, held its event loop, and every answer arriving
-    meanwhile reached it late (bench/RESULTS.md, "Late answers"). What a run leaves in cycles is
-    collected once it ends."""
+    passes, but not what the run creates: a full pass over its requests mid-run holds the
+    client's loop, and the answers arriving meanwhile are seen late (bench/RESULTS.md, "Late
+    answers"). What a run leaves in cycles is collected once it ends."""
     settle()
     enabled = gc.isenabled()
     gc.disable()

@@ -56,8 +56,9 @@ queries in flight on raysrv with the workload's model mix and an SLO no answer r
 
 Reported per point from the client's side (latency from each query's scheduled arrival): SLO
 attainment (answered within the SLO over offered), goodput, answers within the SLO or refused
-before any work (429/503), late answers, 504s (dropped at their deadline, work spent), p50 and
-p99 of answers; from the servers: loads, evictions and cold starts per second, and the most
+before any work (429/503), late answers (each listed with how long the client's own loop had
+just been held, ``late_answers``), 504s (dropped at their deadline, work spent), p50 and p99
+of answers; from the servers: loads, evictions and cold starts per second, and the most
 weight any worker held (raysrv: the worker's own account and its process's peak memory).
 For each raysrv point, "simulator": the same arrivals through
 :func:`raysrv.analytics.simulate_pool` with the run times and LOAD times the point measured per
@@ -111,6 +112,7 @@ __all__ = ["Bench", "Point", "TallyClient", "goodput_of", "main", "serve_mode", 
 FIGURES = Path(__file__).parent / "figures"
 OUT = Path(__file__).parent / "out" / "many_models.json"
 OVERRUN_BATCHES = 50  # models whose learned overrun the timing summary counts: enough batches
+SHOWN_LATE = 20  # late answers printed per point (the JSON keeps them all)
 SPREAD_BATCHES = 20  # batches of one size of one model before its spread counts (``_spread``)
 MAX_BATCH = 16
 # The zoo's square layer runs 400 times: a batch of 1 takes about 4.6 ms on one thread, of 16
@@ -411,8 +413,9 @@ class Bench:
         point = summarize(log, workload, system, self.slo_s, self.args.seconds, capacity, server)
         server["late"] = late_answers(log, self.slo_s)
         if server["late"]:
-            print(f"  {system} on {workload}: late answers (sent at s, ms late, client held ms)")
-            print(f"    {server['late']}")
+            shown = server["late"][:SHOWN_LATE]
+            print(f"  {system} on {workload}: {len(server['late'])} late answers, the first")
+            print(f"    {len(shown)} as (sent at s, ms late, the client's loop held ms): {shown}")
         return point, log, {"times": times, "models": models, **server}
 
     async def server_state(self, system: str, handle: Any) -> dict[str, Any]:
@@ -863,7 +866,7 @@ def late_answers(log: RequestLog, slo_s: float) -> list[tuple[float, float, floa
         rows.append(
             (
                 round(log.scheduled[i], 3),
-                round((latency[i] - slo_s) * 1e3, 1),
+                round(float(latency[i] - slo_s) * 1e3, 1),
                 round(max(held, default=0.0) * 1e3, 1),
             )
         )
@@ -1051,11 +1054,15 @@ def _measured(extra: dict[str, Any], capacity_bytes: int) -> dict[str, Any]:
     }
 
 
-def resimulate(path: Path) -> None:
+def resimulate(path: Path, params: list[str] | None = None) -> None:
     """The simulator again on the raysrv points a run saved (``measured`` in its JSON), beside
-    what the run measured live: the simulator can be studied without the hour of a run."""
+    what the run measured live: the simulator can be studied without the hour of a run. With
+    ``params`` (``--param``), its policies take those in place of the run's own: what another
+    setting would have done on the run's weather."""
     saved = json.loads(path.read_text())
     args = argparse.Namespace(**saved["args"])
+    if params:
+        args.param = params
     bench = Bench(args)
     live = {p["workload"]: p for p in saved["points"] if p["system"] == "raysrv"}
     for workload, measured in saved["measured"].items():
@@ -1129,7 +1136,8 @@ def main(argv: list[str] | None = None) -> int:
         "--param",
         nargs="*",
         metavar="KEY=JSON",
-        help="a parameter of raysrv's deadline policy, e.g. overrun_quantile=0.9",
+        help="a parameter of raysrv's deadline policy, e.g. overrun_quantile=0.9 (with "
+        "--resimulate: the simulator's, in place of the run's)",
     )
     parser.add_argument(
         "--trip-back",
@@ -1170,7 +1178,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.resimulate:
-        resimulate(args.resimulate)
+        resimulate(args.resimulate, args.param)
         return 0
     if args.replot:
         replot(args.replot)
