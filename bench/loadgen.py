@@ -328,17 +328,19 @@ async def _replay(client: Client, offsets: Sequence[float] | np.ndarray, first: 
     in_flight: set[asyncio.Task[None]] = set()
     t0 = time.perf_counter()
     watch = asyncio.create_task(_watch_stalls(log.stalls, t0))
-    for k, offset in enumerate(offsets):
-        delay = offset - (time.perf_counter() - t0)
-        if delay > 0:
-            await asyncio.sleep(delay)
-        task = asyncio.create_task(log.timed(client, first + k, float(offset), t0))
-        tasks.append(task)
-        in_flight.add(task)
-        task.add_done_callback(in_flight.discard)
-    if in_flight:
-        await asyncio.wait(in_flight)
-    watch.cancel()
+    try:
+        for k, offset in enumerate(offsets):
+            delay = offset - (time.perf_counter() - t0)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.create_task(log.timed(client, first + k, float(offset), t0))
+            tasks.append(task)
+            in_flight.add(task)
+            task.add_done_callback(in_flight.discard)
+        if in_flight:
+            await asyncio.wait(in_flight)
+    finally:
+        watch.cancel()
     for task in tasks:  # what a request raised, now that none is timed any more
         task.result()
     return log
