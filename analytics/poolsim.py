@@ -27,7 +27,9 @@ against the live system").
 
 Each simulated worker also keeps its own account of the weights it holds and refuses a LOAD
 that would take it past the capacity, as a live worker does, so the result's
-``peak_bytes`` is what the workers held, not what the scheduler planned.
+``peak_bytes`` is what the workers held, not what the scheduler planned. The result shows its
+actions as a live pool's timeline does (``timeline``): a simulated run replayed as its own
+weather answers as many within the SLO, which checks the replay itself.
 
 Cost: O(log n) per event plus the scheduler's own cost per step.
 """
@@ -343,6 +345,8 @@ class PoolSimResult:
     reasons: dict[str, int] = field(default_factory=dict)
     why: np.ndarray = field(default_factory=lambda: np.array([], dtype=object))  # per query:
     # why it was refused ("" for those answered)
+    timeline: dict[str, list[Any]] = field(default_factory=dict)  # the actions as a live
+    # pool's ``timeline`` shows them (its columns that :func:`replayed_weather` reads)
 
     @property
     def answered(self) -> np.ndarray:
@@ -402,6 +406,7 @@ class _PoolRun:
                     self.scheduler.pin(i, name, m.weight_bytes or 0)
         self.sizes: list[int] = []
         self.starts: list[float] = []
+        self.timeline: list[tuple[Any, ...]] = []  # each action carried out, as _COLUMNS
         self.batch_models: list[str] = []
         self.refused: dict[int, str] = {}
         self.done: dict[int, float] = {}
@@ -481,6 +486,9 @@ class _PoolRun:
         result = ActionResult(
             action, end + legs.back, ran, ok, duration, size, weight, error, *when
         )
+        queries = len(action.query_ids) if isinstance(action, Infer) else 0
+        row = (type(action).__name__.lower(), action.worker, action.model, queries, now)
+        self.timeline.append((*row, *when, result.finished))
         self.seq += 1
         heapq.heappush(self.events, (result.finished, self.seq, result))
 
@@ -597,6 +605,7 @@ def _result(run: _PoolRun, times: np.ndarray, names: list[str], due: np.ndarray)
         tuple(w.peak for w in run.workers),
         reasons,
         why,
+        {name: [row[i] for row in run.timeline] for i, name in enumerate(_COLUMNS)},
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -662,6 +663,58 @@ def test_in_simulation_a_batch_that_reaches_a_busy_worker_starts_behind_after_th
     result = simulate_pool(times, ["m"] * 3, pool, workers=1, depth=2, hop_s=legs, slo=1.0)
     np.testing.assert_allclose(result.batch_starts, [0.0, 0.5, 0.533])
     np.testing.assert_allclose(result.latencies, [0.010, 0.030, 0.043])
+
+
+def test_a_simulated_run_replayed_as_its_own_weather_keeps_its_attainment() -> None:
+    """A run of the simulator shows its actions as a live pool's timeline does; replayed as the
+    weather of the same arrivals, with its legs drawn at random in the first run, it answers
+    as many within the SLO (to half a point) with as many LOADs (to 2%); replayed with every
+    answer back at once, more than a point more."""
+    rng = np.random.default_rng(5)
+    times = np.cumsum(rng.exponential(1 / 300.0, 6000))
+    names = [f"m{min(int(rng.zipf(1.5)) - 1, 5)}" for _ in times]
+    runs = [0.004 + 0.002 * k for k in range(8)]
+
+    def pool() -> dict[str, SimModel]:
+        return {
+            f"m{i}": SimModel(
+                _policy("deadline", slo_s=0.05, max_batch_size=8),
+                runs,
+                load_s=0.020,
+                weight_bytes=1,
+                group="zoo",
+            )
+            for i in range(6)
+        }
+
+    draw = np.random.default_rng(6)
+
+    def legs() -> Legs:
+        return Legs(draw.uniform(0.001, 0.005), draw.uniform(0.001, 0.008), draw.uniform(0, 0.003))
+
+    kwargs: dict[str, Any] = {"workers": 2, "capacity_bytes": 3, "depth": 2, "slo": 0.05}
+    first = simulate_pool(times, names, pool(), hop_s=legs, **kwargs)
+    assert set(first.timeline["kind"]) == {"infer", "load", "unload"}
+
+    def expected(kind: str, model: str, size: int) -> float:
+        return runs[size - 1] if kind == "infer" else 0.020
+
+    weather = replayed_weather(first.timeline, expected, 0.0)
+    again = simulate_pool(times, names, pool(), weather=weather, **kwargs)
+    within = first.within(0.05).mean()
+    assert 0.5 < within < 0.99  # a load at which the legs count
+    assert again.within(0.05).mean() == pytest.approx(within, abs=0.005)
+    assert again.loads == pytest.approx(first.loads, rel=0.02)
+
+    class BackAtOnce:
+        def slowdown(self, worker: int, t: float, kind: str, others: int = 0) -> float:
+            return weather.slowdown(worker, t, kind, others)
+
+        def legs(self, worker: int, t: float) -> Legs:
+            return weather.legs(worker, t)._replace(back=0.0)
+
+    sooner = simulate_pool(times, names, pool(), weather=BackAtOnce(), **kwargs)
+    assert sooner.within(0.05).mean() > within + 0.01
 
 
 def test_on_one_machine_the_weather_is_the_last_action_on_any_worker() -> None:
