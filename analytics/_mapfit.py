@@ -254,11 +254,13 @@ def _search(goal: MapMoments) -> list[tuple[Matrix, Matrix]]:
 
 
 def _best_start(goal: MapMoments, family: int) -> OptimizeResult:
-    """Bounded least squares from each start in turn, stopping at an exact match."""
+    """Bounded least squares from each start in turn (moved into the bounds: a renewal start
+    of an SCV at 1 has b of rounding size), stopping at an exact match."""
     best: OptimizeResult | None = None
     for start in _renewal_starts(goal) + _STARTS:
+        inside = np.clip(start, *_BOUNDS)
         res = least_squares(
-            _family_residuals, start, bounds=_BOUNDS, args=(family, goal), xtol=1e-10, ftol=1e-12
+            _family_residuals, inside, bounds=_BOUNDS, args=(family, goal), xtol=1e-10, ftol=1e-12
         )
         if best is None or res.cost < best.cost:
             best = res

@@ -8,7 +8,7 @@ from typing import Any, cast
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from raysrv.analytics import _mapfit
@@ -492,6 +492,7 @@ def check_phase_vectors(m: MAP) -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(r1=rates, r2=rates, s1=rates, s2=rates)
+@example(r1=0.125, r2=0.125, s1=30.5, s2=64.75)  # equal rates: Poisson, a renewal start at b=0
 def test_map2_from_moments_inverts_map_moments(r1: float, r2: float, s1: float, s2: float) -> None:
     m = MMPP2(rate1=r1, rate2=r2, switch1=s1, switch2=s2)
     # The fit's phase chain has eigenvalue g <= G_MAX; beyond it, see the test below.
