@@ -24,7 +24,11 @@ replicas, user code on the replica's main thread), the best a Ray user could con
   ``--param`` sets its other parameters), the SLO sent with every query (``slo_ms``, and
   ``sent_at`` the time the query was scheduled for, where its latency is counted from; the
   ingress keeps back from each deadline, for the answer's way back, what its rule gives at
-  ``--trip-back``, by default raysrv's ``trip_back_quantile``).
+  ``--trip-back``, by default raysrv's ``trip_back_quantile``). Their LOADs bring a model in
+  without the run of one that ends a LOAD by default (``warm_up: false``; ``--warm-up`` keeps
+  it): a zoo model's first run after loading takes no longer than its next (each run prints
+  both, over ``FIRST_RUNS`` models, and saves them as ``first_run``), so that run would only
+  lengthen every cold start, which multiplexed's loads do not pay either.
 * ``multiplexed``: what a Ray user would pick, ``@serve.multiplexed`` (:mod:`bench.multiplexed`):
   2 replicas of one CPU, each keeping as many models as a raysrv worker may, ``@serve.batch``
   by model, admission bounded so overload is refused.
@@ -79,6 +83,7 @@ import asyncio
 import collections
 import json
 import math
+import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -101,7 +106,7 @@ from bench.multiplexed import build_multiplexed, replica_stats
 from bench.plots import attainment_panels, goodput_panels
 from bench.traces import MANY_FUNCTIONS, read_functions, replay_functions, zipf_arrivals
 from bench.validate_live import start_ray
-from bench.zoo import DEFAULT_DIR, build_zoo, digits_like, model_size
+from bench.zoo import DEFAULT_DIR, build_zoo, digits_like, model_size, run_times
 from raysrv.analytics import SimModel, simulate_pool
 from raysrv.analytics.poolsim import Legs, call_legs, replayed_weather
 from raysrv.batching import make_policy
@@ -113,6 +118,8 @@ FIGURES = Path(__file__).parent / "figures"
 OUT = Path(__file__).parent / "out" / "many_models.json"
 OVERRUN_BATCHES = 50  # models whose learned overrun the timing summary counts: enough batches
 SHOWN_LATE = 20  # late answers printed per point (the JSON keeps them all)
+MODEL_NAMED = re.compile(r"^model '[^']*':? ")  # how an error names its model
+FIRST_RUNS = 10  # zoo models whose first run after loading is timed against their next
 SPREAD_BATCHES = 20  # batches of one size of one model before its spread counts (``_spread``)
 MAX_BATCH = 16
 # The zoo's square layer runs 400 times: a batch of 1 takes about 4.6 ms on one thread, of 16
@@ -205,7 +212,7 @@ class TallyClient(HandleClient):
         if transit is not None:
             self.transits[i] = transit / 1000.0
         if isinstance(result, dict) and "error" in result:
-            self._tally(counted, result.get("message", "").split(": ", 1)[-1][:60])
+            self._tally(counted, _reason(result.get("message", "")))
             return int(result.get("status", 500))
         if counted and isinstance(result, dict) and "latency_ms" in result:
             trip = time.perf_counter() - start - result["latency_ms"] / 1000.0
@@ -252,6 +259,7 @@ class Bench:
             "slo_ms": self.args.slo_ms,
             "input": {"shape": [64], "dtype": "float32"},
             "pool": "zoo",
+            "warm_up": getattr(self.args, "warm_up", True),  # runs saved before it warmed up
         }
         if name is None:
             return template
@@ -653,6 +661,12 @@ def _counted(log: RequestLog, lead_s: float) -> RequestLog:
     return kept
 
 
+def _reason(message: str) -> str:
+    """Why a query was not answered, without the model it names (``model 'm0042': ...``), so
+    that one reason is counted once over every model, not once per model."""
+    return MODEL_NAMED.sub("", message, count=1)[:60]
+
+
 def _legs(extra: dict[str, Any], rng: np.random.Generator) -> Any:
     """A function drawing a call's :class:`raysrv.analytics.poolsim.Legs`, each from the
     point's calls that measured it (:func:`raysrv.analytics.poolsim.call_legs`)."""
@@ -953,9 +967,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     measured: dict[str, dict[str, Any]] = {}
     hot: list[dict[str, Any]] = []
 
+    first, steady = run_times(bench.paths[:FIRST_RUNS], 1, np.random.default_rng(3))
+    first_run = {"first_ms": first * 1e3, "steady_ms": steady * 1e3}
+    print(
+        f"a fresh session's first run of one: {first * 1e3:.1f} ms, then {steady * 1e3:.1f} ms "
+        f"(p50 over {FIRST_RUNS} models); LOADs warm up: {args.warm_up}"
+    )
+
     def result() -> dict[str, Any]:
         return {
             "args": vars(args),
+            "first_run": first_run,
             "per_worker_models": bench.per_worker,
             "model_bytes": bench.size,
             "capacities": capacities,
@@ -1138,6 +1160,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=JSON",
         help="a parameter of raysrv's deadline policy, e.g. overrun_quantile=0.9 (with "
         "--resimulate: the simulator's, in place of the run's)",
+    )
+    parser.add_argument(
+        "--warm-up",
+        action="store_true",
+        help="raysrv's LOADs end with a run of one (its default; here off: see the docstring)",
     )
     parser.add_argument(
         "--trip-back",

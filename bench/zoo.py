@@ -221,7 +221,7 @@ def _rss() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
-def _run_times(paths: list[Path], batch: int, rng: np.random.Generator) -> tuple[float, float]:
+def run_times(paths: list[Path], batch: int, rng: np.random.Generator) -> tuple[float, float]:
     """p50 over ``paths`` of a fresh session's first run, and of its steady run time."""
     x = digits_like(rng, batch)
     first, steady = [], []
@@ -261,7 +261,7 @@ def _report(paths: list[Path], samples: int) -> None:
     )
     print(f"{'batch':>5}  {'first run ms':>12}  {'steady ms':>9}  (p50 over {len(sample)} models)")
     for batch in BATCHES:
-        first, steady = _run_times(sample, batch, rng)
+        first, steady = run_times(sample, batch, rng)
         print(f"{batch:>5}  {first * 1e3:>12.3f}  {steady * 1e3:>9.3f}")
     loaded, ran, left = _memory(paths[samples : samples + 50] or sample, rng)
     print(

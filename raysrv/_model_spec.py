@@ -144,6 +144,13 @@ class ModelTemplate(_Strict):
         "2 sends the next batch so it arrives as the replica frees up, 1 waits until it is idle.",
     )
     input: InputSpec = Field(description="Shape and dtype of one input.")
+    warm_up: bool = Field(
+        True,
+        description="Run a batch of one as the last step of every LOAD, so that the first "
+        "query after it does not pay the runtime's first-run setup, and a model that cannot "
+        "run fails its LOAD; false takes that run out of every cold start, for models whose "
+        "first run is no slower than the next.",
+    )
 
     @model_validator(mode="after")
     def _device_and_resources_agree(self) -> ModelTemplate:

@@ -224,7 +224,8 @@ class PoolWorker:
         return sum(m.weight_bytes for m in list(self._models.values()))  # LOADs run beside
 
     def load(self, spec: dict[str, Any], earliest: float, latest: float) -> Report:
-        """LOAD: bring a model into memory and run it once, within the window."""
+        """LOAD: bring a model into memory (and run it once, with its ``warm_up``), within the
+        window."""
         if not _in_window(earliest, latest):
             return Report("late")
         model = ModelSpec.model_validate(spec)
@@ -246,7 +247,8 @@ class PoolWorker:
         if not self._fits(weight):
             del runtime
             return self._no_room(model, weight)
-        runtime.predict_batch(np.zeros((1, *model.input.shape), dtype=model.input.dtype))
+        if model.warm_up:
+            runtime.predict_batch(np.zeros((1, *model.input.shape), dtype=model.input.dtype))
         duration = time.perf_counter() - start
         grown = rss_bytes() - before
         self._models[model.name] = _Loaded(runtime, weight, grown)

@@ -6,6 +6,7 @@ loops are compared pair by pair."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import gc
 import json
 import time
@@ -19,6 +20,7 @@ from bench.many_models import (
     ALONE,
     REGISTERED,
     _counted,
+    _reason,
     _replayed_replies,
     hot_table,
     late_answers,
@@ -26,6 +28,7 @@ from bench.many_models import (
     replot,
     resampled_median,
 )
+from raysrv.batching.actions import COLD_DOOMED
 
 
 def test_a_saved_run_draws_its_plots_again_from_its_request_logs(tmp_path: Path) -> None:
@@ -201,3 +204,17 @@ def test_each_late_answer_says_how_long_the_clients_loop_had_just_been_held() ->
         stalls=[(1.105, 0.030), (4.050, 0.010)],  # the second ended before the 5th was seen
     )
     assert late_answers(log, 0.100) == [(1.0, 4.0, 30.0), (2.0, 30.0, 0.0), (4.0, 20.0, 0.0)]
+
+
+def test_a_reason_not_to_answer_is_counted_once_over_the_models_it_names() -> None:
+    """The point's reasons keep the most common few: one reason per model would push the rest
+    out (a run's 504s were missing from them)."""
+    dropped = "had no answer by the query's deadline; it was dropped"
+    messages = [f"model 'm{i:04d}': {COLD_DOOMED}" for i in range(3)]
+    messages += [f"model 'm{i:04d}' {dropped}" for i in range(2)]
+    messages.append("pool 'zoo' is shutting down")
+    assert collections.Counter(_reason(m) for m in messages) == {
+        COLD_DOOMED: 3,
+        dropped: 2,
+        "pool 'zoo' is shutting down": 1,
+    }

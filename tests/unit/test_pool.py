@@ -708,6 +708,33 @@ def test_a_worker_runs_loads_and_batches_at_the_niceness_its_resources_give() ->
     assert asyncio.run(scenario(PoolWorker(None, []))) == (here, here, here)
 
 
+class _Unrunnable:
+    """A model that loads but cannot run."""
+
+    def predict_batch(self, inputs: Any) -> list[Any]:
+        raise RuntimeError("this model cannot run")
+
+
+def test_a_load_runs_its_model_once_unless_warm_up_is_off() -> None:
+    """With ``warm_up`` (the default) a LOAD ends with a run of one, so a model that cannot run
+    fails its LOAD; without it the LOAD only brings the model in, and its first batch fails."""
+    source = f"{__name__}:_Unrunnable"
+
+    async def scenario(warm_up: bool) -> Report:
+        spec = ModelSpec.model_validate({**_worker_spec("broken", source), "warm_up": warm_up})
+        worker = PoolWorker(None, [])
+        (load,) = await worker.run([Call("load", "broken", spec=spec.model_dump(mode="json"))])
+        if load.status == "ok":
+            with pytest.raises(RuntimeError, match="this model cannot run"):
+                await worker.run([Call("infer", "broken", inputs=_ones(1))])
+        return load
+
+    warmed = asyncio.run(scenario(True))
+    assert warmed.status == "failed"
+    assert "this model cannot run" in warmed.error
+    assert asyncio.run(scenario(False)).status == "ok"
+
+
 def _ones(n: int) -> np.ndarray:
     return np.ones((n, 4), dtype=np.float32)
 
