@@ -81,6 +81,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import itertools
 import json
 import math
 import re
@@ -112,13 +113,23 @@ from raysrv.analytics.poolsim import Legs, call_legs, replayed_weather
 from raysrv.batching import make_policy
 from raysrv.config import IngressSpec, ResourcesSpec
 
-__all__ = ["Bench", "Point", "TallyClient", "goodput_of", "main", "serve_mode", "timed_closed_loop"]
+__all__ = [
+    "Bench",
+    "Point",
+    "TallyClient",
+    "goodput_of",
+    "main",
+    "popularity_table",
+    "serve_mode",
+    "timed_closed_loop",
+]
 
 FIGURES = Path(__file__).parent / "figures"
 OUT = Path(__file__).parent / "out" / "many_models.json"
 OVERRUN_BATCHES = 50  # models whose learned overrun the timing summary counts: enough batches
 SHOWN_LATE = 20  # late answers printed per point (the JSON keeps them all)
 MODEL_NAMED = re.compile(r"^model '[^']*':? ")  # how an error names its model
+POPULARITY_BANDS = (1, 3, 10, 50, 200)  # model ranks where ``popularity_table``'s rows end
 FIRST_RUNS = 10  # zoo models whose first run after loading is timed against their next
 SPREAD_BATCHES = 20  # batches of one size of one model before its spread counts (``_spread``)
 MAX_BATCH = 16
@@ -532,10 +543,11 @@ class Bench:
 
     def simulate(
         self, workload: str, extra: dict[str, Any], capacity_bytes: int, replay: bool = False
-    ) -> float:
-        """Within-SLO share of the same arrivals in the simulator, with what the point measured
-        (printed with why the rest were not answered and the overruns the simulated policies
-        learned, as the live point's are):
+    ) -> np.ndarray:
+        """Which of the point's queries (in their order in ``extra["times"]``) the simulator
+        answers within the SLO, given the same arrivals and what the point measured (printed
+        with why the rest were not answered and the overruns the simulated policies learned,
+        as the live point's are):
         median run times and LOAD times per model (the pool's medians for a model that ran
         none), each batch's median multiplied by a factor drawn from the spread of the
         measured run times (``_spread``), each call's legs to a worker and back drawn from the
@@ -634,7 +646,9 @@ class Bench:
         if learned:
             overrun = f"{np.median(learned):.1f} / {np.max(learned):.1f}"
             print(f"  {which} on {workload}: overrun median / max (ms) {overrun}")
-        return float(np.sum(met)) / max(1, int(counted.sum()))
+        within = np.empty_like(met)
+        within[order] = met
+        return within[len(extra["lead"]) :]
 
 
 def clear() -> None:
@@ -1003,8 +1017,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 timing[workload] = extra["timing"]
                 measured[workload] = _measured(extra, capacity_bytes)
                 save(args.out, {**result(), "points": [asdict(p) for p in [*points, point]]})
-                simulated = bench.simulate(workload, extra, capacity_bytes)
-                replayed = bench.simulate(workload, extra, capacity_bytes, replay=True)
+                simulated = _attainment(bench.simulate(workload, extra, capacity_bytes))
+                replayed = _attainment(bench.simulate(workload, extra, capacity_bytes, replay=True))
                 point = Point(**{**asdict(point), "simulated": simulated, "replayed": replayed})
             points.append(point)
             save(args.out, result())
@@ -1078,7 +1092,8 @@ def _measured(extra: dict[str, Any], capacity_bytes: int) -> dict[str, Any]:
 
 def resimulate(path: Path, params: list[str] | None = None) -> None:
     """The simulator again on the raysrv points a run saved (``measured`` in its JSON), beside
-    what the run measured live: the simulator can be studied without the hour of a run. With
+    what the run measured live, and live against replayed by the popularity of the queries'
+    models (:func:`popularity_table`): the simulator can be studied without the hour of a run. With
     ``params`` (``--param``), its policies take those in place of the run's own: what another
     setting would have done on the run's weather."""
     saved = json.loads(path.read_text())
@@ -1096,14 +1111,58 @@ def resimulate(path: Path, params: list[str] | None = None) -> None:
         extra["lead_transits"] = measured.get("lead_transits", [])
         print(f"{workload}: live not answered because {measured['reasons']}")
         print(f"{workload}: live timing (ms) {saved['timing_ms'][workload]}")
-        share = bench.simulate(workload, extra, measured["capacity_bytes"])
-        replayed = math.nan
+        share = _attainment(bench.simulate(workload, extra, measured["capacity_bytes"]))
+        replayed = None
         if "timeline" in measured:  # runs saved before the pools kept one have none
             replayed = bench.simulate(workload, extra, measured["capacity_bytes"], replay=True)
         print(
             f"{workload}: within the SLO live {live[workload]['within_slo']:.2%}, "
-            f"simulated {share:.2%}, replayed {replayed:.2%}"
+            f"simulated {share:.2%}, replayed {_attainment(replayed):.2%}"
         )
+        log = saved.get("logs", {}).get(workload, {}).get("raysrv")
+        if replayed is not None and log is not None:
+            within = _within(log, bench.slo_s)
+            print(f"{workload}: live and replayed by the models' popularity in the point")
+            print(popularity_table(extra["models"], within, replayed))
+
+
+def _attainment(within: np.ndarray | None) -> float:
+    """The share of queries answered within the SLO (NaN for none)."""
+    return float(np.mean(within)) if within is not None and within.size else math.nan
+
+
+def _within(log: dict[str, list[Any]], slo_s: float) -> np.ndarray:
+    """Which queries of a saved request log were answered within ``slo_s`` of their schedule."""
+    status = np.asarray(log["status"])
+    latency = np.asarray(log["done"], dtype=float) - np.asarray(log["scheduled"], dtype=float)
+    return (status == 200) & (latency <= slo_s)
+
+
+def popularity_table(models: np.ndarray, live: np.ndarray, simulated: np.ndarray) -> str:
+    """Within-SLO shares live and simulated, and the queries answered within the SLO by one
+    only, by the popularity of their model in the point (its rank by queries, most first; ties
+    by model): the simulator can match live attainment overall while it serves other models."""
+    counts = np.bincount(models)
+    rank = np.empty(counts.size, dtype=int)
+    rank[np.lexsort((np.arange(counts.size), -counts))] = np.arange(counts.size)
+    ranks = rank[models]
+    rows = [
+        "| models by popularity | queries | live | replayed | only live | only replayed |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    edges = [0, *(b for b in POPULARITY_BANDS if b < counts.size), counts.size]
+    for low, high in itertools.pairwise(edges):
+        band = (ranks >= low) & (ranks < high)
+        if not band.any():
+            continue
+        label = f"{low + 1}" if high == low + 1 else f"{low + 1}-{high}"
+        only_live = int((live & ~simulated & band).sum())
+        only_sim = int((simulated & ~live & band).sum())
+        rows.append(
+            f"| {label} | {int(band.sum())} | {live[band].mean():.1%} | "
+            f"{simulated[band].mean():.1%} | {only_live} | {only_sim} |"
+        )
+    return "\n".join(rows)
 
 
 def serve_mode(default_mode: bool) -> None:

@@ -13,6 +13,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bench.loadgen import STALL_S, RequestLog, replay, scheduled_at
@@ -25,6 +26,7 @@ from bench.many_models import (
     hot_table,
     late_answers,
     paired_ratios,
+    popularity_table,
     replot,
     resampled_median,
 )
@@ -218,3 +220,16 @@ def test_a_reason_not_to_answer_is_counted_once_over_the_models_it_names() -> No
         dropped: 2,
         "pool 'zoo' is shutting down": 1,
     }
+
+
+def test_live_and_simulated_are_compared_by_the_popularity_of_the_queries_models() -> None:
+    """Models 1 and 2 have 2 queries each, model 0 one: model 1 (the tie goes to the lower
+    name) is the most popular, alone in the first row; the next two share the second."""
+    models = np.array([2, 1, 1, 2, 0])
+    live = np.array([True, True, False, False, True])
+    simulated = np.array([False, True, True, True, True])
+    rows = popularity_table(models, live, simulated).splitlines()[2:]
+    assert rows == [
+        "| 1 | 2 | 50.0% | 100.0% | 0 | 1 |",
+        "| 2-3 | 3 | 66.7% | 66.7% | 1 | 1 |",
+    ]
