@@ -16,7 +16,8 @@ time. One step:
       early, and it is refused once its required start passes. With ``refuse_behind_work``
       it is refused at once instead (deadline < earliest predicted start + p99(1)), sooner
       for its caller; on four alternating runs of the many-model trace neither kept more
-      within the SLO beyond the runs' spread (``bench/RESULTS.md``, "The trace today").
+      within the SLO beyond the runs' spread (``bench/RESULTS_ARCHIVE.md``, "the trace run
+      after run, before run 9").
   (2) With a free replica, order the latency-sensitive queries by deadline. Each (query, batch
       size b) is a strategy whose required start time is the query's deadline - p99(b)
       (Appendix B): the batch is that query and the next b-1 by deadline, so it finishes before
