@@ -788,9 +788,13 @@ async def timed_closed_loop(
 
 
 def goodput_of(log: RequestLog, slo_s: float) -> float:
-    latency = np.asarray(log.done) - np.asarray(log.scheduled)
-    ok = (np.asarray(log.status) == 200) & (latency <= slo_s)
-    return float(ok.sum()) / max(float(np.max(log.done)), 1e-9)
+    return float(_within(log, slo_s).sum()) / max(float(np.max(log.done)), 1e-9)
+
+
+def _within(log: RequestLog, slo_s: float) -> np.ndarray:
+    """Which queries of ``log`` were answered within ``slo_s`` of their schedule."""
+    latency = np.asarray(log.done, dtype=float) - np.asarray(log.scheduled, dtype=float)
+    return (np.asarray(log.status) == 200) & (latency <= slo_s)
 
 
 def _table(p50: dict[str, float]) -> dict[int, float]:
@@ -852,7 +856,7 @@ def summarize(
     status = np.asarray(log.status)
     latency = np.asarray(log.done) - np.asarray(log.scheduled)
     answered = status == 200
-    within = answered & (latency <= slo_s)
+    within = _within(log, slo_s)
     refused = np.isin(status, (429, 503))
     shown = latency[answered] * 1e3
     p50, p99 = np.percentile(shown, [50, 99]) if shown.size else (np.nan, np.nan)
@@ -1121,7 +1125,7 @@ def resimulate(path: Path, params: list[str] | None = None) -> None:
         )
         log = saved.get("logs", {}).get(workload, {}).get("raysrv")
         if replayed is not None and log is not None:
-            within = _within(log, bench.slo_s)
+            within = _within(RequestLog(**log), bench.slo_s)
             print(f"{workload}: live and replayed by the models' popularity in the point")
             print(popularity_table(extra["models"], within, replayed))
 
@@ -1129,13 +1133,6 @@ def resimulate(path: Path, params: list[str] | None = None) -> None:
 def _attainment(within: np.ndarray | None) -> float:
     """The share of queries answered within the SLO (NaN for none)."""
     return float(np.mean(within)) if within is not None and within.size else math.nan
-
-
-def _within(log: dict[str, list[Any]], slo_s: float) -> np.ndarray:
-    """Which queries of a saved request log were answered within ``slo_s`` of their schedule."""
-    status = np.asarray(log["status"])
-    latency = np.asarray(log["done"], dtype=float) - np.asarray(log["scheduled"], dtype=float)
-    return (status == 200) & (latency <= slo_s)
 
 
 def popularity_table(models: np.ndarray, live: np.ndarray, simulated: np.ndarray) -> str:
