@@ -14,10 +14,15 @@ may hold 5% of the models between them.
 Systems, each deployed afresh for each point and sent first ``LEAD_S`` of the workload at the
 point's rate, not counted (its lead-in: the trace's last minutes, which come before its first,
 or another draw of the Zipf), so that each starts the point in the state that load leaves;
-driven through Serve handles from this process, with Ray Serve in its
-throughput-optimized mode (``RAY_SERVE_THROUGHPUT_OPTIMIZED=1``: gRPC between handles and
-replicas, user code on the replica's main thread), the best a Ray user could configure
-(``--default-serve``: Serve's default mode):
+driven from this process with Ray Serve in its throughput-optimized mode
+(``RAY_SERVE_THROUGHPUT_OPTIMIZED=1``: gRPC between handles and replicas, user code on the
+replica's main thread) and HAProxy as its HTTP ingress (``RAY_SERVE_ENABLE_HA_PROXY=1``), the
+best a Ray user could configure (``--default-serve``: Serve's default mode, its Python proxy).
+Queries go over HTTP through HAProxy, one pooled aiohttp session, but for ``multiplexed``'s,
+which go through a handle. A handle call costs this process, which shares the 2 cores with
+the servers, about four times the CPU of an HTTP request: on the trace at 80.9 queries a
+second the load generator took 0.40 of a core over handles and 0.10 over HTTP
+(``bench/RESULTS.md``, "Where the 2 cores go"):
 
 * ``raysrv``: one shared pool of 2 workers, ``memory_mb`` for 2.5% of the models each, the
   models declared as one model set with the ``deadline`` policy (batches of at most 16;
@@ -29,9 +34,15 @@ replicas, user code on the replica's main thread), the best a Ray user could con
   it): a zoo model's first run after loading takes no longer than its next (each run prints
   both, over ``FIRST_RUNS`` models, and saves them as ``first_run``), so that run would only
   lengthen every cold start, which multiplexed's loads do not pay either.
-* ``multiplexed``: what a Ray user would pick, ``@serve.multiplexed`` (:mod:`bench.multiplexed`):
-  2 replicas of one CPU, each keeping as many models as a raysrv worker may, ``@serve.batch``
-  by model, admission bounded so overload is refused.
+  ``--handles`` sends them through a handle instead, as runs up to 16 did.
+* ``multiplexed-http`` and ``multiplexed``: what a Ray user would pick, ``@serve.multiplexed``
+  (:mod:`bench.multiplexed`): 2 replicas of one CPU, each keeping as many models as a raysrv
+  worker may, ``@serve.batch`` by model. ``multiplexed-http`` is sent HTTP requests naming
+  the model in Serve's ``serve_multiplexed_model_id`` header, which HAProxy, without an
+  ingress request router, does not route by: it balances them over the replicas, each loading
+  what it is asked for.
+  ``multiplexed`` is called through a handle, whose router sends a model's queries to the
+  replica that holds it, with admission bounded so overload is refused.
 * A dedicated replica per model does not fit: each is a Ray worker process (about 400 MB
   resident here), 1,000 of them would need some 400 GB against this machine's 24 GB. It is
   measured where it fits: the hot model alone (``hot``).
@@ -90,6 +101,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import numpy as np
 
 from bench.loadgen import (
@@ -151,6 +163,9 @@ WARM_S = 5.0  # of a closed loop before the hot model's loops, not measured
 # bench/RESULTS_ARCHIVE.md, "what the simulator lacked until run 12").
 LEAD_S = 5.0
 ALONE, REGISTERED = "pool, the model alone", "pool, every model registered"  # hot configs
+MUX_HTTP = "multiplexed-http"  # the multiplexed baseline over HTTP
+SYSTEMS = ("raysrv", MUX_HTTP, "multiplexed")
+HTTP_CONNECTIONS = 1024  # the client's pooled connections: more than a point keeps in flight
 HOT = "hot"  # the hot model's name: the zoo's first model's file, outside the zoo's model set
 RESAMPLES = 5000  # of the hot model's pairs, for the spread of their median ratio
 SETTLE_S = 5.0  # after a hot-model deployment: the last one's processes end meanwhile
@@ -159,6 +174,62 @@ SETTLE_S = 5.0  # after a hot-model deployment: the last one's processes end mea
 TRIP_BACK = IngressSpec.model_fields["trip_back_quantile"].default
 NICENESS = ResourcesSpec.model_fields["niceness"].default
 LOAD_NICENESS = ResourcesSpec.model_fields["load_niceness"].default
+
+
+class HttpCalls:
+    """raysrv's queries over HTTP (``--http``): ``POST /raysrv/v1/models/{model}/predict``
+    through Serve's HAProxy ingress, one pooled aiohttp session; each call is a task whose
+    result is the body raysrv answered (its errors' bodies too, which carry their status)."""
+
+    def __init__(self) -> None:
+        self._url = ""  # Serve's, once it has started (``start``)
+        self._session: aiohttp.ClientSession | None = None
+
+    def start(self, port: int) -> None:
+        self._url = f"http://127.0.0.1:{port}"
+
+    def raysrv(self, slo_ms: float) -> Any:
+        def call(pair: tuple[str, np.ndarray]) -> asyncio.Task[dict[str, Any]]:
+            name, x = pair
+            body = {"input": x.tolist(), "slo_ms": slo_ms, "sent_at": scheduled_at()}
+            return asyncio.ensure_future(self._post(f"/raysrv/v1/models/{name}/predict", body))
+
+        return call
+
+    def multiplexed(self) -> Any:
+        """``multiplexed-http``'s queries: the model named in Serve's header, which HAProxy
+        does not route by (without an ingress request router it balances over the replicas)."""
+
+        def call(pair: tuple[str, np.ndarray]) -> asyncio.Task[dict[str, Any]]:
+            name, x = pair
+            header = {"serve_multiplexed_model_id": name}
+            return asyncio.ensure_future(self._post(f"/{MUX_HTTP}", {"input": x.tolist()}, header))
+
+        return call
+
+    async def _post(
+        self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=HTTP_CONNECTIONS)
+            self._session = aiohttp.ClientSession(connector=connector)
+        data = json.dumps(body)
+        async with self._session.post(self._url + path, data=data, headers=headers) as response:
+            text = await response.text()
+        try:
+            answer = json.loads(text)
+        except ValueError:
+            answer = None
+        if response.status == 200 and isinstance(answer, dict):
+            return answer
+        if isinstance(answer, dict) and "error" in answer:
+            return answer
+        return {"error": "http", "message": text[:200], "status": response.status}
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
 
 @dataclass(frozen=True)
@@ -256,6 +327,8 @@ class Bench:
             "load_niceness": getattr(args, "load_niceness", LOAD_NICENESS),
         }
         self.params: dict[str, Any] = {"max_batch_size": MAX_BATCH}
+        self.http = HttpCalls()
+        self.handles = getattr(args, "handles", True)  # runs saved before HTTP was the default
         for item in getattr(args, "param", None) or []:
             key, _, value = item.partition("=")
             self.params[key] = json.loads(value)
@@ -313,7 +386,7 @@ class Bench:
 
         clear()
         quiet = LoggingConfig(enable_access_log=False, log_level="WARNING")
-        if system == "multiplexed":
+        if system in ("multiplexed", MUX_HTTP):
             app = build_multiplexed(self.zoo, WORKERS, models_per_replica=self.per_worker)
         else:
             app = build_app(spec or self.raysrv_spec())
@@ -349,6 +422,10 @@ class Bench:
         return handle
 
     def call(self, system: str, handle: Any, slo_ms: float) -> Any:
+        if system == "raysrv" and not self.handles:
+            return self.http.raysrv(slo_ms)
+        if system == MUX_HTTP:
+            return self.http.multiplexed()
         if system == "multiplexed":
             handles: dict[str, Any] = {}
 
@@ -438,7 +515,7 @@ class Bench:
         return point, log, {"times": times, "models": models, **server}
 
     async def server_state(self, system: str, handle: Any) -> dict[str, Any]:
-        if system == "multiplexed":
+        if system in ("multiplexed", MUX_HTTP):
             stats = await replica_stats(handle, WORKERS)
             resident = max(len(s["models"]) for s in stats)
             return {
@@ -977,7 +1054,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every point and the hot model; what is measured so far is written to ``args.out``
     after each live point, before its simulation, so that nothing measured is lost."""
     bench = Bench(args)
-    start_ray()
+    bench.http.start(start_ray())
     points: list[Point] = []
     logs: dict[str, dict[str, RequestLog]] = {}
     capacities: dict[str, float] = {}
@@ -1029,6 +1106,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             print(table([point]).splitlines()[-1])
     if "hot" in args.workloads:
         hot = await bench.hot()
+    await bench.http.close()
     if logs:
         plot(logs, bench.slo_s, capacities)
     return result()
@@ -1162,16 +1240,19 @@ def popularity_table(models: np.ndarray, live: np.ndarray, simulated: np.ndarray
     return "\n".join(rows)
 
 
-def serve_mode(default_mode: bool) -> None:
+def serve_mode(default_mode: bool, ha_proxy: bool = False) -> None:
     """Ray Serve's throughput-optimized mode (Ray 2.56+) for every system, unless asked not
-    to: the best a Ray user could configure. And every process at one priority: Ray starts
-    its workers at niceness 15, so whenever the 2 cores are short this process, the load
-    generator, would run first and the servers' hops wait. Both are read as Ray starts."""
+    to: the best a Ray user could configure, with ``ha_proxy`` its HAProxy ingress in front
+    of the replicas for HTTP. And every process at one priority: Ray starts its workers at
+    niceness 15, so whenever the 2 cores are short this process, the load generator, would
+    run first and the servers' hops wait. All are read as Ray starts."""
     import os
 
     os.environ["RAY_worker_niceness"] = "0"  # noqa: SIM112 - the name Ray reads
     if not default_mode:
         os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] = "1"
+        if ha_proxy:
+            os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1209,7 +1290,9 @@ def main(argv: list[str] | None = None) -> int:
         help="the hot model's refused clients wait out their query's SLO before the next",
     )
     parser.add_argument("--workloads", nargs="+", default=["zipf", "trace", "hot"])
-    parser.add_argument("--systems", nargs="+", default=["raysrv", "multiplexed"])
+    parser.add_argument(
+        "--systems", nargs="+", default=["raysrv", MUX_HTTP, "multiplexed"], choices=SYSTEMS
+    )
     parser.add_argument(
         "--param",
         nargs="*",
@@ -1248,6 +1331,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument(
+        "--handles",
+        action="store_true",
+        help="send raysrv's queries through a Serve handle from this process, as runs up to "
+        "16 did, rather than over HTTP",
+    )
+    parser.add_argument(
         "--resimulate",
         type=Path,
         metavar="JSON",
@@ -1269,7 +1358,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.seconds, args.capacity_seconds, args.hot_seconds = 20.0, 10.0, 8.0
         args.hot_repeats = 2
-    serve_mode(args.default_serve)
+    serve_mode(args.default_serve, ha_proxy=True)
     result = asyncio.run(run(args))
     print()
     if result["points"]:

@@ -44,6 +44,7 @@ import ray
 from ray import serve
 from ray.serve import Application
 from ray.serve.handle import DeploymentHandle
+from starlette.requests import Request
 
 from bench.models import _session
 from bench.traces import zipf_arrivals
@@ -103,7 +104,7 @@ class _Model:
 
 @serve.deployment
 class Multiplexed:
-    """Many ONNX models behind ``@serve.multiplexed`` and ``@serve.batch``; handles only."""
+    """Many ONNX models behind ``@serve.multiplexed`` and ``@serve.batch``, by handle or HTTP."""
 
     def __init__(
         self,
@@ -150,6 +151,13 @@ class Multiplexed:
         if x.shape != (INPUT_DIM,):
             raise ValueError(f"input has shape {list(x.shape)}, expected [{INPUT_DIM}]")
         return {"output": await self._batch(x), "model": model_id}
+
+    async def __call__(self, request: Request) -> dict[str, Any]:
+        """HTTP: ``{"input": [...]}`` POSTed with the model in the ``serve_multiplexed_model_id``
+        header; the answer of :meth:`predict`, its logits as a list."""
+        body = await request.json()
+        answer = await self.predict(body["input"])
+        return {**answer, "output": answer["output"].tolist()}
 
     async def stats(self) -> dict[str, Any]:
         """This replica's counters: loads, seconds spent loading (``load_s``; ``create_s`` of

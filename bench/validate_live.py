@@ -46,7 +46,8 @@ CASES = (  # (B, T seconds, rate /s)
 CALIBRATION_RATE = 10.0
 
 
-def start_ray() -> None:
+def start_ray() -> int:
+    """Ray and Serve on this machine; the port Serve's HTTP ingress listens on."""
     import logging
 
     import ray
@@ -56,7 +57,9 @@ def start_ray() -> None:
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
     ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="WARNING")
     quiet = LoggingConfig(enable_access_log=False, log_level="WARNING")
-    serve.start(http_options={"host": "127.0.0.1", "port": free_port()}, logging_config=quiet)
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config=quiet)
+    return port
 
 
 def deploy_spec(

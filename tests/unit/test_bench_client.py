@@ -15,11 +15,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from aiohttp import web
 
 from bench.loadgen import STALL_S, RequestLog, replay, scheduled_at
 from bench.many_models import (
     ALONE,
+    MUX_HTTP,
     REGISTERED,
+    HttpCalls,
+    TallyClient,
     _counted,
     _reason,
     _replayed_replies,
@@ -30,6 +34,7 @@ from bench.many_models import (
     replot,
     resampled_median,
 )
+from bench.run_bench import free_port
 from raysrv.batching.actions import COLD_DOOMED
 
 
@@ -233,3 +238,74 @@ def test_live_and_simulated_are_compared_by_the_popularity_of_the_queries_models
         "| 1 | 2 | 50.0% | 100.0% | 0 | 1 |",
         "| 2-3 | 3 | 66.7% | 66.7% | 1 | 1 |",
     ]
+
+
+async def _over_http(
+    queries: list[tuple[str, np.ndarray]], system: str
+) -> tuple[list[tuple[str, dict, str | None]], list[int], TallyClient]:
+    """Sends ``queries`` as ``system``'s over HTTP to a local server that answers as raysrv's
+    ingress and Serve would; what it received and the statuses the client counted."""
+    received: list[tuple[str, dict, str | None]] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        body = await request.json()
+        model = request.headers.get("serve_multiplexed_model_id")
+        received.append((request.path, body, model))
+        name = request.match_info.get("model", model)
+        if name == "refused":
+            error = {"error": "rejected", "message": "model 'refused': cannot meet deadline"}
+            return web.json_response({**error, "status": 429}, status=429)
+        if name == "unavailable":  # Serve's own error pages are not JSON
+            return web.Response(text="Service Unavailable", status=503)
+        return web.json_response({"output": [1.0], "latency_ms": 1.0, "transit_ms": 2.0})
+
+    app = web.Application()
+    app.router.add_post("/raysrv/v1/models/{model}/predict", answer)
+    app.router.add_post(f"/{MUX_HTTP}", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    calls = HttpCalls()
+    calls.start(port)
+    call = calls.raysrv(100.0) if system == "raysrv" else calls.multiplexed()
+    client = TallyClient(call, queries)
+    try:
+        statuses = [await client.send(i) for i in range(len(queries))]
+    finally:
+        await calls.close()
+        await runner.cleanup()
+    return received, statuses, client
+
+
+def test_raysrvs_queries_over_http_carry_the_slo_and_when_they_were_sent() -> None:
+    """Each query is POSTed to its model's path with its input, SLO and ``sent_at``; an error
+    raysrv answers counts under its status and reason, as over a handle."""
+    x = np.arange(64, dtype=np.float32)
+    queries = [("m0001", x), ("refused", x)]
+    before = time.time()
+    received, statuses, client = asyncio.run(_over_http(queries, "raysrv"))
+    assert [path for path, _, _ in received] == [
+        "/raysrv/v1/models/m0001/predict",
+        "/raysrv/v1/models/refused/predict",
+    ]
+    body = received[0][1]
+    assert body["input"] == x.tolist()
+    assert body["slo_ms"] == 100.0
+    assert before <= body["sent_at"] <= time.time()
+    assert statuses == [200, 429]
+    assert client.reasons == {"cannot meet deadline": 1}
+    assert client.transits == {0: 0.002}
+
+
+def test_multiplexeds_queries_over_http_name_their_model_in_serves_header() -> None:
+    """The model goes in ``serve_multiplexed_model_id``; a reply that is not JSON (Serve's
+    own 503) counts under its status."""
+    x = np.zeros(64, dtype=np.float32)
+    received, statuses, _ = asyncio.run(_over_http([("m0002", x), ("unavailable", x)], MUX_HTTP))
+    assert [(path, model) for path, _, model in received] == [
+        (f"/{MUX_HTTP}", "m0002"),
+        (f"/{MUX_HTTP}", "unavailable"),
+    ]
+    assert received[0][1] == {"input": x.tolist()}
+    assert statuses == [200, 503]
