@@ -177,9 +177,10 @@ LOAD_NICENESS = ResourcesSpec.model_fields["load_niceness"].default
 
 
 class HttpCalls:
-    """raysrv's queries over HTTP (``--http``): ``POST /raysrv/v1/models/{model}/predict``
-    through Serve's HAProxy ingress, one pooled aiohttp session; each call is a task whose
-    result is the body raysrv answered (its errors' bodies too, which carry their status)."""
+    """Queries over HTTP through Serve's HAProxy ingress, one pooled aiohttp session: raysrv's
+    to ``POST /raysrv/v1/models/{model}/predict``, ``multiplexed-http``'s to its route. Each
+    call is a task whose result is the JSON body answered: raysrv's errors carry their status
+    in theirs; any other reply that is not a 200 with a JSON object becomes one that does."""
 
     def __init__(self) -> None:
         self._url = ""  # Serve's, once it has started (``start``)
