@@ -97,6 +97,7 @@ import json
 import math
 import re
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -330,6 +331,7 @@ class Bench:
         self.params: dict[str, Any] = {"max_batch_size": MAX_BATCH}
         self.http = HttpCalls()
         self.handles = getattr(args, "handles", True)  # runs saved before HTTP was the default
+        self.http_trip_back = getattr(args, "http_trip_back", "replies")
         for item in getattr(args, "param", None) or []:
             key, _, value = item.partition("=")
             self.params[key] = json.loads(value)
@@ -357,7 +359,11 @@ class Bench:
     def raysrv_spec(self, models: list[str] | None = None, pool: bool = True) -> dict[str, Any]:
         """The raysrv spec: every zoo model (or ``models``) in one shared pool, or (without
         ``pool``) the first of ``models`` on a dedicated pool of 2 workers."""
-        ingress = {"num_cpus": 0, "trip_back_quantile": self.trip_back}
+        ingress = {
+            "num_cpus": 0,
+            "trip_back_quantile": self.trip_back,
+            "http_trip_back": self.http_trip_back,
+        }
         spec: dict[str, Any] = {"ingress": ingress}
         if not pool:
             name = models[0] if models else self.names[0]
@@ -634,10 +640,11 @@ class Bench:
         ``trip_in_ms`` for the few the client never heard back about), and its deadline there is
         the SLO less what the ingress's own rule (:class:`raysrv._server.TripBack`) keeps back,
         over the trips before it and replies drawn from the answers' trips from the workers
-        measured (``return_ms``); it counts if its answer is back at the client within the SLO,
-        after a way back drawn from the ones the client measured. The trips in are taken as
-        they were rather than drawn: they come from the ingress's own queue, which grows with
-        the trace's bursts, and every deadline depends on them.
+        measured (``return_ms``) and, with ``--http-trip-back loop``, the loop's lags drawn
+        from the pool's steps' (``step_lag_ms``); it counts if its answer is back at the client
+        within the SLO, after a way back drawn from the ones the client measured. The trips in
+        are taken as they were rather than drawn: they come from the ingress's own queue, which
+        grows with the trace's bursts, and every deadline depends on them.
 
         With ``replay``, the runs, LOADs and calls are not drawn but replayed from the live
         pool's timeline (:func:`raysrv.analytics.poolsim.replayed_weather`, the workers as
@@ -693,7 +700,11 @@ class Bench:
             draw = _drawn(extra["return_ms"], rng)
             replies = lambda t: (draw(),)  # noqa: E731 - one reply drawn with each query
         arrivals = (times + way)[order]
-        kept = _kept_back(arrivals, way[order], replies, self.trip_back)[np.argsort(order)]
+        lags = None  # a step's wait for the ingress's loop, which an HTTP answer meets too
+        if self.http_trip_back == "loop" and not self.handles and extra.get("step_lag_ms"):
+            lags = _drawn(extra["step_lag_ms"], rng)
+        kept = _kept_back(arrivals, way[order], replies, self.trip_back, lags)
+        kept = kept[np.argsort(order)]
         deadlines = times + self.slo_s - kept
         ways_back = np.asarray(extra["ways_back"] or [0.0])
         result = simulate_pool(
@@ -721,6 +732,9 @@ class Bench:
         print(f"  {which} on {workload}: not answered because {dict(reasons)}")
         late = int((result.late & counted).sum())  # past the ingress's deadline: live, a 504
         print(f"  {which} on {workload}: {late} answered after the ingress's deadline")
+        answered = ~result.rejected & ~result.late & counted
+        late = int((answered & (back > times[order] + self.slo_s)).sum())  # live: late
+        print(f"  {which} on {workload}: {late} back at the client after the SLO")
         if learned:
             overrun = f"{np.median(learned):.1f} / {np.max(learned):.1f}"
             print(f"  {which} on {workload}: overrun median / max (ms) {overrun}")
@@ -778,11 +792,17 @@ def _drawn(quantiles_ms: dict[str, float | None], rng: np.random.Generator) -> A
 
 
 def _kept_back(
-    arrivals: np.ndarray, trips: np.ndarray, replies: Any, quantile: float
+    arrivals: np.ndarray,
+    trips: np.ndarray,
+    replies: Any,
+    quantile: float,
+    lags: Callable[[], float] | None = None,
 ) -> np.ndarray:
     """What the ingress keeps back from each query's deadline, the queries arriving at
     ``arrivals`` after ``trips``, in this order, and the ingress taking up ``replies(t)`` from
-    its workers (seconds) before a query at t: its own rule, :class:`raysrv._server.TripBack`."""
+    its workers (seconds) before a query at t: its own rule, :class:`raysrv._server.TripBack`;
+    with ``lags`` (a draw of one step's wait for the loop, one per query), its loop's rule for
+    answers over HTTP (``http_trip_back: loop``)."""
     from raysrv._server import TripBack
 
     rule, kept = TripBack(), np.empty(trips.size)
@@ -790,7 +810,9 @@ def _kept_back(
         rule.add(float(trip))
         for reply in replies(float(t)):
             rule.reply(reply)
-        kept[i] = rule.kept(quantile)
+        if lags is not None:
+            rule.lag(lags())
+        kept[i] = rule.kept(quantile, http=lags is not None)
     return kept
 
 
@@ -1156,6 +1178,7 @@ def _measured(extra: dict[str, Any], capacity_bytes: int) -> dict[str, Any]:
         "start_late_ms",
         "return_ms",
         "trip_in_ms",
+        "step_lag_ms",
         "reasons",
         "timeline",
         "wall0",
@@ -1192,6 +1215,10 @@ def resimulate(path: Path, params: list[str] | None = None) -> None:
         extra["lead"] = np.asarray(measured.get("lead", []), dtype=float)
         extra["lead_models"] = np.asarray(measured.get("lead_models", []), dtype=int)
         extra["lead_transits"] = measured.get("lead_transits", [])
+        if "step_lag_ms" not in measured:  # saved before it was: its quantiles in the timing
+            timing = saved["timing_ms"][workload]
+            lags = {k.removeprefix("lag_"): v for k, v in timing.items() if k.startswith("lag_")}
+            extra["step_lag_ms"] = lags
         print(f"{workload}: live not answered because {measured['reasons']}")
         print(f"{workload}: live timing (ms) {saved['timing_ms'][workload]}")
         share = _attainment(bench.simulate(workload, extra, measured["capacity_bytes"]))
@@ -1331,6 +1358,12 @@ def main(argv: list[str] | None = None) -> int:
         help="Serve's default mode instead of RAY_SERVE_THROUGHPUT_OPTIMIZED=1",
     )
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--http-trip-back",
+        choices=("replies", "loop"),
+        default="replies",
+        help="raysrv's ingress.http_trip_back (default replies)",
+    )
     parser.add_argument(
         "--handles",
         action="store_true",

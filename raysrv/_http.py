@@ -167,6 +167,7 @@ def _parse_predict(data: dict[str, Any], context_field: str | None) -> tuple[Any
         "best_effort": best_effort,
         "priority": data.get("priority", 0),
         "sent_at": data.get("sent_at"),
+        "http": True,
     }
     if context_field is not None:
         options["context"] = None if context is None else str(context)

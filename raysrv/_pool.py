@@ -99,9 +99,11 @@ class Pool:
         clock: Callable[[], float] = time.monotonic,
         metrics: Metrics | None = None,
         replies: Callable[[float], None] | None = None,
+        lags: Callable[[float], None] | None = None,
     ) -> None:
         """``replies``: told, of each batch, the seconds its answer took from the worker's end
-        of it to this loop's taking it up (the ingress's trip-back rule reads them)."""
+        of it to this loop's taking it up; ``lags``: of each step, how long it waited for the
+        loop after an event asked for it (the ingress's trip-back rule reads both)."""
         self.spec = pool
         self.name = pool.name
         self.scheduler = PoolScheduler(
@@ -127,6 +129,7 @@ class Pool:
         # answer took back here, the scheduler keeps: ``return_ms``)
         self._late_starts = SortedWindow(OVERHEAD_WINDOW)
         self._replies = replies
+        self._lags = lags
         # from an arrival, result or plan to the step that acts on it: the loop's other work
         self._step_lags = SortedWindow(OVERHEAD_WINDOW)
         # of each query that said when it was sent: its trip to the ingress, and the time kept
@@ -246,6 +249,8 @@ class Pool:
         now = self._clock()
         if self._poked is not None:
             self._step_lags.add(now - self._poked)
+            if self._lags is not None:
+                self._lags(now - self._poked)
             self._poked = None
         wake_at: float | None = None
         try:

@@ -15,6 +15,7 @@ import raysrv._http
 from raysrv._http import create_http_app
 from raysrv._server import DESCRIBE_CHUNK, TRIP_WINDOW, TRIPS_KNOWN, Server, TripBack
 from raysrv.config import LiveConfig, RaysrvSpec
+from raysrv.errors import RaysrvError
 from raysrv.testing import EchoModel, LocalWorkers, fake_workers, model_spec, spec
 
 SPEC = RaysrvSpec.model_validate(
@@ -367,8 +368,8 @@ def test_the_time_kept_back_follows_the_replies_in_a_burst_and_the_trips_in_a_st
 
 def test_answers_and_the_pool_say_how_long_queries_took_to_arrive_and_what_was_kept_back() -> None:
     """30 queries sent 40 ms before they arrive and 10 sent 80 ms before: each answer says its
-    own trip, and the pool's quantiles show both kinds. A query without ``sent_at`` has no
-    trip to report."""
+    own trip, and the pool's quantiles show both kinds, and what was kept back. A query
+    without ``sent_at`` has no trip to report."""
 
     async def scenario() -> tuple[list[dict[str, object]], dict[str, object], dict[str, object]]:
         server = _server()
@@ -394,6 +395,70 @@ def test_answers_and_the_pool_say_how_long_queries_took_to_arrive_and_what_was_k
     # nothing is kept back before 20 trips are known; then the p99 of those seen, an 80 ms one
     assert kept["p10"] == 0.0
     assert 80 <= kept["p90"] < 100
+
+
+def test_over_http_the_way_back_is_kept_at_the_shortest_trip_plus_the_loops_lag() -> None:
+    """An answer over HTTP goes back without the wait in front of the ingress and without
+    crossing Ray: with trips of 60 ms and replies of 200 ms, it is kept back at the shortest
+    trip plus the loop's lag (2 + 3 ms) once 20 lags are known, where an answer through a
+    handle keeps the trips' 60; never more than the other two estimates."""
+    rule = TripBack()
+    for _ in range(TRIPS_KNOWN):
+        rule.add(0.002)
+    for _ in range(TRIP_WINDOW):
+        rule.add(0.06)
+        rule.reply(0.2)
+    for _ in range(TRIPS_KNOWN - 1):
+        rule.lag(0.003)
+    assert rule.kept(0.5, http=True) == pytest.approx(0.06)  # too few lags yet
+    rule.lag(0.003)
+    assert rule.kept(0.5, http=True) == pytest.approx(0.005)
+    assert rule.kept(0.5) == pytest.approx(0.06)
+    for _ in range(TRIP_WINDOW):
+        rule.lag(0.5)  # a loop slower than the other estimates: they bound it
+    assert rule.kept(0.5, http=True) == pytest.approx(0.06)
+
+
+@pytest.mark.parametrize("rule", ["replies", "loop"])
+def test_with_the_loops_rule_a_query_over_http_keeps_back_less_than_one_through_a_handle(
+    rule: str,
+) -> None:
+    """Four queries in five take 60 ms to arrive, the fifth 4 ms, and the workers' answers 30
+    ms to come back: through a handle the way back is kept at the shortest trip plus the
+    replies (34 ms); over HTTP too by default, at the shortest trip plus the loop's lag with
+    ``http_trip_back: loop``. A query sent 60 ms before it arrives, with an SLO of 115 ms and
+    30 ms of work, is then answered over HTTP, and refused through a handle either way."""
+    raw = spec(
+        [model_spec("a")], [{"name": "one", "models": ["a"]}], ingress={"http_trip_back": rule}
+    )
+
+    async def scenario() -> tuple[httpx.Response, dict[str, Any], float, float]:
+        workers = {"a": LocalWorkers(1, dedicated=EchoModel(), reply_s=0.03)}
+        server = Server(RaysrvSpec.model_validate(raw), workers)
+        async with await _client(server) as c:
+            for i in range(40):
+                transit = 0.004 if i % 5 == 0 else 0.06
+                body = {"input": [i, 0, 0, 0], "slo_ms": 1000, "sent_at": time.time() - transit}
+                assert (await c.post("/v1/models/a/predict", json=body)).status_code == 200
+            kept_http, kept_handle = server.trip_back(http=True), server.trip_back()
+            tight = {"input": [99, 0, 0, 0], "slo_ms": 115, "sent_at": time.time() - 0.06}
+            over_http = await c.post("/v1/models/a/predict", json=tight)
+            by_handle: dict[str, Any] = {}
+            try:
+                await server.predict_model("a", [98, 0, 0, 0], 115, sent_at=time.time() - 0.06)
+            except RaysrvError as exc:
+                by_handle = exc.to_json()
+        return over_http, by_handle, kept_http, kept_handle
+
+    over_http, by_handle, kept_http, kept_handle = run(scenario())
+    assert 0.03 <= kept_handle < 0.05
+    assert by_handle.get("status") == 429, by_handle
+    if rule == "loop":
+        assert 0.004 <= kept_http < 0.015
+        assert over_http.status_code == 200, over_http.text
+    else:
+        assert kept_http == kept_handle
+        assert over_http.status_code == 429, over_http.text
 
 
 def test_a_trip_back_quantile_of_1_keeps_back_the_longest_recent_trip() -> None:
