@@ -720,7 +720,8 @@ class Bench:
         )
         counted = order >= len(extra["lead"])  # not the lead-in
         back = result.arrivals + result.latencies + rng.choice(ways_back, times.size)
-        met = ~result.rejected & ~result.late & (back <= times[order] + self.slo_s) & counted
+        answered = ~result.rejected & ~result.late & counted  # before the ingress's deadline
+        met = answered & (back <= times[order] + self.slo_s)
         batches = collections.Counter(result.batch_models.tolist())
         learned = [
             float(m.policy.describe()["learned_overrun_ms"])  # type: ignore[arg-type]
@@ -732,9 +733,8 @@ class Bench:
         print(f"  {which} on {workload}: not answered because {dict(reasons)}")
         late = int((result.late & counted).sum())  # past the ingress's deadline: live, a 504
         print(f"  {which} on {workload}: {late} answered after the ingress's deadline")
-        answered = ~result.rejected & ~result.late & counted
-        late = int((answered & (back > times[order] + self.slo_s)).sum())  # live: late
-        print(f"  {which} on {workload}: {late} back at the client after the SLO")
+        after_slo = int((answered & ~met).sum())  # live: late answers
+        print(f"  {which} on {workload}: {after_slo} back at the client after the SLO")
         if learned:
             overrun = f"{np.median(learned):.1f} / {np.max(learned):.1f}"
             print(f"  {which} on {workload}: overrun median / max (ms) {overrun}")
