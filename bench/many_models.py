@@ -25,8 +25,10 @@ second the load generator took 0.40 of a core over handles and 0.10 over HTTP
 (``bench/RESULTS.md``, "Where the 2 cores go"):
 
 * ``raysrv``: one shared pool of 2 workers, ``memory_mb`` for 2.5% of the models each, the
-  models declared as one model set with the ``deadline`` policy (batches of at most 16;
-  ``--param`` sets its other parameters), the SLO sent with every query (``slo_ms``, and
+  workers threads of the ingress's process (``placement: colocated``; ``--placement
+  workers``: worker actors, one process each, as runs up to 17 had them), the models declared
+  as one model set with the ``deadline`` policy (batches of at most 16; ``--param`` sets its
+  other parameters), the SLO sent with every query (``slo_ms``, and
   ``sent_at`` the time the query was scheduled for, where its latency is counted from; the
   ingress keeps back from each deadline, for the answer's way back, what its rule gives at
   ``--trip-back``, by default raysrv's ``trip_back_quantile``). Their LOADs bring a model in
@@ -174,6 +176,9 @@ SETTLE_S = 5.0  # after a hot-model deployment: the last one's processes end mea
 # workers' answers' trips to it, ``raysrv._server.TripBack``)
 TRIP_BACK = IngressSpec.model_fields["trip_back_quantile"].default
 NICENESS = ResourcesSpec.model_fields["niceness"].default
+# a colocated pool's batches this many steps below the ingress's loop, which shares their
+# process: fewer answers dropped at their deadline (bench/RESULTS.md, "Where the workers run")
+COLOCATED_NICENESS = 10
 LOAD_NICENESS = ResourcesSpec.model_fields["load_niceness"].default
 
 
@@ -323,9 +328,13 @@ class Bench:
         self.per_worker = max(1, round(SHARE * args.models / WORKERS))
         self.inputs = list(digits_like(np.random.default_rng(7), INPUTS))
         self.trip_back = getattr(args, "trip_back", TRIP_BACK)  # absent from older saved runs
+        self.placement = getattr(args, "placement", "workers")  # runs up to 17 had no other
+        niceness = getattr(args, "niceness", NICENESS)
+        if niceness is None:
+            niceness = COLOCATED_NICENESS if self.placement == "colocated" else NICENESS
         self.resources = {
             "num_cpus": 1,
-            "niceness": getattr(args, "niceness", NICENESS),
+            "niceness": niceness,
             "load_niceness": getattr(args, "load_niceness", LOAD_NICENESS),
         }
         self.params: dict[str, Any] = {"max_batch_size": MAX_BATCH}
@@ -368,7 +377,14 @@ class Bench:
         if not pool:
             name = models[0] if models else self.names[0]
             dedicated = {k: v for k, v in self.template(name).items() if k != "pool"}
-            spec["models"] = [{**dedicated, "replicas": WORKERS, "resources": self.resources}]
+            spec["models"] = [
+                {
+                    **dedicated,
+                    "replicas": WORKERS,
+                    "resources": self.resources,
+                    "placement": self.placement,
+                }
+            ]
             return spec
         memory_mb = self.per_worker * self.size / (1 << 20) + 0.01
         spec["pools"] = [
@@ -376,6 +392,7 @@ class Bench:
                 "name": "zoo",
                 "workers": WORKERS,
                 "resources": self.resources,
+                "placement": self.placement,
                 "memory_mb": memory_mb,
             }
         ]
@@ -1342,8 +1359,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--niceness",
         type=int,
-        default=NICENESS,
-        help="raysrv's resources.niceness for the workers (default %(default)s)",
+        help=f"raysrv's resources.niceness for the workers (default {COLOCATED_NICENESS} "
+        f"colocated, {NICENESS} on worker actors)",
     )
     parser.add_argument(
         "--load-niceness",
@@ -1363,6 +1380,13 @@ def main(argv: list[str] | None = None) -> int:
         choices=("replies", "loop"),
         default="replies",
         help="raysrv's ingress.http_trip_back (default replies)",
+    )
+    parser.add_argument(
+        "--placement",
+        choices=("workers", "colocated"),
+        default="colocated",
+        help="where raysrv's pool runs: its own worker actors, or threads of the ingress "
+        "(default %(default)s)",
     )
     parser.add_argument(
         "--handles",

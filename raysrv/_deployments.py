@@ -17,8 +17,8 @@ from ray import serve
 from raysrv._heap import settle
 from raysrv._http import MODELS, create_http_app
 from raysrv._server import Server
-from raysrv._workers import RayWorkers
-from raysrv.config import LiveConfig, RaysrvSpec
+from raysrv._workers import ColocatedWorkers, RayWorkers, Workers
+from raysrv.config import LiveConfig, RaysrvSpec, ResolvedPool
 from raysrv.errors import RaysrvError
 from raysrv.metrics import ServeMetrics
 from raysrv.state import make_store
@@ -45,7 +45,7 @@ class Ingress:
         # this one when that replica is replaced.
         context = serve.get_replica_context()
         scope = f"{context.app_name}:{context.replica_id.unique_id}"
-        workers = {p.name: RayWorkers(p, scope) for p in self._spec.resolved_pools()}
+        workers = {p.name: _workers(p, scope) for p in self._spec.resolved_pools()}
         for pool in workers.values():
             await pool.ready()
         self._server = Server(
@@ -148,3 +148,10 @@ class Ingress:
             return await self._server.plan(model)
         except RaysrvError as exc:
             return exc.to_json()
+
+
+def _workers(pool: ResolvedPool, scope: str) -> Workers:
+    """The pool's workers: threads of this process where it is colocated, else Ray actors."""
+    if pool.placement == "colocated":
+        return ColocatedWorkers(pool)
+    return RayWorkers(pool, scope)

@@ -30,6 +30,12 @@ __all__ = [
 ]
 
 _NAME = r"^[a-z][a-z0-9_-]{0,62}$"
+Placement = Literal["workers", "colocated"]
+_PLACEMENT = (
+    "Where the workers run: 'workers', each its own Ray actor; 'colocated', threads of the "
+    "ingress process, which saves a call to another process per batch but shares the "
+    "ingress's process and interpreter (for cheap models on few cores)."
+)
 DTYPES = ("float32", "float64", "float16", "int64", "int32", "int8", "uint8", "bool")
 
 
@@ -131,6 +137,7 @@ class ModelTemplate(_Strict):
     device: Literal["cpu", "gpu"] = Field("cpu", description="Where the replicas run.")
     replicas: int = Field(1, ge=1, le=1024, description="Number of replica actors.")
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Per replica.")
+    placement: Placement = Field("workers", description=_PLACEMENT)
     batching: BatchingSpec = Field(default_factory=BatchingSpec, description="Batching policy.")
     slo_ms: float = Field(100.0, gt=0.0, description="Default latency objective of a query.")
     max_queue: int = Field(
@@ -162,7 +169,7 @@ class ModelTemplate(_Strict):
 
     @model_validator(mode="after")
     def _pooled_takes_the_pools_workers(self) -> ModelTemplate:
-        worker_keys = ("device", "replicas", "resources", "pipeline_depth")
+        worker_keys = ("device", "replicas", "resources", "placement", "pipeline_depth")
         fields = type(self).model_fields
         clash = [
             k
@@ -254,9 +261,10 @@ class PoolSpec(_Strict):
     and unload the least recently used ones to stay within ``memory_mb`` of weights each."""
 
     name: str = Field(pattern=_NAME, description="The pool's name, which models give as `pool`.")
-    workers: int = Field(1, ge=1, le=1024, description="Worker actors in the pool.")
+    workers: int = Field(1, ge=1, le=1024, description="Workers in the pool.")
     device: Literal["cpu", "gpu"] = Field("cpu", description="Where the workers run.")
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Per worker.")
+    placement: Placement = Field("workers", description=_PLACEMENT)
     memory_mb: float = Field(
         gt=0.0, description="Model weights one worker may hold, in MiB; never exceeded."
     )
@@ -286,6 +294,7 @@ class ResolvedPool:
     capacity_bytes: int | None
     depth: int
     pinned: tuple[ModelSpec, ...] = ()
+    placement: Placement = "workers"
 
     @property
     def kind(self) -> str:
@@ -305,12 +314,20 @@ def resolve_pools(pools: list[PoolSpec], models: list[ModelSpec]) -> list[Resolv
     names none."""
     shared = [
         ResolvedPool(
-            p.name, p.workers, p.device, p.resources, int(p.memory_mb * MIB), p.pipeline_depth
+            p.name,
+            p.workers,
+            p.device,
+            p.resources,
+            int(p.memory_mb * MIB),
+            p.pipeline_depth,
+            placement=p.placement,
         )
         for p in pools
     ]
     dedicated = [
-        ResolvedPool(m.name, m.replicas, m.device, m.resources, None, m.pipeline_depth, (m,))
+        ResolvedPool(
+            m.name, m.replicas, m.device, m.resources, None, m.pipeline_depth, (m,), m.placement
+        )
         for m in models
         if m.pool is None
     ]

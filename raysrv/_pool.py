@@ -596,6 +596,7 @@ class Pool:
             "name": self.name,
             "shared": self.spec.capacity_bytes is not None,
             "device": self.spec.device,
+            "placement": self.spec.placement,
             "call_overhead_ms": _quantiles_ms(self._overheads),
             "start_late_ms": _quantiles_ms(self._late_starts),
             "return_ms": _quantiles_ms(self.scheduler.returns),

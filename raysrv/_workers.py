@@ -3,7 +3,9 @@
 Each worker of a pool is a plain Ray actor (not a Serve deployment) that the ingress calls
 directly: a direct actor call costs about 0.9 ms here against 3 to 6 ms for a Serve handle call
 (``python -m bench.hops``, figures in bench/RESULTS.md), and the scheduler must pick the worker
-itself, which a Serve handle's router does not allow.
+itself, which a Serve handle's router does not allow. A pool with ``placement: colocated``
+has its workers in the ingress's process instead (:class:`ColocatedWorkers`): the same
+executors, order, windows and capacity, without the call.
 
 A worker has two executors, each one thread that runs its actions one at a time in the order
 the ingress sent them (Clockwork, OSDI'20, §4.4: "a dedicated executor for each action type"):
@@ -47,7 +49,7 @@ import time
 from collections.abc import Awaitable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 import numpy as np
@@ -57,7 +59,16 @@ from raysrv.config import ModelSpec, ResolvedPool
 from raysrv.metrics import LATENCY_BOUNDARIES_MS
 from raysrv.runtimes import Runtime, load_runtime
 
-__all__ = ["Call", "PoolWorker", "RayWorkers", "Report", "Workers", "rss_bytes", "wall"]
+__all__ = [
+    "Call",
+    "ColocatedWorkers",
+    "PoolWorker",
+    "RayWorkers",
+    "Report",
+    "Workers",
+    "rss_bytes",
+    "wall",
+]
 
 MAX_EARLY_WAIT_S = 1.0  # an action that arrives before its window waits at most this long
 ORDER_WAIT_S = 0.05  # how long a call waits for the ingress's earlier call to the worker
@@ -151,17 +162,21 @@ class PoolWorker:
 
     def start_metrics(self) -> None:
         """Report run times as ``ray_raysrv_execution_ms`` (inside Ray only)."""
-        from ray.util import metrics
-
-        self._execution = metrics.Histogram(
-            "raysrv_execution_ms", "Worker run time of a batch.", LATENCY_BOUNDARIES_MS, ("model",)
-        )
+        self._execution = _execution_histogram()
 
     async def run(self, calls: list[Call], seq: int | None = None) -> list[Report]:
         """Carry out ``calls`` (the actions the scheduler sent this worker in one step: one
         hop, not one per action), each on its executor in the order given; ``seq`` numbers
         the ingress's calls to this worker. Returns when all are done."""
         await self._turn(seq)
+        reports = self.submit(calls)
+        if seq is not None:
+            self._next = max(seq + 1, self._next or 0)
+        return await reports
+
+    def submit(self, calls: list[Call]) -> asyncio.Future[list[Report]]:
+        """Hand ``calls`` to their executors now, in the order given (on the running loop);
+        the returned future holds their reports, in order."""
         loop = asyncio.get_running_loop()
         done: list[Awaitable[Report]] = []
         for call in calls:
@@ -174,9 +189,7 @@ class PoolWorker:
                 self._pending[call.model] = future
                 future.add_done_callback(partial(self._loaded, call.model))
             done.append(asyncio.wrap_future(future))
-        if seq is not None:
-            self._next = max(seq + 1, self._next or 0)
-        return list(await asyncio.gather(*done))
+        return asyncio.gather(*done)
 
     async def _turn(self, seq: int | None) -> None:
         """Wait, at most ``ORDER_WAIT_S``, until the calls numbered before ``seq`` are in."""
@@ -293,6 +306,16 @@ class PoolWorker:
         return Report("ok", duration, outputs, started=started, ended=started + duration)
 
 
+@cache
+def _execution_histogram() -> Any:
+    """The process's one histogram of run times, which every worker in it reports to."""
+    from ray.util import metrics
+
+    return metrics.Histogram(
+        "raysrv_execution_ms", "Worker run time of a batch.", LATENCY_BOUNDARIES_MS, ("model",)
+    )
+
+
 def lower_priority(steps: int) -> None:
     """Raise the calling thread's niceness by ``steps``, to 19 at most (Linux: niceness is a
     thread's own; threads it starts inherit it). On a busy CPU an executor's actions then get
@@ -347,6 +370,37 @@ def _actor_options(pool: ResolvedPool, name: str) -> dict[str, Any]:
     if pool.resources.memory_mb is not None:
         options["memory"] = pool.resources.memory_mb * 1024 * 1024
     return options
+
+
+class ColocatedWorkers(Workers):
+    """A pool's workers inside the process that schedules them (``placement: colocated``).
+
+    Each is a :class:`PoolWorker` whose executors are threads of this process: an action is
+    handed to its executor without leaving the process, so a batch costs no call to another
+    process and its inputs and outputs are not serialized. The runs stay off the event loop
+    and keep a worker's order and windows. What it gives up: a model that crashes the process
+    takes the ingress with it, and the pool's runs share the ingress's interpreter, which only
+    runtimes that release it while they run (ONNX Runtime, torch) leave free; docs/pools.md,
+    "Where workers run", says when it pays."""
+
+    def __init__(self, pool: ResolvedPool, metrics: bool = True) -> None:
+        pinned = [pool.worker_model(m).model_dump(mode="json") for m in pool.pinned]
+        niceness = (pool.resources.niceness, pool.resources.load_niceness)
+        self.workers = [
+            PoolWorker(pool.capacity_bytes, pinned, niceness) for _ in range(pool.workers)
+        ]
+        if metrics:
+            for worker in self.workers:
+                worker.start_metrics()
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    def run(self, worker: int, calls: list[Call]) -> Awaitable[list[Report]]:
+        return self.workers[worker].submit(calls)
+
+    async def ready(self) -> list[dict[str, Any]]:
+        return [worker.ready() for worker in self.workers]
 
 
 class _RayWorker(PoolWorker):

@@ -56,7 +56,7 @@ def build_app(args: RaysrvSpec) -> Application:
     return Ingress.options(
         name="ingress",
         num_replicas=spec.ingress.replicas,
-        ray_actor_options={"num_cpus": spec.ingress.num_cpus},
+        ray_actor_options=spec.ingress_resources(),
         max_ongoing_requests=spec.ingress.max_ongoing_requests,
         max_queued_requests=spec.ingress.max_queued_requests,
         user_config={},  # no knob overridden: every model and app as declared

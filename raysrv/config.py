@@ -25,6 +25,7 @@ from pydantic import Field, field_validator, model_validator
 from raysrv import policies
 from raysrv._model_spec import (
     _NAME,
+    MIB,
     BatchingSpec,
     InputSpec,
     ModelSetSpec,
@@ -218,6 +219,18 @@ class RaysrvSpec(_Strict):
 
     def resolved_pools(self) -> list[ResolvedPool]:
         return resolve_pools(self.pools, self.models)
+
+    def ingress_resources(self) -> dict[str, float]:
+        """What Ray reserves for each ingress replica: its own CPUs, and the CPUs, GPUs and
+        memory of the workers of its colocated pools, which run in its process."""
+        colocated = [p for p in self.resolved_pools() if p.placement == "colocated"]
+        options = {"num_cpus": self.ingress.num_cpus}
+        options["num_cpus"] += sum(p.workers * p.resources.num_cpus for p in colocated)
+        if gpus := sum(p.workers * p.resources.num_gpus for p in colocated):
+            options["num_gpus"] = gpus
+        if memory_mb := sum(p.workers * (p.resources.memory_mb or 0) for p in colocated):
+            options["memory"] = memory_mb * MIB
+        return options
 
 
 def check_apps(apps: list[AppSpec], models: list[ModelSpec]) -> None:

@@ -21,13 +21,14 @@ MODELS = 5
 PER_WORKER = 2  # the capacity holds two models per worker
 
 
-def _args(directory: Path) -> dict[str, Any]:
+def _args(directory: Path, placement: str = "workers") -> dict[str, Any]:
     return {
         "pools": [
             {
                 "name": "shared",
                 "workers": 1,
                 "resources": {"num_cpus": 0.5},
+                "placement": placement,
                 "memory_mb": PER_WORKER * model_size(1024, 448) / (1 << 20) + 0.01,
             }
         ],
@@ -68,18 +69,34 @@ def _offline(path: Path, x: np.ndarray) -> list[float]:
 
 
 @pytest.fixture
-def zoo(serve_session: RayCluster, tmp_path: Path) -> tuple[Any, list[Path]]:
+def zoo(
+    serve_session: RayCluster, tmp_path: Path, request: pytest.FixtureRequest
+) -> tuple[Any, list[Path]]:
     from ray import serve
 
     paths = build_zoo(tmp_path, MODELS)
-    _deploy(_args(tmp_path))
+    _deploy(_args(tmp_path, getattr(request, "param", "workers")))
     return serve.get_app_handle("zoo"), paths
 
 
+def _pool_actors() -> list[str]:
+    """The live Ray actors that are the workers of app ``zoo``'s pool ``shared``."""
+    import ray
+
+    named = ray.util.list_named_actors(all_namespaces=True)
+    return [
+        a["name"] for a in named if a["name"].startswith("raysrv:zoo:") and ":shared:" in a["name"]
+    ]
+
+
+@pytest.mark.parametrize("zoo", ["workers", "colocated"], indirect=True)
 def test_a_shared_pool_serves_every_model_exactly_within_its_capacity(
-    zoo: tuple[Any, list[Path]], serve_session: RayCluster
+    zoo: tuple[Any, list[Path]], serve_session: RayCluster, request: pytest.FixtureRequest
 ) -> None:
+    """The same on worker actors and, ``placement: colocated``, on threads of the ingress
+    (then no worker actor exists)."""
     handle, paths = zoo
+    placement = request.node.callspec.params["zoo"]
     x = np.random.default_rng(0).random(64).astype(np.float32)
     order = [0, 1, 0, 2, 3, 0, 4, 1]
     for i in order:
@@ -96,6 +113,11 @@ def test_a_shared_pool_serves_every_model_exactly_within_its_capacity(
     assert (one["name"], one["loads"]) == (paths[0].stem, models[paths[0].stem]["loads"])
     assert handle.model.remote("nope").result(timeout_s=30)["status"] == 404
     (pool,) = handle.pools.remote().result(timeout_s=30)
+    assert pool["placement"] == placement
+    if placement == "colocated":  # any actor of the app before it is gone with its ingress
+        assert _until(_pool_actors, lambda actors: not actors) == []
+    else:
+        assert len(_pool_actors()) == 1
     (worker,) = pool["workers"]
     assert worker["peak_bytes"] <= pool["capacity_bytes"]
     assert worker["process"]["peak_bytes"] <= pool["capacity_bytes"]  # as the worker counted
@@ -161,7 +183,7 @@ def _until_served(handle: Any, model: str, x: list[float]) -> dict[str, Any]:
     )
 
 
-def _until(call: Any, done: Any = lambda answer: "error" in answer) -> dict[str, Any]:
+def _until(call: Any, done: Any = lambda answer: "error" in answer) -> Any:
     deadline = time.monotonic() + 60
     while True:
         answer = call()

@@ -181,6 +181,24 @@ def test_models_join_a_shared_pool_or_get_a_dedicated_one() -> None:
     assert validate_document(_pooled()) == []
 
 
+def test_a_colocated_pools_workers_are_reserved_with_the_ingress() -> None:
+    """Workers that run in the ingress's process are reserved as part of it: its own CPUs plus
+    theirs, for a shared pool and a model's dedicated one alike."""
+    raw = _pooled()
+    raw["pools"][0].update(placement="colocated", resources={"num_cpus": 0.5})
+    raw["models"][1].update(placement="colocated", replicas=3, resources={"num_cpus": 0.25})
+    parsed = RaysrvSpec.model_validate(raw)
+    assert {p.name: p.placement for p in parsed.resolved_pools()} == {
+        "shared": "colocated",
+        "b": "colocated",
+    }
+    assert parsed.ingress_resources() == {"num_cpus": parsed.ingress.num_cpus + 2 * 0.5 + 3 * 0.25}
+    raw["models"][1].update(placement="workers")
+    assert RaysrvSpec.model_validate(raw).ingress_resources() == {
+        "num_cpus": parsed.ingress.num_cpus + 1.0
+    }
+
+
 @pytest.mark.parametrize(
     ("mutate", "fragment"),
     [
@@ -204,6 +222,14 @@ def test_models_join_a_shared_pool_or_get_a_dedicated_one() -> None:
         (
             lambda s: s["models"][1].update(resources={"load_niceness": -1}),
             "models[1].resources.load_niceness: Input should be greater than or equal to 0",
+        ),
+        (
+            lambda s: s["pools"][0].update(placement="inline"),
+            "pools[0].placement: Input should be 'workers' or 'colocated' (value: 'inline')",
+        ),
+        (
+            lambda s: s["models"][0].update(placement="colocated"),
+            "a model in pool 'shared' runs on the pool's workers: ['placement']",
         ),
     ],
 )

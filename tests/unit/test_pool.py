@@ -11,15 +11,18 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 
 import raysrv._pool
+from bench.zoo import build_zoo, model_size
 from raysrv import batching
 from raysrv._pool import PROFILE_RUNS, Pool
-from raysrv._workers import Call, PoolWorker, Report
+from raysrv._workers import Call, ColocatedWorkers, PoolWorker, Report
 from raysrv.batching.actions import LATE_START
 from raysrv.config import ModelSpec, PoolSpec, resolve_pools
 from raysrv.errors import ModelFailed, NotFound, Overloaded, Rejected
@@ -794,3 +797,59 @@ def test_a_load_in_the_timeline_has_no_call_overhead() -> None:
     assert timeline["ended"][load] - timeline["started"][load] >= 0.02
     assert math.isnan(timeline["overhead"][load])
     assert timeline["size"][load] == 0
+
+
+# -- a colocated pool: the workers are threads of the ingress's process ---------------------
+
+
+class _ThreadName:
+    """Answers the name of the thread that runs its batch."""
+
+    def predict_batch(self, inputs: Any) -> list[str]:
+        return [threading.current_thread().name] * len(inputs)
+
+
+def test_a_colocated_pool_runs_real_models_off_the_loop_within_its_capacity(
+    tmp_path: Path,
+) -> None:
+    """``placement: colocated``: ONNX models load, answer exactly as offline and are evicted
+    within each worker's capacity, in this process, and every batch runs on a worker's INFER
+    thread, not on the event loop's."""
+    paths = build_zoo(tmp_path, 4, width=64, narrow=32)
+    size = model_size(64, 32)
+    pool_spec = PoolSpec(
+        name="shared", workers=2, memory_mb=size / (1 << 20) + 0.001, placement="colocated"
+    )
+    onnx = {"runtime": "onnx", "pool": "shared", "input": {"shape": [64]}, "slo_ms": 10_000}
+    models = [ModelSpec.model_validate({**onnx, "name": p.stem, "source": str(p)}) for p in paths]
+    threads = ModelSpec.model_validate(
+        model_spec("threads", pool="shared", source=f"{__name__}:_ThreadName", weights_mb=1e-4)
+    )
+    resolved = resolve_pools([pool_spec], [*models, threads])[0]
+    x = np.random.default_rng(1).random(64).astype(np.float32)
+
+    async def scenario() -> tuple[list[list[float]], list[str], dict[str, Any]]:
+        workers = ColocatedWorkers(resolved, metrics=False)
+        pool = Pool(resolved, workers)
+        for model in [*models, threads]:
+            pool.add_model(model, batching.make_policy("deadline", {"max_batch_size": 4}, 10.0))
+        order = [0, 1, 2, 0, 3, 1, 0]
+        outputs = [await pool.submit(paths[i].stem, x) for i in order]
+        ran_on = [await pool.submit("threads", _x()) for _ in range(3)]
+        described = await pool.describe()
+        await pool.close()
+        return outputs, [*ran_on, threading.current_thread().name], described
+
+    outputs, ran_on, described = asyncio.run(scenario())
+    for i, output in zip([0, 1, 2, 0, 3, 1, 0], outputs, strict=True):
+        session = ort.InferenceSession(str(paths[i]), providers=["CPUExecutionProvider"])
+        offline = session.run(None, {session.get_inputs()[0].name: x[None]})[0][0]
+        np.testing.assert_allclose(output, offline, rtol=1e-5)
+    *batches, loop_thread = ran_on
+    assert all(name.startswith("infer") for name in batches)
+    assert loop_thread not in batches
+    assert described["placement"] == "colocated"
+    assert described["evictions"] >= 1  # 5 models on 2 workers that hold one ONNX model each
+    for worker in described["workers"]:
+        assert worker["process"]["pid"] == os.getpid()
+        assert 0 < worker["process"]["peak_bytes"] <= resolved.capacity_bytes
