@@ -7,6 +7,7 @@ profiles the models whose batching policy asks before it takes traffic.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable
 from pathlib import Path
@@ -45,7 +46,7 @@ class Ingress:
         # this one when that replica is replaced.
         context = serve.get_replica_context()
         scope = f"{context.app_name}:{context.replica_id.unique_id}"
-        workers = {p.name: _workers(p, scope) for p in self._spec.resolved_pools()}
+        workers = {p.name: await _workers(p, scope) for p in self._spec.resolved_pools()}
         for pool in workers.values():
             await pool.ready()
         self._server = Server(
@@ -150,8 +151,9 @@ class Ingress:
             return exc.to_json()
 
 
-def _workers(pool: ResolvedPool, scope: str) -> Workers:
-    """The pool's workers: threads of this process where it is colocated, else Ray actors."""
+async def _workers(pool: ResolvedPool, scope: str) -> Workers:
+    """The pool's workers: threads of this process where it is colocated (their dedicated
+    models loaded off the event loop), else Ray actors."""
     if pool.placement == "colocated":
-        return ColocatedWorkers(pool)
+        return await asyncio.to_thread(ColocatedWorkers, pool)
     return RayWorkers(pool, scope)

@@ -79,14 +79,17 @@ def zoo(
     return serve.get_app_handle("zoo"), paths
 
 
-def _pool_actors() -> list[str]:
-    """The live Ray actors that are the workers of app ``zoo``'s pool ``shared``."""
+def _named_actors() -> list[str]:
+    """The names of the live Ray actors of app ``zoo``'s pools' workers."""
     import ray
 
     named = ray.util.list_named_actors(all_namespaces=True)
-    return [
-        a["name"] for a in named if a["name"].startswith("raysrv:zoo:") and ":shared:" in a["name"]
-    ]
+    return [a["name"] for a in named if a["name"].startswith("raysrv:zoo:")]
+
+
+def _pool_actors() -> list[str]:
+    """The live Ray actors that are the workers of app ``zoo``'s pool ``shared``."""
+    return [name for name in _named_actors() if ":shared:" in name]
 
 
 @pytest.mark.parametrize("zoo", ["workers", "colocated"], indirect=True)
@@ -190,3 +193,34 @@ def _until(call: Any, done: Any = lambda answer: "error" in answer) -> Any:
         if done(answer) or time.monotonic() > deadline:
             return answer
         time.sleep(0.5)
+
+
+def test_a_dedicated_pool_colocated_in_the_ingress_serves_its_model(
+    serve_session: RayCluster, tmp_path: Path
+) -> None:
+    """A model without ``pool`` and ``placement: colocated``: each of its workers is a pair of
+    the ingress's threads with the model loaded at start, and no worker actor is started."""
+    from ray import serve
+
+    (path,) = build_zoo(tmp_path, 1)
+    model = {
+        "name": "solo",
+        "runtime": "onnx",
+        "source": str(path),
+        "replicas": 2,
+        "resources": {"num_cpus": 0.5},
+        "placement": "colocated",
+        "slo_ms": 20_000,
+        "input": {"shape": [64], "dtype": "float32"},
+    }
+    _deploy({"models": [model], "ingress": {"num_cpus": 0.1}})
+    handle = serve.get_app_handle("zoo")
+    x = np.random.default_rng(1).random(64).astype(np.float32)
+    answer = handle.predict_model.remote("solo", x.tolist()).result(timeout_s=60)
+    assert "error" not in answer, answer
+    np.testing.assert_allclose(answer["output"], _offline(path, x), rtol=1e-5)
+    (pool,) = handle.pools.remote().result(timeout_s=30)
+    assert (pool["name"], pool["placement"], pool["shared"]) == ("solo", "colocated", False)
+    assert [list(w["process"]["models"]) for w in pool["workers"]] == [["solo"], ["solo"]]
+    assert len({w["process"]["pid"] for w in pool["workers"]}) == 1  # one process: the ingress
+    assert not any(":solo:" in name for name in _named_actors())
