@@ -207,8 +207,10 @@ class Server:
         self._trips = TripBack()
         self._rng = rng or np.random.default_rng(spec.ingress.seed)
         trips = self._trips
+        # the loop's lags only where a rule reads them, as each step would add one
+        lags = trips.lag if spec.ingress.http_trip_back == "loop" else None
         self.pools = {
-            p.name: Pool(p, workers[p.name], clock, self._metrics, trips.reply, trips.lag)
+            p.name: Pool(p, workers[p.name], clock, self._metrics, trips.reply, lags)
             for p in spec.resolved_pools()
         }
         self._models: dict[str, ModelSpec] = {}
