@@ -359,12 +359,15 @@ class PoolSimResult:
 
 class _SimWorker:
     def __init__(self, capacity: int | None) -> None:
-        self.infer_free = 0.0  # when its INFER executor is next free
-        self.load_free = 0.0  # when its LOAD executor is next free
+        # when its INFER and LOAD executors are next free: from the start, whatever the
+        # clock's origin (a run's arrivals may begin before 0)
+        self.infer_free = -math.inf
+        self.load_free = -math.inf
         self.held: dict[str, int] = {}
         self.ready: dict[str, float] = {}  # model -> when its LOAD ends
         # the last action each executor was given: from when to when it runs
-        self.spans: dict[str, tuple[float, float]] = {"infer": (0.0, 0.0), "load": (0.0, 0.0)}
+        never = (-math.inf, -math.inf)
+        self.spans: dict[str, tuple[float, float]] = {"infer": never, "load": never}
         self.capacity = capacity
         self.peak = 0
 

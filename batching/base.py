@@ -103,6 +103,9 @@ class Dispatch:
     # When the policy expects it to start (None: as the replica's start_time says); not part of
     # what the decision is.
     expected_start: float | None = field(default=None, compare=False)
+    # Sent to measure the model again, its estimates being in doubt: the worker may start it
+    # until its earliest deadline less the answer's way back, whatever the estimates say.
+    probe: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -361,7 +361,9 @@ class DeadlinePolicy(BatchingPolicy):
         batch to measure. So once ``LOCKED_OUT`` queries in a row were refused with a replica
         idle and no batch has come back for ``STALE_S``, the doomed query with the most time
         left runs alone on the idle replica instead, and so on after each such probe that
-        ran, until the estimates let a batch through again. (Probing on every refusal with a
+        ran, until the estimates let a batch through again. A probe may start until its
+        deadline less the answer's way back (``Dispatch.probe``): planned on the estimates in
+        doubt, its window would already be shut. (Probing on every refusal with a
         replica idle, rarely used models, never "fresh", probed all the time and took the
         workers from the rest: ``bench/RESULTS_ARCHIVE.md``, issue 17's run 4.)"""
         idle = [r for r in view.replicas if r.free and r.busy_until is None]
@@ -376,7 +378,8 @@ class DeadlinePolicy(BatchingPolicy):
         if query.deadline <= view.now:
             return None
         self._probing = True
-        return self._send([query], idle[0], view.now)
+        sent = self._send([query], idle[0], view.now)
+        return Dispatch(sent.query_ids, sent.replica, sent.expected_start, probe=True)
 
     def _doomed(self, urgent: Sequence[QueuedQuery], view: BatcherView) -> tuple[int, ...]:
         if not urgent or not view.replicas:

@@ -17,8 +17,18 @@ measured reads the group's loads scaled by the weight bytes, so the first cold s
 is planned on its siblings' times.
 
 Sizes never measured are interpolated (:func:`interpolate_batches`).
+
+A size the model stops running keeps its last measurements, and a policy that plans on their
+tail may never choose the size again to measure it anew: one slow batch of 2 of the live
+benchmark's hot model kept its window's p99 at 113 ms, beyond its 100 ms SLO, and the model ran
+one batch of 2 against 3,471 of 1 in a point where the simulator, which had not seen that
+batch, ran 274 (``bench/RESULTS.md``, "The simulator against the live system"). So each time
+the model runs ``STALE_BATCHES`` batches without one of a size, that size forgets its slowest
+measurement, down to one: the estimate of a size left unused relaxes towards its fastest
+measurement, until a run of it measures the machine as it is.
+
 Memory: at most ``window`` floats per measured size, per model. Reads cost O(sizes) once cached;
-an observation invalidates only its own size.
+an observation costs O(sizes) and invalidates its own size and any that forgot a measurement.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ from numpy.typing import ArrayLike
 
 __all__ = [
     "DEFAULT_FLOOR_S",
+    "STALE_BATCHES",
     "RunProfile",
     "RunTimes",
     "SortedWindow",
@@ -48,6 +59,7 @@ DEFAULT_FLOOR_S = 1e-6
 
 T = TypeVar("T")
 DEFAULT_WINDOW = 100  # durations kept per batch size, and per LOAD / UNLOAD
+STALE_BATCHES = 100  # batches of a model without a size after which the size forgets its slowest
 _Cached = dict[tuple[float, int], dict[int, float]]
 
 
@@ -165,6 +177,8 @@ class RunTimes:
         self._capacity = window
         self._group = group
         self._infer: dict[int, deque[float]] = {}
+        self._batches = 0  # INFERs observed
+        self._last_run: dict[int, int] = {}  # per size: ``_batches`` at its last run
         self._cache: _Cached = {}
         self._load = _Series(window)
         self._unload = _Series(window)
@@ -186,11 +200,26 @@ class RunTimes:
         """One INFER of a batch of ``size`` ran for ``seconds``."""
         _check(size, seconds)
         self._infer.setdefault(size, deque(maxlen=self._capacity)).append(float(seconds))
+        self._batches += 1
+        self._last_run[size] = self._batches
+        changed = [size, *self._forget_stale()]
         for table in self._cache.values():
-            table.pop(size, None)
+            for k in changed:
+                table.pop(k, None)
         self._version += 1
         if self._group is not None:
             self._group.observe(size, seconds)
+
+    def _forget_stale(self) -> list[int]:
+        """Each size whose last run is a multiple of ``STALE_BATCHES`` batches ago drops its
+        slowest measurement, while it has more than one; the sizes that did."""
+        forgot = []
+        for k, samples in self._infer.items():
+            idle = self._batches - self._last_run[k]
+            if idle and idle % STALE_BATCHES == 0 and len(samples) > 1:
+                samples.remove(max(samples))
+                forgot.append(k)
+        return forgot
 
     def observe_load(self, seconds: float, weight_bytes: int | None = None) -> None:
         """One LOAD took ``seconds``; ``weight_bytes`` is what it brought into memory."""

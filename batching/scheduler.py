@@ -52,7 +52,9 @@ Every action carries the window in which the worker may start it (clockwork §4.
 is sent to ``latest`` (an INFER: its earliest deadline less its median run time, Appendix B's
 "required start time", and less the median of its pool's last ``RETURN_WINDOW`` answers' ways
 back, from a batch's end on the worker to its report here, so that a batch whose answer could
-only arrive late is never run; a LOAD: the last moment it still helps a waiting query); a
+only arrive late is never run; a probe, sent to measure a model whose estimates refuse every
+query, plans no run time, or its window would be shut by the very estimate it is sent to test;
+a LOAD: the last moment it still helps a waiting query); a
 worker refuses to start an action after that. Each
 result carries the duration the worker measured, recorded in the model's
 :class:`~raysrv.batching.profile.RunTimes` after the policy has seen it. No worker is ever sent
@@ -389,6 +391,8 @@ class PoolScheduler(Placement):
         expected = ready if decision.expected_start is None else decision.expected_start
         predicted = _estimate(model.runs, len(queries), PREDICT_Q, default=math.inf)
         run = predicted if math.isfinite(predicted) else 0.0
+        if decision.probe:  # sent to test the estimate: not planned on it
+            run = 0.0
         back = self._returns.quantile(PREDICT_Q) if self._returns else 0.0
         latest = min(q.deadline for q in queries) - run - back  # Appendix B's required start
         action = Infer(w.index, model.name, decision.query_ids, now, expected, latest)

@@ -211,7 +211,10 @@ def test_estimates_that_refuse_everything_are_measured_again_on_an_idle_replica(
         query = [QueuedQuery(k, now, now + 0.04)]
         assert policy.decide(BatcherView(now, query, idle)) == Reject((k,), "cannot meet deadline")
     queue = [QueuedQuery(100, now, now + 0.02), QueuedQuery(101, now, now + 0.04)]
-    assert policy.decide(BatcherView(now, queue, idle)) == Dispatch((101,), 0)
+    probe = policy.decide(BatcherView(now, queue, idle))
+    assert probe == Dispatch((101,), 0)
+    assert isinstance(probe, Dispatch)
+    assert probe.probe  # its window is not the estimate's
     busy = [ReplicaSlot(0, now, 1, now + 0.003)]
     assert policy.decide(BatcherView(now, queue[:1], busy)) == Reject(
         (100,), "cannot meet deadline"

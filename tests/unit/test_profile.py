@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raysrv.batching.profile import RunProfile, RunTimes
+from raysrv.batching.profile import STALE_BATCHES, RunProfile, RunTimes
 
 FAST = settings(max_examples=60, deadline=None)
 
@@ -150,3 +150,28 @@ def test_service_times_positive_and_non_decreasing(
     assert times.shape == (max_batch,)
     assert np.all(times > 0)
     assert np.all(np.diff(times) >= 0)
+
+
+def test_a_size_left_unused_forgets_its_slowest_runs_down_to_one() -> None:
+    runs = RunTimes()
+    for seconds in (0.012, 0.013, 0.120):  # one slow batch of 2 among fast ones
+        runs.observe(2, seconds)
+    assert runs.estimate(2) == pytest.approx(np.quantile([0.012, 0.013, 0.120], 0.99))
+    for _ in range(STALE_BATCHES - 1):
+        runs.observe(1, 0.010)
+    assert runs.count(2) == 3  # not yet stale
+    runs.observe(1, 0.010)
+    assert runs.count(2) == 2
+    assert runs.estimate(2) == pytest.approx(np.quantile([0.012, 0.013], 0.99))
+    for _ in range(5 * STALE_BATCHES):
+        runs.observe(1, 0.010)
+    assert runs.samples()[2] == (0.012,)  # its fastest stays: the size is still measured
+    assert runs.count(1) == 100  # the size that runs keeps its window
+
+
+def test_a_size_that_keeps_running_keeps_its_slow_runs() -> None:
+    runs = RunTimes()
+    runs.observe(2, 0.120)
+    for i in range(3 * STALE_BATCHES):
+        runs.observe(1 if i % 10 else 2, 0.010)
+    assert max(runs.samples()[2]) == pytest.approx(0.120)

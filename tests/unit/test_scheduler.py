@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from raysrv import batching
-from raysrv.analytics import SimModel, simulate_pool
+from raysrv.analytics import PoolSimResult, SimModel, simulate_pool
 from raysrv.analytics.poolsim import Legs, call_legs, replayed_weather
 from raysrv.batching import QueuedQuery
 from raysrv.batching.actions import (
@@ -23,6 +23,7 @@ from raysrv.batching.actions import (
     QueueFull,
     Unload,
 )
+from raysrv.batching.deadline import LOCKED_OUT
 from raysrv.batching.scheduler import PoolScheduler
 
 MB = 1 << 20
@@ -141,6 +142,30 @@ def test_an_infer_must_also_start_in_time_for_its_answers_way_back() -> None:
     (infer,) = s.step(5.0).actions
     assert isinstance(infer, Infer)
     assert infer.latest == pytest.approx(5.5 - 0.010 - 0.004)
+
+
+def test_a_probe_may_start_whatever_the_estimates_it_tests_say() -> None:
+    """Every run measured took 200 ms, beyond a 50 ms SLO: each query is refused, and the
+    probe sent once they are refused in a row on an idle worker must be let start, or the
+    estimates could never be measured again."""
+    s = PoolScheduler(1, depth=2)
+    s.add_model("m", _policy("deadline", slo_s=0.05))
+    s.pin(0, "m", 0)
+    for _ in range(3):
+        s.runs("m").observe(1, 0.200)
+    now, refused, probes = 10.0, 0, []
+    for i in range(LOCKED_OUT + 5):
+        s.submit("m", _q(i, now, now + 0.05))
+        step = s.step(now)
+        refused += sum(len(r.query_ids) for r in step.refusals)
+        probes += [a for a in step.actions if isinstance(a, Infer)]
+        if probes:
+            break
+        now += 0.01
+    assert refused >= LOCKED_OUT - 1
+    (probe,) = probes
+    assert probe.latest > now  # open: a worker starts it
+    assert probe.latest == pytest.approx(now + 0.05)  # until its deadline (no answers back yet)
 
 
 def test_a_full_queue_is_refused_at_submit() -> None:
@@ -531,6 +556,26 @@ def test_in_simulation_loads_of_other_models_do_not_delay_a_loaded_models_batche
     assert not result.rejected.any()
     assert result.loads >= 20  # every cold model, and hot once
     assert float(np.max(result.latencies[hot & ~result.cold])) < 0.01
+
+
+def test_in_simulation_the_clock_may_start_anywhere() -> None:
+    """A run's arrivals may begin before 0 (a lead-in ahead of the part measured): shifted by
+    any time, the same queries meet the same fate, the workers free from the start."""
+    times, names = _trace(400, 6, seed=3)
+
+    def run(shift: float) -> PoolSimResult:
+        pool = {
+            f"m{i}": SimModel(
+                _policy("deadline", slo_s=0.08), [0.003] * 8, load_s=0.01, weight_bytes=MB
+            )
+            for i in range(6)
+        }
+        return simulate_pool(times + shift, names, pool, workers=2, capacity_bytes=2 * MB, slo=0.08)
+
+    at_zero, before = run(0.0), run(-10.0)
+    np.testing.assert_array_equal(before.rejected, at_zero.rejected)
+    np.testing.assert_allclose(before.latencies, at_zero.latencies, atol=1e-9)
+    assert (~at_zero.rejected[:10]).all()  # the first queries find idle workers
 
 
 def test_in_simulation_each_action_may_draw_its_own_legs() -> None:
