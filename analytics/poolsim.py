@@ -381,6 +381,7 @@ class _PoolRun:
         depth: int,
         hop_s: float | Callable[[], Legs],
         weather: Weather | None = None,
+        profile_runs: int = 0,
     ) -> None:
         self.specs = dict(models)
         self.weather = weather
@@ -407,6 +408,8 @@ class _PoolRun:
                 for i, w in enumerate(self.workers):
                     w.held[name] = m.weight_bytes or 0
                     self.scheduler.pin(i, name, m.weight_bytes or 0)
+        if profile_runs:
+            self._profile(profile_runs)
         self.sizes: list[int] = []
         self.starts: list[float] = []
         self.timeline: list[tuple[Any, ...]] = []  # each action carried out, as _COLUMNS
@@ -414,6 +417,27 @@ class _PoolRun:
         self.refused: dict[int, str] = {}
         self.done: dict[int, float] = {}
         self.cold: set[int] = set()
+
+    def _profile(self, runs: int) -> None:
+        """The live pool's profiling step (``raysrv._pool.Pool.profile``) into the models' run
+        times: ``runs`` batches of each of the policy's ``profile_sizes`` at their service
+        time for every pinned model, and for the first model of each group of the others,
+        which is also loaded and unloaded ``runs`` times."""
+        seen: set[str] = set()
+        for name, m in self.specs.items():
+            sizes = m.policy.profile_sizes()
+            group = m.group or name
+            if not sizes or (not m.pinned and group in seen):
+                continue
+            seen.add(group)
+            record = self.scheduler.runs(name)
+            for size in sizes:
+                for _ in range(runs):
+                    record.observe(size, float(self.service[name](size)))
+            if not m.pinned:
+                for _ in range(runs):
+                    record.observe_load(m.load_s, m.weight_bytes)
+                    record.observe_unload(m.unload_s)
 
     def run(self, times: np.ndarray, names: Sequence[str], deadlines: np.ndarray, prio) -> None:
         i, n = 0, times.size
@@ -551,14 +575,17 @@ def simulate_pool(
     deadlines: Sequence[float] | np.ndarray | None = None,
     priorities: Sequence[int] | np.ndarray | None = None,
     weather: Weather | None = None,
+    profile_runs: int = 0,
 ) -> PoolSimResult:
     """Run queries (``arrivals``: absolute, non-decreasing seconds; ``models_of``: each one's
     model) through a pool of ``workers`` scheduled by :class:`PoolScheduler`.
 
     Deadlines: ``slo`` seconds after each arrival (one value, or one per model), or absolute
     ``deadlines``, or none. ``weather``, when given, times the calls' legs in place of
-    ``hop_s`` and slows runs and LOADs (the module's docstring). Every query ends answered or
-    refused, exactly once."""
+    ``hop_s`` and slows runs and LOADs (the module's docstring). ``profile_runs``: the
+    models' run times start from the live pool's profiling step with that many measured runs
+    (its ``PROFILE_RUNS``), as a live pool's do; 0, from nothing measured. Every query ends
+    answered or refused, exactly once."""
     times = np.asarray(arrivals, dtype=float)
     names = list(models_of)
     if times.ndim != 1 or len(names) != times.size or np.any(np.diff(times) < 0):
@@ -568,7 +595,7 @@ def simulate_pool(
         raise ValueError(f"queries name models the pool does not have: {unknown[:5]}")
     due = _deadlines(times, names, slo, deadlines)
     prio = np.zeros(times.size, dtype=int) if priorities is None else np.asarray(priorities)
-    run = _PoolRun(models, workers, capacity_bytes, depth, hop_s, weather)
+    run = _PoolRun(models, workers, capacity_bytes, depth, hop_s, weather, profile_runs)
     run.run(times, names, due, prio)
     return _result(run, times, names, due)
 

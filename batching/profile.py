@@ -19,13 +19,12 @@ is planned on its siblings' times.
 Sizes never measured are interpolated (:func:`interpolate_batches`).
 
 A size the model stops running keeps its last measurements, and a policy that plans on their
-tail may never choose the size again to measure it anew: one slow batch of 2 of the live
-benchmark's hot model kept its window's p99 at 113 ms, beyond its 100 ms SLO, and the model ran
-one batch of 2 against 3,471 of 1 in a point where the simulator, which had not seen that
-batch, ran 274 (``bench/RESULTS.md``, "The simulator against the live system"). So each time
-the model runs ``STALE_BATCHES`` batches without one of a size, that size forgets its slowest
-measurement, down to one: the estimate of a size left unused relaxes towards its fastest
-measurement, until a run of it measures the machine as it is.
+tail may never choose the size again to measure it anew (one slow batch of 2 shut the
+benchmark's hot model out of batches of 2 for a whole point: ``bench/RESULTS.md``, "The
+simulator against the live system"). So each time the model runs ``STALE_BATCHES`` batches
+without one of a size, that size forgets its slowest measurement, down to one: the estimate of
+a size left unused relaxes towards its fastest measurement, until a run of it measures the
+machine as it is.
 
 Memory: at most ``window`` floats per measured size, per model. Reads cost O(sizes) once cached;
 an observation costs O(sizes) and invalidates its own size and any that forgot a measurement.

@@ -54,9 +54,8 @@ is sent to ``latest`` (an INFER: its earliest deadline less its median run time,
 back, from a batch's end on the worker to its report here, so that a batch whose answer could
 only arrive late is never run; a probe, sent to measure a model whose estimates refuse every
 query, plans no run time, or its window would be shut by the very estimate it is sent to test;
-a LOAD: the last moment it still helps a waiting query); a
-worker refuses to start an action after that. Each
-result carries the duration the worker measured, recorded in the model's
+a LOAD: the last moment it still helps a waiting query); a worker refuses to start an action
+after that. Each result carries the duration the worker measured, recorded in the model's
 :class:`~raysrv.batching.profile.RunTimes` after the policy has seen it. No worker is ever sent
 a LOAD that would take its models' weights past ``capacity_bytes``; the worker checks again with
 the bytes it measures, and one that refuses a LOAD for want of room takes no LOAD for

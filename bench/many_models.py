@@ -123,6 +123,7 @@ from bench.plots import attainment_panels, goodput_panels
 from bench.traces import MANY_FUNCTIONS, read_functions, replay_functions, zipf_arrivals
 from bench.validate_live import start_ray
 from bench.zoo import DEFAULT_DIR, build_zoo, digits_like, model_size, run_times
+from raysrv._pool import PROFILE_RUNS
 from raysrv.analytics import SimModel, simulate_pool
 from raysrv.analytics.poolsim import Legs, call_legs, replayed_weather
 from raysrv.batching import make_policy
@@ -672,7 +673,8 @@ class Bench:
         their order. What is left to compare is then the scheduling, on the live run's weather.
 
         The lead-in's queries go through the simulator first, as they went through the live
-        pool, and only the point's count."""
+        pool, and only the point's count; before them the simulated pool takes the live pool's
+        profiling step (``PROFILE_RUNS`` runs of each size the policy profiles)."""
         profiles = extra["profiles"]
         pooled = _pooled_table(p["batch"]["p50"] for p in profiles.values())
         rng = np.random.default_rng(11)
@@ -734,6 +736,7 @@ class Bench:
             hop_s=_legs(extra, rng),
             deadlines=deadlines[order],
             weather=weather,
+            profile_runs=PROFILE_RUNS,
         )
         counted = order >= len(extra["lead"])  # not the lead-in
         back = result.arrivals + result.latencies + rng.choice(ways_back, times.size)

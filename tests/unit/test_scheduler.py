@@ -578,6 +578,29 @@ def test_in_simulation_the_clock_may_start_anywhere() -> None:
     assert (~at_zero.rejected[:10]).all()  # the first queries find idle workers
 
 
+def test_in_simulation_the_pool_may_start_from_the_live_profiling_step() -> None:
+    """With ``profile_runs``, the first model of a group starts with the batches the live
+    pool's profiling step measures, and its siblings read them: batches that take 200 ms
+    under a 50 ms SLO are refused before any work. From nothing measured, the first batches
+    go out on estimates of zero and are only then learned too slow."""
+    times = np.arange(0.0, 2.0, 0.02)
+    names = ["m0" if i % 2 else "m1" for i in range(times.size)]
+
+    def run(profile_runs: int) -> PoolSimResult:
+        pool = {
+            n: SimModel(_policy("deadline", slo_s=0.05), [0.2] * 32, load_s=0.01, group="zoo")
+            for n in ("m0", "m1")
+        }
+        return simulate_pool(times, names, pool, workers=1, slo=0.05, profile_runs=profile_runs)
+
+    profiled, unprofiled = run(3), run(0)
+    assert profiled.why[0] == COLD_DOOMED  # the first query: refused before any work
+    assert profiled.why[1] == COLD_DOOMED  # its sibling's too
+    assert not unprofiled.rejected[0]
+    assert unprofiled.late[0]  # run, and answered after its deadline
+    assert int(profiled.late.sum()) < int(unprofiled.late.sum())
+
+
 def test_in_simulation_each_action_may_draw_its_own_legs() -> None:
     """``hop_s`` as a function draws each action's legs there and back: a constant pair gives
     what its round trip does as a number (half each way), and the draws add up to one per
