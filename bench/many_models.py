@@ -912,9 +912,16 @@ def goodput_of(log: RequestLog, slo_s: float) -> float:
 
 
 def _within(log: RequestLog, slo_s: float) -> np.ndarray:
-    """Which queries of ``log`` were answered within ``slo_s`` of their schedule."""
+    """Which queries of ``log`` were answered within ``slo_s`` of their schedule, in the log's
+    order (as they ended; :func:`_in_schedule` puts them in the order they were sent)."""
     latency = np.asarray(log.done, dtype=float) - np.asarray(log.scheduled, dtype=float)
     return (np.asarray(log.status) == 200) & (latency <= slo_s)
+
+
+def _in_schedule(log: RequestLog, per_query: np.ndarray) -> np.ndarray:
+    """``per_query`` (in the log's order) in the order of the queries' schedule: a point's
+    query i is its i-th arrival."""
+    return per_query[np.argsort(np.asarray(log.scheduled), kind="stable")]
 
 
 def _table(p50: dict[str, float]) -> dict[int, float]:
@@ -1251,7 +1258,8 @@ def resimulate(path: Path, params: list[str] | None = None) -> None:
         )
         log = saved.get("logs", {}).get(workload, {}).get("raysrv")
         if replayed is not None and log is not None:
-            within = _within(RequestLog(**log), bench.slo_s)
+            request_log = RequestLog(**log)
+            within = _in_schedule(request_log, _within(request_log, bench.slo_s))
             print(f"{workload}: live and replayed by the models' popularity in the point")
             print(popularity_table(extra["models"], within, replayed))
 

@@ -25,8 +25,10 @@ from bench.many_models import (
     HttpCalls,
     TallyClient,
     _counted,
+    _in_schedule,
     _reason,
     _replayed_replies,
+    _within,
     hot_table,
     late_answers,
     paired_ratios,
@@ -105,6 +107,16 @@ def test_a_points_lead_in_is_not_counted_and_its_clock_starts_after_it() -> None
     assert counted.sent == [pytest.approx(0.1), 2.5]
     assert counted.done == [pytest.approx(0.2), pytest.approx(2.6)]
     assert counted.status == [200, 504]
+
+
+def test_a_logs_queries_are_put_back_in_the_order_they_were_sent() -> None:
+    """A log lists queries as they ended; a point's query i is its i-th arrival, which the
+    simulator's answers are indexed by."""
+    log = RequestLog(scheduled=[0.3, 0.1, 0.2], sent=[0.3, 0.1, 0.2], done=[0.35, 0.5, 0.6])
+    log.status.extend([200, 200, 429])  # the first sent ended second, 0.4 s after it
+    within = _within(log, 0.1)
+    assert within.tolist() == [True, False, False]
+    assert _in_schedule(log, within).tolist() == [False, False, True]
 
 
 def test_the_replayed_replies_are_the_live_ones_in_the_order_the_ingress_took_them_up() -> None:
