@@ -104,6 +104,7 @@ import math
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Literal
 
 import numpy as np
@@ -378,8 +379,7 @@ class DeadlinePolicy(BatchingPolicy):
         if query.deadline <= view.now:
             return None
         self._probing = True
-        sent = self._send([query], idle[0], view.now)
-        return Dispatch(sent.query_ids, sent.replica, sent.expected_start, probe=True)
+        return replace(self._send([query], idle[0], view.now), probe=True)
 
     def _doomed(self, urgent: Sequence[QueuedQuery], view: BatcherView) -> tuple[int, ...]:
         if not urgent or not view.replicas:

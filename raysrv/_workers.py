@@ -358,6 +358,13 @@ class Workers:
         raise NotImplementedError
 
 
+def _worker_args(pool: ResolvedPool) -> tuple[list[dict[str, Any]], tuple[int, int]]:
+    """What each worker of ``pool`` is made with, wherever it runs: its dedicated models (as
+    a worker reads them) and the niceness of its batches and of its LOADs."""
+    pinned = [pool.worker_model(m).model_dump(mode="json") for m in pool.pinned]
+    return pinned, (pool.resources.niceness, pool.resources.load_niceness)
+
+
 def _actor_options(pool: ResolvedPool, name: str) -> dict[str, Any]:
     options: dict[str, Any] = {
         "name": name,
@@ -384,8 +391,7 @@ class ColocatedWorkers(Workers):
     "Where workers run", says when it pays."""
 
     def __init__(self, pool: ResolvedPool, metrics: bool = True) -> None:
-        pinned = [pool.worker_model(m).model_dump(mode="json") for m in pool.pinned]
-        niceness = (pool.resources.niceness, pool.resources.load_niceness)
+        pinned, niceness = _worker_args(pool)
         self.workers = [
             PoolWorker(pool.capacity_bytes, pinned, niceness) for _ in range(pool.workers)
         ]
@@ -417,13 +423,12 @@ class RayWorkers(Workers):
     def __init__(self, pool: ResolvedPool, scope: str) -> None:
         import ray
 
-        pinned = [pool.worker_model(m).model_dump(mode="json") for m in pool.pinned]
+        pinned, niceness = _worker_args(pool)
         shape = {"pool": pool.name, "workers": pool.workers, "device": pool.device}
         shape |= {"resources": pool.resources.model_dump(), "capacity": pool.capacity_bytes}
         key = json.dumps({**shape, "pinned": pinned}, sort_keys=True).encode()
         digest = hashlib.sha256(key).hexdigest()[:12]
         remote = ray.remote(_RayWorker)
-        niceness = (pool.resources.niceness, pool.resources.load_niceness)
         self.actors = [
             remote.options(
                 **_actor_options(pool, f"raysrv:{scope}:{pool.name}:{digest}:{i}")
