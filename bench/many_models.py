@@ -22,7 +22,8 @@ Queries go over HTTP through HAProxy, one pooled aiohttp session, but for ``mult
 which go through a handle. A handle call costs this process, which shares the 2 cores with
 the servers, about four times the CPU of an HTTP request: on the trace at 80.9 queries a
 second the load generator took 0.40 of a core over handles and 0.10 over HTTP
-(``bench/RESULTS.md``, "Where the 2 cores go"):
+(``bench/RESULTS_ARCHIVE.md``, "where the 2 cores went, three trace points on worker
+actors"):
 
 * ``raysrv``: one shared pool of 2 workers, ``memory_mb`` for 2.5% of the models each, the
   workers threads of the ingress's process (``placement: colocated``; ``--placement
