@@ -19,15 +19,22 @@ is planned on its siblings' times.
 Sizes never measured are interpolated (:func:`interpolate_batches`).
 
 A size the model stops running keeps its last measurements, and a policy that plans on their
-tail may never choose the size again to measure it anew (one slow batch of 2 shut the
-benchmark's hot model out of batches of 2 for a whole point: ``bench/RESULTS.md``, "The
-simulator against the live system"). So each time the model runs ``STALE_BATCHES`` batches
-without one of a size, that size forgets its slowest measurement, down to one: the estimate of
-a size left unused relaxes towards its fastest measurement, until a run of it measures the
-machine as it is.
+tail may never choose the size again to measure it anew: one slow batch of 2 shut the
+benchmark's hot model out of batches of 2 for a whole point, and one slow batch among the last
+10 of a model asked less than once a second refused all its queries for the rest of one
+(``bench/RESULTS.md``, "The simulator against the live system"). So a size forgets its slowest
+measurement, down to one, each time the model runs ``STALE_BATCHES`` batches without one of
+the size, and each time its group runs ``STALE_BATCHES`` batches while the model runs none
+(done when the record is next read): the estimate of a size left unused, or of a model refused
+everything, relaxes towards its fastest measurement, until a run measures the machine as it
+is. A model that runs at least once in every ``STALE_BATCHES`` of its group's batches ages its
+sizes on its own batches only. Planning on its fastest runs, a model asked every few seconds
+gets more of its queries answered and a few more dropped at their deadline (the same
+section of ``bench/RESULTS.md`` measures the trade).
 
 Memory: at most ``window`` floats per measured size, per model. Reads cost O(sizes) once cached;
-an observation costs O(sizes) and invalidates its own size and any that forgot a measurement.
+an observation costs O(sizes) and invalidates its own size and any that forgot a measurement, a
+read that forgets for an idle model every size.
 """
 
 from __future__ import annotations
@@ -58,7 +65,7 @@ DEFAULT_FLOOR_S = 1e-6
 
 T = TypeVar("T")
 DEFAULT_WINDOW = 100  # durations kept per batch size, and per LOAD / UNLOAD
-STALE_BATCHES = 100  # batches of a model without a size after which the size forgets its slowest
+STALE_BATCHES = 100  # batches without a size after which the size forgets its slowest
 _Cached = dict[tuple[float, int], dict[int, float]]
 
 
@@ -176,8 +183,10 @@ class RunTimes:
         self._capacity = window
         self._group = group
         self._infer: dict[int, deque[float]] = {}
-        self._batches = 0  # INFERs observed
+        self._batches = 0  # INFERs observed, of every model when this is a group's record
         self._last_run: dict[int, int] = {}  # per size: ``_batches`` at its last run
+        self._idle_from = 0  # the group's ``_batches`` at this model's last batch
+        self._idle_forgot = 0  # rounds of ``_forget_idle`` since then
         self._cache: _Cached = {}
         self._load = _Series(window)
         self._unload = _Series(window)
@@ -201,17 +210,18 @@ class RunTimes:
         self._infer.setdefault(size, deque(maxlen=self._capacity)).append(float(seconds))
         self._batches += 1
         self._last_run[size] = self._batches
-        changed = [size, *self._forget_stale()]
+        changed = [size, *self._forget_unused()]
         for table in self._cache.values():
             for k in changed:
                 table.pop(k, None)
         self._version += 1
         if self._group is not None:
             self._group.observe(size, seconds)
+            self._idle_from, self._idle_forgot = self._group._batches, 0
 
-    def _forget_stale(self) -> list[int]:
-        """Each size whose last run is a multiple of ``STALE_BATCHES`` batches ago drops its
-        slowest measurement, while it has more than one; the sizes that did."""
+    def _forget_unused(self) -> list[int]:
+        """Each size whose last run is a multiple of ``STALE_BATCHES`` of the model's batches
+        ago drops its slowest measurement, while it has more than one; the sizes that did."""
         forgot = []
         for k, samples in self._infer.items():
             idle = self._batches - self._last_run[k]
@@ -219,6 +229,21 @@ class RunTimes:
                 samples.remove(max(samples))
                 forgot.append(k)
         return forgot
+
+    def _forget_idle(self) -> None:
+        """Each ``STALE_BATCHES`` batches of the group since the model's last batch, every size
+        of the model drops its slowest measurement, while it has more than one."""
+        if self._group is None or not self._infer:
+            return
+        due = (self._group._batches - self._idle_from) // STALE_BATCHES - self._idle_forgot
+        if due <= 0:
+            return
+        self._idle_forgot += due
+        for samples in self._infer.values():
+            for _ in range(min(due, len(samples) - 1)):
+                samples.remove(max(samples))
+        self._cache.clear()
+        self._version += 1
 
     def observe_load(self, seconds: float, weight_bytes: int | None = None) -> None:
         """One LOAD took ``seconds``; ``weight_bytes`` is what it brought into memory."""
@@ -251,6 +276,7 @@ class RunTimes:
 
     @property
     def version(self) -> tuple[int, int]:
+        self._forget_idle()
         group = self._group._version if self._group is not None and not self._infer else 0
         return self._version, group
 
@@ -260,6 +286,7 @@ class RunTimes:
 
     def count(self, size: int) -> int:
         """Durations of batches of ``size`` measured on this model."""
+        self._forget_idle()
         return len(self._infer.get(size, ()))
 
     def table(self, quantile: float = 0.99, window: int = 10) -> dict[int, float]:
@@ -267,6 +294,7 @@ class RunTimes:
         the group's when this model has none measured; empty when neither has."""
         if not self._infer:
             return {} if self._group is None else self._group.table(quantile, window)
+        self._forget_idle()
         cached = self._cache.setdefault((quantile, window), {})
         if len(cached) != len(self._infer):
             for size, samples in self._infer.items():
@@ -306,6 +334,7 @@ class RunTimes:
     def samples(self, window: int | None = None) -> dict[int, tuple[float, ...]]:
         """The last ``window`` (default: all kept) durations of each measured size."""
         keep = window or self._capacity
+        self._forget_idle()
         return {k: tuple(_last(self._infer[k], keep)) for k in sorted(self._infer)}
 
     def load_time(self, quantile: float = 0.99, window: int = 10) -> float | None:

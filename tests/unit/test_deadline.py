@@ -22,7 +22,7 @@ from raysrv.batching import (
 )
 from raysrv.batching.actions import LATE_START
 from raysrv.batching.deadline import LOCKED_OUT, OWN_OVERRUNS, STALE_S
-from raysrv.batching.profile import RunProfile
+from raysrv.batching.profile import STALE_BATCHES, RunProfile
 from raysrv.testing import teach
 
 
@@ -347,6 +347,22 @@ def test_a_model_with_few_overruns_of_its_own_plans_with_its_groups() -> None:
     _late_by(cold, 0.001, batches=1)
     assert cold.describe()["learned_overrun_ms"] == pytest.approx(1.0)  # its own now
     assert hot.describe()["learned_overrun_ms"] == pytest.approx(4.0)
+
+
+def test_a_model_refused_on_one_slow_run_is_served_again_as_its_group_runs() -> None:
+    """One slow run among a rarely asked model's last ``window`` refuses all its queries, so
+    the model runs nothing to measure; its group's batches make the slow run forgotten."""
+    profile = RunProfile()
+    rare, busy = (DeadlinePolicy(DeadlineParams(), 0.05) for _ in range(2))
+    rare.bind(profile.runs("rare", group="zoo"))
+    busy.bind(profile.runs("busy", group="zoo"))
+    for duration in [0.005] * 9 + [0.060]:
+        teach(rare, BatchOutcome(1, 0, 0.0, duration, duration))
+    view = BatcherView(10.0, _queue([10.03]), [ReplicaSlot(0)])
+    assert rare.decide(view) == Reject((0,), "cannot meet deadline")
+    for _ in range(STALE_BATCHES):
+        teach(busy, BatchOutcome(1, 0, 0.0, 0.005, 0.005))
+    assert rare.decide(view) == Dispatch((0,), 0)
 
 
 def test_a_slow_run_is_learned_as_run_time_not_as_overrun() -> None:

@@ -169,6 +169,43 @@ def test_a_size_left_unused_forgets_its_slowest_runs_down_to_one() -> None:
     assert runs.count(1) == 100  # the size that runs keeps its window
 
 
+def test_a_model_left_unused_forgets_as_its_group_runs() -> None:
+    """A model whose queries are all refused runs no batch of its own; its group's batches age
+    its sizes, and the forgetting shows in the version a reader caches on."""
+    profile = RunProfile()
+    rare = profile.runs("rare", group="zoo")
+    busy = profile.runs("busy", group="zoo")
+    for seconds in (0.012, 0.013, 0.120):
+        rare.observe(1, seconds)
+    seen = rare.version
+    for _ in range(STALE_BATCHES - 1):
+        busy.observe(1, 0.010)
+    assert rare.version == seen  # the group's batches alone are not news to this model
+    assert rare.count(1) == 3
+    busy.observe(1, 0.010)
+    assert rare.version != seen
+    assert rare.estimate(1) == pytest.approx(np.quantile([0.012, 0.013], 0.99))
+    for _ in range(3 * STALE_BATCHES):
+        busy.observe(1, 0.010)
+    assert rare.samples()[1] == (0.012,)
+    assert busy.count(1) == 100  # its own size runs: kept whole
+
+
+def test_a_model_that_keeps_running_ages_its_sizes_on_its_own_batches() -> None:
+    profile = RunProfile()
+    hot = profile.runs("hot", group="zoo")
+    other = profile.runs("other", group="zoo")
+    for seconds in (0.012, 0.120):
+        hot.observe(2, seconds)
+    for _ in range(STALE_BATCHES - 1):  # the group runs 99 of every 100 batches
+        for _ in range(STALE_BATCHES - 1):
+            other.observe(1, 0.010)
+        hot.observe(1, 0.010)
+    assert hot.count(2) == 2
+    hot.observe(1, 0.010)
+    assert hot.samples()[2] == (0.012,)
+
+
 def test_a_size_that_keeps_running_keeps_its_slow_runs() -> None:
     runs = RunTimes()
     runs.observe(2, 0.120)
