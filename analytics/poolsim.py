@@ -40,7 +40,7 @@ import heapq
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, cast, runtime_checkable
 
 import numpy as np
 
@@ -126,11 +126,15 @@ class Legs(NamedTuple):
     to its action's start on an idle worker; ``back``, from the action's end on the worker to
     the scheduler taking its answer up; ``behind``, for a batch that reached its worker while
     the worker still ran the one before, from that one's end to its start (the worker's own
-    handoff between two batches)."""
+    handoff between two batches); ``to_load``, from a LOAD's sending to its start on a worker
+    whose LOADs before it are done (None: as ``there``). A LOAD reaches a worker that is often
+    running a batch, and starts later than a batch sent to an idle worker (``bench/RESULTS.md``,
+    "The simulator against the live system")."""
 
     there: float
     back: float
     behind: float = 0.0
+    to_load: float | None = None
 
 
 class _Replayed:
@@ -151,7 +155,7 @@ class _Replayed:
     def _key(self, worker: int, what: str) -> tuple[int, str]:
         return (MACHINE if self._one_machine else worker, what)
 
-    def _at(self, worker: int, t: float, what: str, default: float) -> float:
+    def _at(self, worker: int, t: float, what: str, default: float | None) -> float | None:
         series = self._series.get(self._key(worker, what))
         if series is None:
             return default
@@ -164,10 +168,11 @@ class _Replayed:
             return 1.0
         factors = self._interference.get(kind)
         crowd = 1.0 if factors is None else float(factors[min(others, MOST_OTHERS)])
-        return self._at(worker, t, kind, 1.0) * crowd
+        return cast(float, self._at(worker, t, kind, 1.0)) * crowd
 
     def legs(self, worker: int, t: float) -> Legs:
-        return Legs(*(self._at(worker, t, leg, 0.0) for leg in Legs._fields))
+        unmeasured = {"to_load": None}  # the others: 0
+        return Legs(*(self._at(worker, t, leg, unmeasured.get(leg, 0.0)) for leg in Legs._fields))
 
 
 def replayed_weather(
@@ -236,8 +241,9 @@ def replayed_weather(
 
 
 def call_legs(timeline: Mapping[str, Sequence[Any]]) -> Legs:
-    """The :class:`Legs` (seconds) a live pool's calls of INFERs measured, from its
-    ``timeline``, each an array. A batch that waited on its worker tells no leg there: one
+    """The :class:`Legs` (seconds) a live pool's calls measured, from its ``timeline``, each
+    an array. A LOAD tells its leg there (``to_load``) when the worker's LOAD or UNLOAD before it
+    had ended by its sending. A batch that waited on its worker tells no leg there: one
     sent while the worker still ran the batch before it, or right behind its model's LOAD (the
     INFER starts when the LOAD ends, in the simulator too). One sent while the batch ahead of
     it ran, by at least the last leg there measured before that batch's end, reached its
@@ -255,9 +261,14 @@ def _rows(timeline: Mapping[str, Sequence[Any]]) -> list[tuple[Any, ...]]:
 _Measured = list[tuple[int, float, float]]  # (worker, sent, seconds) per call
 
 
-def _legs(rows: Sequence[tuple[Any, ...]]) -> tuple[_Measured, _Measured, _Measured]:
-    """What the calls of INFERs in ``rows`` (the ``_COLUMNS`` of a timeline) that ran
-    measured of each of the :class:`Legs`, as :func:`call_legs` reads them."""
+def _legs(rows: Sequence[tuple[Any, ...]]) -> tuple[_Measured, _Measured, _Measured, _Measured]:
+    """What the calls in ``rows`` (the ``_COLUMNS`` of a timeline) that ran measured of each
+    of the :class:`Legs`, as :func:`call_legs` reads them."""
+    return (*_infer_legs(rows), _load_legs(rows))
+
+
+def _infer_legs(rows: Sequence[tuple[Any, ...]]) -> tuple[_Measured, _Measured, _Measured]:
+    """The legs there, back and behind that the calls of INFERs in ``rows`` measured."""
     loaded: dict[tuple[int, str], list[float]] = {}  # each LOAD's end, by worker and model
     runs: dict[int, list[tuple[float, float, float, str]]] = {}  # started, ended, sent, model
     back: _Measured = []
@@ -285,6 +296,24 @@ def _legs(rows: Sequence[tuple[Any, ...]]) -> tuple[_Measured, _Measured, _Measu
                 behind.append((worker, sent, max(0.0, started - free)))
             free = max(free, ended)
     return there, back, behind
+
+
+def _load_legs(rows: Sequence[tuple[Any, ...]]) -> _Measured:
+    """The legs there of the LOADs in ``rows`` sent once the LOAD or UNLOAD before them on
+    their worker had ended (the others waited for it)."""
+    executor: dict[int, list[tuple[float, float, float, str]]] = {}  # sent, started, ended, kind
+    for kind, worker, _, _, sent, started, ended, _ in rows:
+        if kind in ("load", "unload") and math.isfinite(ended - started):
+            executor.setdefault(worker, []).append((sent, started, ended, kind))
+    legs: _Measured = []
+    for worker, actions in executor.items():
+        actions.sort()
+        free = -math.inf  # when the worker's LOAD or UNLOAD before ended
+        for sent, started, ended, kind in actions:
+            if kind == "load" and sent >= free:
+                legs.append((worker, sent, max(0.0, started - sent)))
+            free = max(free, ended)
+    return legs
 
 
 def _interference(slowdowns: list[tuple[float, int]]) -> np.ndarray:
@@ -476,7 +505,8 @@ class _PoolRun:
     def _carry_out(self, action: Action, now: float) -> None:
         w = self.workers[action.worker]
         legs = self.legs() if self.weather is None else self.weather.legs(action.worker, now)
-        arrives = now + legs.there
+        load_leg = legs.there if legs.to_load is None else legs.to_load
+        arrives = now + (legs.there if isinstance(action, Infer) else load_leg)
         ran, ok, error, size, weight = True, True, "", None, None
         if isinstance(action, Infer):
             # reaching its worker busy, it starts ``behind`` after the batch before it ends

@@ -797,8 +797,12 @@ def _reason(message: str) -> str:
 def _legs(extra: dict[str, Any], rng: np.random.Generator) -> Any:
     """A function drawing a call's :class:`raysrv.analytics.poolsim.Legs`, each from the
     point's calls that measured it (:func:`raysrv.analytics.poolsim.call_legs`)."""
-    measured = call_legs(extra["timeline"])
-    return lambda: Legs(*(float(rng.choice(m)) if m.size else 0.0 for m in measured))
+    there, back, behind, to_load = call_legs(extra["timeline"])
+
+    def one(measured: np.ndarray) -> float:
+        return float(rng.choice(measured)) if measured.size else 0.0
+
+    return lambda: Legs(one(there), one(back), one(behind), one(to_load) if to_load.size else None)
 
 
 def _drawn(quantiles_ms: dict[str, float | None], rng: np.random.Generator) -> Any:
