@@ -171,8 +171,10 @@ class _Replayed:
         return cast(float, self._at(worker, t, kind, 1.0)) * crowd
 
     def legs(self, worker: int, t: float) -> Legs:
-        unmeasured = {"to_load": None}  # the others: 0
-        return Legs(*(self._at(worker, t, leg, unmeasured.get(leg, 0.0)) for leg in Legs._fields))
+        there, back, behind = (
+            cast(float, self._at(worker, t, leg, 0.0)) for leg in Legs._fields[:3]
+        )
+        return Legs(there, back, behind, self._at(worker, t, "to_load", None))
 
 
 def replayed_weather(
@@ -505,8 +507,8 @@ class _PoolRun:
     def _carry_out(self, action: Action, now: float) -> None:
         w = self.workers[action.worker]
         legs = self.legs() if self.weather is None else self.weather.legs(action.worker, now)
-        load_leg = legs.there if legs.to_load is None else legs.to_load
-        arrives = now + (legs.there if isinstance(action, Infer) else load_leg)
+        leg = legs.there if isinstance(action, Infer) or legs.to_load is None else legs.to_load
+        arrives = now + leg
         ran, ok, error, size, weight = True, True, "", None, None
         if isinstance(action, Infer):
             # reaching its worker busy, it starts ``behind`` after the batch before it ends
