@@ -48,14 +48,20 @@ What a step decides:
    idle loads the model all the same, so that LOAD times measured slow once are measured
    again rather than refuse every later cold query.
 
-Every action carries the window in which the worker may start it (clockwork §4.4): from when it
-is sent to ``latest`` (an INFER: its earliest deadline less its median run time, Appendix B's
-"required start time", and less the median of its pool's last ``RETURN_WINDOW`` answers' ways
-back, from a batch's end on the worker to its report here, so that a batch whose answer could
-only arrive late is never run; a probe, sent to measure a model whose estimates refuse every
-query, plans no run time, or its window would be shut by the very estimate it is sent to test;
-a LOAD: the last moment it still helps a waiting query); a worker refuses to start an action
-after that. Each result carries the duration the worker measured, recorded in the model's
+Every action carries the window in which the worker may start it (clockwork §4.4), from when it
+is sent to ``latest``; a worker refuses to start an action after that. An INFER's ``latest`` is
+Appendix B's "required start time": its earliest deadline less its run time and less the median
+of its pool's last ``RETURN_WINDOW`` answers' ways back (from a batch's end on the worker to its
+report here), so that a batch whose answer could only arrive late is never run. The run time is
+the median at the machine's present speed: the model's median for the size times the pool's
+:meth:`~PoolScheduler.slowdown` (the ``SLOW_Q`` quantile of its last ``SLOW_WINDOW`` INFERs'
+runs over their medians, 1 at the least). A burst of requests takes the CPU from the batches
+within 100 ms, while a model's median moves only after several of its own runs; a batch refused
+this way gets a 429 before any work, where it would have been dropped at its deadline after it
+(``bench/RESULTS.md``, "Spikes on a faster machine"). A probe, sent to measure a model whose
+estimates refuse every query, plans no run time, or its window would be shut by the very
+estimate it is sent to test. A LOAD's ``latest`` is the last moment it still helps a waiting
+query. Each result carries the duration the worker measured, recorded in the model's
 :class:`~raysrv.batching.profile.RunTimes` after the policy has seen it. No worker is ever sent
 a LOAD that would take its models' weights past ``capacity_bytes``; the worker checks again with
 the bytes it measures, and one that refuses a LOAD for want of room takes no LOAD for
@@ -107,6 +113,9 @@ __all__ = ["PoolScheduler"]
 logger = logging.getLogger(__name__)
 
 RETURN_WINDOW = 200  # INFERs behind the answer's way back that an INFER's latest start keeps
+# the pool's last INFERs whose slowdown (run over its median) an INFER's latest start keeps,
+# and at what quantile: a burst of requests takes the CPU from the batches within 100 ms
+SLOW_WINDOW, SLOW_Q = 8, 0.75
 
 
 class PoolScheduler(Placement):
@@ -143,6 +152,8 @@ class PoolScheduler(Placement):
         self._calls = 0
         # of each INFER that ran: from its end on the worker to its report here
         self._returns = SortedWindow(RETURN_WINDOW)
+        # of the last INFERs that ran: their run over the median of their model's size
+        self._slowdowns = SortedWindow(SLOW_WINDOW)
         self._models: dict[str, _Model] = {}
         self._active: dict[str, _Model] = {}  # models with queued queries
         self._removals: list[tuple[int, str]] = []  # (worker, model) to UNLOAD at the next step
@@ -389,7 +400,7 @@ class PoolScheduler(Placement):
         ready = w.ready_at(model.name, now)
         expected = ready if decision.expected_start is None else decision.expected_start
         predicted = _estimate(model.runs, len(queries), PREDICT_Q, default=math.inf)
-        run = predicted if math.isfinite(predicted) else 0.0
+        run = predicted * self.slowdown() if math.isfinite(predicted) else 0.0
         if decision.probe:  # sent to test the estimate: not planned on it
             run = 0.0
         back = self._returns.quantile(PREDICT_Q) if self._returns else 0.0
@@ -469,6 +480,9 @@ class PoolScheduler(Placement):
             )
         )
         if good and size:
+            median = _estimate(model.runs, size, PREDICT_Q)
+            if median > 0:
+                self._slowdowns.add(result.duration / median)
             model.runs.observe(size, result.duration)
         if result.ran and math.isfinite(result.ended):
             self._returns.add(max(0.0, result.finished - result.ended))
@@ -525,6 +539,11 @@ class PoolScheduler(Placement):
         """The last ``RETURN_WINDOW`` INFERs' ways back, from a batch's end on its worker to its
         report here (seconds): what an INFER's latest start keeps."""
         return self._returns
+
+    def slowdown(self) -> float:
+        """How much slower than their medians the pool's INFERs run now (1 at the least): the
+        ``SLOW_Q`` quantile of the last ``SLOW_WINDOW`` runs over their medians."""
+        return max(1.0, self._slowdowns.quantile(SLOW_Q)) if self._slowdowns else 1.0
 
     def describe_model(self, name: str) -> dict[str, object]:
         model = self._models[name]

@@ -24,7 +24,7 @@ from raysrv.batching.actions import (
     Unload,
 )
 from raysrv.batching.deadline import LOCKED_OUT
-from raysrv.batching.scheduler import PoolScheduler
+from raysrv.batching.scheduler import SLOW_WINDOW, PoolScheduler
 
 MB = 1 << 20
 
@@ -142,6 +142,41 @@ def test_an_infer_must_also_start_in_time_for_its_answers_way_back() -> None:
     (infer,) = s.step(5.0).actions
     assert isinstance(infer, Infer)
     assert infer.latest == pytest.approx(5.5 - 0.010 - 0.004)
+
+
+def test_an_infer_must_start_in_time_at_the_machines_present_speed() -> None:
+    """The required start keeps the run at the pool's slowdown: the SLOW_Q quantile of its last
+    SLOW_WINDOW runs, of any model, over their medians. Another model's runs at twice their
+    median double the run kept for this one; runs faster than the median never shorten it;
+    once the window holds runs at the median again, the median alone is kept."""
+    s = PoolScheduler(1, depth=2)
+    for name in ("m", "busy"):
+        s.add_model(name, _policy(max_batch_size=1))
+        s.pin(0, name, 0)
+        for _ in range(10):
+            s.runs(name).observe(1, 0.010)
+    now, ids = 0.0, iter(range(1000))
+
+    def run(name: str, run_s: float) -> Infer:
+        nonlocal now
+        s.submit(name, _q(next(ids), now, deadline=now + 1.0))
+        (infer,) = s.step(now).actions
+        assert isinstance(infer, Infer)
+        ended = now + run_s
+        s.finished(ActionResult(infer, ended, duration=run_s, started=now, ended=ended))
+        now = ended
+        return infer
+
+    def kept_for_m_after(busy_runs_s: list[float]) -> float:
+        for run_s in busy_runs_s:
+            run("busy", run_s)
+        deadline = now + 1.0
+        return deadline - run("m", 0.010).latest  # its answers come back at once: no way back
+
+    assert kept_for_m_after([0.005] * 3) == pytest.approx(0.010)
+    assert kept_for_m_after([0.020] * 3) == pytest.approx(0.020)
+    assert kept_for_m_after([0.010] * SLOW_WINDOW) == pytest.approx(0.010)
+    assert s.slowdown() == 1.0
 
 
 def test_a_probe_may_start_whatever_the_estimates_it_tests_say() -> None:
