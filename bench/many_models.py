@@ -95,6 +95,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import itertools
 import json
 import math
@@ -174,6 +175,9 @@ HTTP_CONNECTIONS = 1024  # the client's pooled connections: more than a point ke
 HOT = "hot"  # the hot model's name: the zoo's first model's file, outside the zoo's model set
 RESAMPLES = 5000  # of the hot model's pairs, for the spread of their median ratio
 SETTLE_S = 5.0  # after a hot-model deployment: the last one's processes end meanwhile
+# A raysrv point's timeline is fetched this often while it runs: the pool keeps its last
+# 20,000 actions, some 45 s of the trace, and the replay needs all of the point's
+TIMELINE_EVERY_S = 15.0
 # raysrv's default: what its ingress keeps back for the answer's way back (a quantile of its
 # workers' answers' trips to it, ``raysrv._server.TripBack``)
 TRIP_BACK = IngressSpec.model_fields["trip_back_quantile"].default
@@ -516,6 +520,10 @@ class Bench:
         handle = self.deploy(system)
         call = self.call(system, handle, self.args.slo_ms)
         client = TallyClient(call, self.pairs(np.concatenate([lead_models, models])), lead.size)
+        gathered = None
+        if system == "raysrv":
+            done = asyncio.Event()
+            gathered = asyncio.create_task(_gather_timeline(handle, time.time() - 1.0, done))
         log = _counted(await replay(client, every + LEAD_S), LEAD_S)
         server = await self.server_state(system, handle)
         server["reasons"] = dict(client.reasons.most_common(8))
@@ -528,8 +536,8 @@ class Bench:
         if system == "raysrv":
             # the wall time of the point's start, where the queries' offsets count from
             server["wall0"] = float(np.median([t - every[i] for i, t in client.scheduled.items()]))
-            since = server["wall0"] - LEAD_S - 1.0
-            server["timeline"] = await handle.timeline.remote("zoo", since)
+            done.set()
+            server["timeline"] = await gathered  # type: ignore[misc]
             server["timing"] = _timing(client.trips, server)
             print(f"  {system} on {workload}: timing (ms) {server['timing']}")
         point = summarize(log, workload, system, self.slo_s, self.args.seconds, capacity, server)
@@ -667,11 +675,14 @@ class Bench:
 
         With ``replay``, the runs, LOADs and calls are not drawn but replayed from the live
         pool's timeline (:func:`raysrv.analytics.poolsim.replayed_weather`, the workers as
-        one machine): an action started at t takes its median times what the last live action
-        of its kind before t took over its median, net of the interference it met and with
-        that of the actions running beside it in the simulation; a call takes the legs the last
-        live ones took then, and the ingress's rule is fed the replies it took up live, in
+        one machine): an action takes its median times what the live actions of its kind took
+        over theirs, one after another in their live order as long as the simulation keeps
+        within 200 ms of their live times, net of the interference each met and with that of
+        the actions running beside it in the simulation; a call takes the legs of the live
+        calls the same way, and the ingress's rule is fed the replies it took up live, in
         their order. What is left to compare is then the scheduling, on the live run's weather.
+        The pool keeps its last 20,000 actions, so a point's timeline is fetched every
+        ``TIMELINE_EVERY_S`` while it runs.
 
         The lead-in's queries go through the simulator first, as they went through the live
         pool, and only the point's count; before them the simulated pool takes the live pool's
@@ -839,6 +850,29 @@ def _kept_back(
             rule.lag(lags())
         kept[i] = rule.kept(quantile, http=lags is not None)
     return kept
+
+
+async def _gather_timeline(handle: Any, since: float, done: asyncio.Event) -> dict[str, list[Any]]:
+    """The pool's timeline from ``since`` until ``done`` is set, fetched every
+    ``TIMELINE_EVERY_S`` (the pool keeps only its last actions) and once more after ``done``:
+    each action once, in the order the pool kept them."""
+    columns: dict[str, list[Any]] = {}
+    seen: set[tuple[Any, ...]] = set()
+    while True:
+        last = done.is_set()
+        part = await handle.timeline.remote("zoo", since)
+        for row in zip(*part.values(), strict=True):
+            key = row[:5]  # kind, worker, model, size, sent: one action
+            if key not in seen:
+                seen.add(key)
+                for name, value in zip(part, row, strict=True):
+                    columns.setdefault(name, []).append(value)
+        if last:
+            return columns
+        if columns:  # an action is kept once it ends: look back past those still running
+            since = max(columns["sent"]) - 5.0
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done.wait(), TIMELINE_EVERY_S)
 
 
 def _replayed_replies(timeline: dict[str, list[Any]], wall0: float) -> Any:

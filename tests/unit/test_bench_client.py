@@ -25,6 +25,7 @@ from bench.many_models import (
     HttpCalls,
     TallyClient,
     _counted,
+    _gather_timeline,
     _in_schedule,
     _reason,
     _replayed_replies,
@@ -130,6 +131,49 @@ def test_the_replayed_replies_are_the_live_ones_in_the_order_the_ingress_took_th
     assert replies(0.015) == [pytest.approx(0.003)]
     assert replies(0.015) == []  # each reply once
     assert replies(1.0) == [pytest.approx(0.001)]
+
+
+class _KeepsLast:
+    """A pool's timeline as its ingress's handle serves it: the last ``keep`` actions, those
+    sent at or after ``since``. A stand-in for a Ray handle; ``fetches`` counts the calls."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self.rows: list[tuple[str, int, str, int, float]] = []
+        self.fetches = 0
+        self.timeline = self  # handle.timeline.remote(pool, since)
+
+    async def remote(self, pool: str, since: float) -> dict[str, list[object]]:
+        assert pool == "zoo"
+        self.fetches += 1
+        kept = [row for row in self.rows[-self.keep :] if row[4] >= since]
+        names = ("kind", "worker", "model", "size", "sent")
+        return {name: [row[i] for row in kept] for i, name in enumerate(names)}
+
+
+def test_a_points_timeline_is_gathered_whole_though_the_pool_keeps_only_its_last_actions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Fetched while the point runs, every action appears once and in the pool's order,
+    though the pool keeps only its last 10 of the 60: each fetch looks back past the actions
+    that may still be running (5 s, 5 actions here), and what two fetches share counts once."""
+    monkeypatch.setattr("bench.many_models.TIMELINE_EVERY_S", 0.01)
+    handle = _KeepsLast(keep=10)
+
+    async def run() -> dict[str, list[object]]:
+        done = asyncio.Event()
+        gathered = asyncio.create_task(_gather_timeline(handle, 0.0, done))
+        for i in range(60):
+            handle.rows.append(("infer", i % 2, f"m{i % 7}", 1, float(i)))
+            if i % 8 == 7:
+                await asyncio.sleep(0.02)  # a fetch comes before 10 more actions end
+        done.set()
+        return await gathered
+
+    columns = asyncio.run(run())
+    assert columns["sent"] == [float(i) for i in range(60)]
+    assert columns["model"] == [f"m{i % 7}" for i in range(60)]
+    assert handle.fetches >= 60 // 8
 
 
 class _Slow:
