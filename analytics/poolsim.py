@@ -5,8 +5,9 @@ schedules a live pool, against simulated workers: it submits each query at its a
 calls ``step`` after every arrival, result or requested wake-up, carries the returned actions
 out on simulated workers and reports each result back. Only the workers are simulated, as the
 live ones run: two executors each (clockwork §4.4), one for INFERs and one for LOADs and
-UNLOADs, each running its actions one at a time in the order they were sent; an INFER of a
-model whose LOAD is still running starts when the LOAD ends. An INFER of k queries runs for
+UNLOADs, each running its actions one at a time in the order they were sent; an INFER sent
+while its worker runs another starts right behind it, and an INFER of a model whose LOAD is
+still running starts when the LOAD ends. An INFER of k queries runs for
 ``service(k)`` seconds, a LOAD for the model's ``load_s`` and an UNLOAD for its ``unload_s``,
 with no interference between the two executors; an action that would start after its
 ``latest`` is not run (§4.4); ``hop_s`` is how long an action takes to reach its worker and its
@@ -533,9 +534,12 @@ class _PoolRun:
         arrives = now + leg
         ran, ok, error, size, weight = True, True, "", None, None
         if isinstance(action, Infer):
-            # reaching its worker busy, it starts ``behind`` after the batch before it ends
-            begins = w.infer_free + legs.behind if arrives < w.infer_free else arrives
-            start = max(begins, w.ready.get(action.model, arrives))
+            # sent to its worker busy, it starts ``behind`` after the batch before it ends: live,
+            # such batches started 0.26 ms after it at the p90, where a call to an idle worker
+            # took 3.2 ms to get there (``bench/RESULTS.md``, "The simulator against the live
+            # system")
+            begins = w.infer_free + legs.behind if now < w.infer_free else arrives
+            start = max(begins, w.ready.get(action.model, begins))
         else:
             start = max(arrives, w.load_free)
         if isinstance(action, Unload):
