@@ -536,8 +536,8 @@ class _PoolRun:
         if isinstance(action, Infer):
             # sent to its worker busy, it starts ``behind`` after the batch before it ends: live,
             # such batches started 0.26 ms after it at the p90, where a call to an idle worker
-            # took 3.2 ms to get there (``bench/RESULTS.md``, "The simulator against the live
-            # system")
+            # took 3.2 ms at the p90 to get there (``bench/RESULTS.md``, "The simulator
+            # against the live system")
             begins = w.infer_free + legs.behind if now < w.infer_free else arrives
             start = max(begins, w.ready.get(action.model, begins))
         else:

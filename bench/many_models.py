@@ -176,7 +176,7 @@ HOT = "hot"  # the hot model's name: the zoo's first model's file, outside the z
 RESAMPLES = 5000  # of the hot model's pairs, for the spread of their median ratio
 SETTLE_S = 5.0  # after a hot-model deployment: the last one's processes end meanwhile
 # A raysrv point's timeline is fetched this often while it runs: the pool keeps its last
-# 20,000 actions, some 45 s of the trace, and the replay needs all of the point's
+# 20,000 actions, some 70 s of the trace, and the replay needs all of the point's
 TIMELINE_EVERY_S = 15.0
 # raysrv's default: what its ingress keeps back for the answer's way back (a quantile of its
 # workers' answers' trips to it, ``raysrv._server.TripBack``)
