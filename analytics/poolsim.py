@@ -117,11 +117,12 @@ class Weather(Protocol):
     """How fast a pool's machine runs over time: an action of ``kind`` (``"infer"`` or
     ``"load"``) started on ``worker`` at ``t`` with ``others`` actions running on the pool's
     other executors then takes ``slowdown(worker, t, kind, others)`` times its profile's time,
-    and a call sent to ``worker`` at ``t`` takes ``legs(worker, t)`` (:class:`Legs`)."""
+    and a call of an action of ``kind`` (``"infer"``, ``"load"`` or ``"unload"``) sent to
+    ``worker`` at ``t`` takes ``legs(worker, t, kind)`` (:class:`Legs`)."""
 
     def slowdown(self, worker: int, t: float, kind: str, others: int = 0) -> float: ...
 
-    def legs(self, worker: int, t: float) -> Legs: ...
+    def legs(self, worker: int, t: float, kind: str = "infer") -> Legs: ...
 
 
 class Legs(NamedTuple):
@@ -163,7 +164,10 @@ class _Replayed:
     def _key(self, worker: int, what: str) -> tuple[int, str]:
         return (MACHINE if self._one_machine else worker, what)
 
-    def _at(self, worker: int, t: float, what: str, default: float | None) -> float | None:
+    def _at(
+        self, worker: int, t: float, what: str, default: float | None, take: bool = True
+    ) -> float | None:
+        """The value of the series ``what`` at ``t``; ``take``: it counts as taken."""
         key = self._key(worker, what)
         series = self._series.get(key)
         if series is None:
@@ -172,7 +176,8 @@ class _Replayed:
         newest = int(np.searchsorted(times, t + self._drift, side="right")) - 1
         oldest = int(np.searchsorted(times, t - self._drift, side="left"))
         i = max(min(max(self._next[key], oldest), newest), 0)
-        self._next[key] = i + 1
+        if take:
+            self._next[key] = i + 1
         return float(values[i])
 
     def slowdown(self, worker: int, t: float, kind: str, others: int = 0) -> float:
@@ -182,11 +187,14 @@ class _Replayed:
         crowd = 1.0 if factors is None else float(factors[min(others, MOST_OTHERS)])
         return cast(float, self._at(worker, t, kind, 1.0)) * crowd
 
-    def legs(self, worker: int, t: float) -> Legs:
+    def legs(self, worker: int, t: float, kind: str = "infer") -> Legs:
+        """Live calls of INFERs measured the legs there, back and behind, and of LOADs the
+        leg to a LOAD: a call takes the values of its own kind's, and only looks at the
+        others."""
         there, back, behind = (
-            cast(float, self._at(worker, t, leg, 0.0)) for leg in Legs._fields[:3]
+            cast(float, self._at(worker, t, leg, 0.0, kind == "infer")) for leg in Legs._fields[:3]
         )
-        return Legs(there, back, behind, self._at(worker, t, "to_load", None))
+        return Legs(there, back, behind, self._at(worker, t, "to_load", None, kind == "load"))
 
 
 def replayed_weather(
@@ -205,7 +213,8 @@ def replayed_weather(
     The simulator's actions and calls take those values in their live order, each once, as
     long as the simulation keeps within ``drift`` seconds of the live times: a simulated call
     at ``t`` takes the next live call's legs not yet taken that was sent after ``t - drift``,
-    or, when every one sent by ``t + drift`` is taken, the last of those again. Taking
+    or, when every one sent by ``t + drift`` is taken, the last of those again; a call takes
+    only the legs its own kind of action measured (:meth:`Weather.legs`). Taking
     instead the last value measured before ``t`` replays each one for as long as the live
     pool measured nothing newer, and a slow value is followed by a long wait: the slow
     values then stood for more of the simulated calls than of the live ones (on a trace
@@ -529,7 +538,8 @@ class _PoolRun:
 
     def _carry_out(self, action: Action, now: float) -> None:
         w = self.workers[action.worker]
-        legs = self.legs() if self.weather is None else self.weather.legs(action.worker, now)
+        kind = type(action).__name__.lower()
+        legs = self.legs() if self.weather is None else self.weather.legs(action.worker, now, kind)
         leg = legs.there if isinstance(action, Infer) or legs.to_load is None else legs.to_load
         arrives = now + leg
         ran, ok, error, size, weight = True, True, "", None, None
@@ -572,7 +582,7 @@ class _PoolRun:
             action, end + legs.back, ran, ok, duration, size, weight, error, *when
         )
         queries = len(action.query_ids) if isinstance(action, Infer) else 0
-        row = (type(action).__name__.lower(), action.worker, action.model, queries, now)
+        row = (kind, action.worker, action.model, queries, now)
         self.timeline.append((*row, *when, result.finished))
         self.seq += 1
         heapq.heappush(self.events, (result.finished, self.seq, result))

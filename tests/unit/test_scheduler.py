@@ -757,7 +757,7 @@ def test_a_replayed_weather_takes_each_live_value_once_in_its_order_near_its_tim
     """Three calls sent 10 ms apart took 1, 2 and 3 ms back, one at t=3 took 9. Simulated
     calls within the drift (200 ms) of them take those legs in turn, the last again once all
     are taken, and none from further ahead; a call with none within the drift behind it takes
-    the last measured before it. Taken as the last before each call, one slow leg followed
+    the last measured before it. A call of another kind of action takes none of them. Taken as the last before each call, one slow leg followed
     by a quiet spell would stand for every call in the spell."""
     sent = [1.000, 1.010, 1.020, 3.000]
     timeline = {
@@ -776,7 +776,10 @@ def test_a_replayed_weather_takes_each_live_value_once_in_its_order_near_its_tim
         return replayed_weather(timeline, lambda kind, model, size: 0.010, 0.0, drift=0.2)
 
     replayed = weather()
-    backs = [replayed.legs(0, t).back for t in (1.000, 1.001, 1.002, 1.003, 2.000, 2.900)]
+    backs = [replayed.legs(0, t).back for t in (1.000, 1.001)]
+    # an UNLOAD's call between them looks at the INFERs' legs and takes none
+    assert replayed.legs(0, 1.0015, "unload").back == pytest.approx(0.003)
+    backs += [replayed.legs(0, t).back for t in (1.002, 1.003, 2.000, 2.900)]
     assert backs == pytest.approx([0.001, 0.002, 0.003, 0.003, 0.003, 0.009])
     assert weather().legs(0, 1.5).back == pytest.approx(0.003)  # all 300 ms behind it
 
@@ -861,8 +864,8 @@ def _replayed_as_its_own_weather(
         def slowdown(self, worker: int, t: float, kind: str, others: int = 0) -> float:
             return weather.slowdown(worker, t, kind, others)
 
-        def legs(self, worker: int, t: float) -> Legs:
-            return weather.legs(worker, t)._replace(back=0.0)
+        def legs(self, worker: int, t: float, kind: str = "infer") -> Legs:
+            return weather.legs(worker, t, kind)._replace(back=0.0)
 
     sooner = simulate_pool(times, names, pool(), weather=BackAtOnce(), **kwargs)
     return first, again, sooner
