@@ -302,11 +302,13 @@ class ResolvedPool:
         return f"{self.device}/{self.resources.threads}t"
 
     def worker_model(self, model: ModelSpec) -> ModelSpec:
-        """``model`` as this pool's workers load it: on their device, with their threads."""
+        """``model`` as this pool's workers load it: on their device, with their resources
+        (threads, GPUs), and no longer naming the pool, whose workers' settings it now carries
+        (a worker validates it again)."""
         if model.pool is None:
             return model
-        resources = model.resources.model_copy(update={"threads": self.resources.threads})
-        return model.model_copy(update={"device": self.device, "resources": resources})
+        update = {"device": self.device, "resources": self.resources, "pool": None}
+        return model.model_copy(update=update)
 
 
 def resolve_pools(pools: list[PoolSpec], models: list[ModelSpec]) -> list[ResolvedPool]:

@@ -113,7 +113,8 @@ class Pool:
         self._clock = clock
         self._metrics = metrics or Metrics()
         self._specs: dict[str, dict[str, Any]] = {}  # each model as the workers load it
-        self._memory: dict[tuple[int, str], tuple[int | None, int | None]] = {}
+        # (worker, model) -> the Report of its LOAD: the weights and what the process grew by
+        self._memory: dict[tuple[int, str], Report] = {}
         self._entries: dict[int, _Entry] = {}
         self._queued: dict[asyncio.Future[Any], int] = {}
         self._arrivals: dict[str, collections.deque[float]] = {}
@@ -458,7 +459,7 @@ class Pool:
     def _load_done(self, action: Load, report: Report, finished: float) -> None:
         ok = report.status == "ok"
         if ok:
-            self._memory[(action.worker, action.model)] = (report.weight_bytes, report.rss_growth)
+            self._memory[(action.worker, action.model)] = report
         result = ActionResult(
             action,
             finished,
@@ -554,8 +555,8 @@ class Pool:
     def describe_model(self, name: str) -> dict[str, Any]:
         runs = self.scheduler.runs(name)
         memory = {
-            str(worker): {"weights_bytes": weight, "rss_growth_bytes": grown}
-            for (worker, model), (weight, grown) in sorted(self._memory.items())
+            str(worker): _memory_shown(loaded)
+            for (worker, model), loaded in sorted(self._memory.items())
             if model == name
         }
         load_ms = {
@@ -591,7 +592,9 @@ class Pool:
             logger.warning("reading pool %s's workers failed: %s", self.name, exc)
             measured = [{}] * len(workers)
         for shown, seen in zip(workers, measured, strict=True):
-            shown["process"] = {k: v for k, v in seen.items() if k != "rss_growth"}
+            shown["process"] = {
+                k: v for k, v in seen.items() if k not in ("rss_growth", "device_growth")
+            }
         return {
             "name": self.name,
             "shared": self.spec.capacity_bytes is not None,
@@ -638,6 +641,13 @@ class Pool:
             if handle is not None:
                 handle.cancel()
         self._answer(list(self._entries), Overloaded(f"pool {self.name!r} is shutting down"))
+
+
+def _memory_shown(loaded: Report) -> dict[str, int | None]:
+    shown = {"weights_bytes": loaded.weight_bytes, "rss_growth_bytes": loaded.rss_growth}
+    if loaded.device_growth is not None:  # a GPU worker's device
+        shown["device_growth_bytes"] = loaded.device_growth
+    return shown
 
 
 def _recent_quantiles_ms(seconds: collections.deque[float]) -> dict[str, float | None]:

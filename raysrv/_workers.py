@@ -23,8 +23,10 @@ start within the prescribed window are cancelled and never executed").
 Memory: a LOAD counts the model's weights (the source file's size, a torch module's parameters
 and buffers, or for other python models what the process grew by while loading) and refuses,
 without keeping it, a model that would take the worker past its capacity. It also reports what
-the process actually grew by, to check the weights against. A LOAD ends with one batch of one
-run on zeros, so that a model's first INFER costs what later ones do.
+the process actually grew by, to check the weights against: its resident memory, and on a GPU
+what torch's allocator holds on the device (:func:`device_bytes`; an onnxruntime CUDA session
+allocates outside it and is not seen there). A LOAD ends with one batch of one run on zeros,
+so that a model's first INFER costs what later ones do.
 
 Workers are named after the Serve application, the ingress replica, the pool and a hash of its
 spec, and created with ``get_if_exists``: a restarted ingress finds its own. Every ingress replica
@@ -44,6 +46,7 @@ import json
 import math
 import os
 import resource
+import sys
 import threading
 import time
 from collections.abc import Awaitable
@@ -66,6 +69,7 @@ __all__ = [
     "RayWorkers",
     "Report",
     "Workers",
+    "device_bytes",
     "rss_bytes",
     "wall",
 ]
@@ -86,6 +90,7 @@ class Report:
     outputs: list[Any] | None = None
     weight_bytes: int | None = None
     rss_growth: int | None = None
+    device_growth: int | None = None  # on a GPU worker, what the device's memory grew by
     error: str = ""
     started: float = math.nan  # wall-clock seconds the action started and ended (Clockwork
     ended: float = math.nan  # §5.2's results carry "start and end times"); NaN if not run
@@ -117,11 +122,25 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def device_bytes() -> int | None:
+    """Bytes of GPU memory torch's allocator holds for this process's tensors, or None where
+    torch has not started CUDA here (a CPU worker)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    return int(torch.cuda.memory_allocated())
+
+
+def _growth(before: int | None, after: int | None) -> int | None:
+    return None if after is None else after - (before or 0)
+
+
 @dataclass(slots=True)
 class _Loaded:
     runtime: Runtime
     weight_bytes: int
     rss_growth: int
+    device_growth: int | None
 
 
 def _weights(spec: ModelSpec, runtime: Runtime | None, grown: int) -> int:
@@ -226,10 +245,12 @@ class PoolWorker:
             "pid": os.getpid(),
             "models": {name: m.weight_bytes for name, m in models},
             "rss_growth": {name: m.rss_growth for name, m in models},
+            "device_growth": {name: m.device_growth for name, m in models},
             "resident_bytes": self.resident,
             "peak_bytes": self._peak,
             "rss_bytes": rss_bytes(),
             "peak_rss_bytes": peak_rss_bytes(),
+            "device_bytes": device_bytes(),
         }
 
     @property
@@ -250,11 +271,17 @@ class PoolWorker:
     def _load(self, model: ModelSpec) -> Report:
         if model.name in self._models:
             held = self._models[model.name]
-            return Report("ok", 0.0, weight_bytes=held.weight_bytes, rss_growth=held.rss_growth)
+            return Report(
+                "ok",
+                weight_bytes=held.weight_bytes,
+                rss_growth=held.rss_growth,
+                device_growth=held.device_growth,
+            )
         declared = model.weight_bytes()
         if declared is not None and not self._fits(declared):
             return self._no_room(model, declared)
-        before, started, start = rss_bytes(), time.time(), time.perf_counter()
+        before, on_device = rss_bytes(), device_bytes()
+        started, start = time.time(), time.perf_counter()
         runtime = load_runtime(model)
         weight = _weights(model, runtime, rss_bytes() - before)
         if not self._fits(weight):
@@ -263,14 +290,15 @@ class PoolWorker:
         if model.warm_up:
             runtime.predict_batch(np.zeros((1, *model.input.shape), dtype=model.input.dtype))
         duration = time.perf_counter() - start
-        grown = rss_bytes() - before
-        self._models[model.name] = _Loaded(runtime, weight, grown)
+        grown, grown_there = rss_bytes() - before, _growth(on_device, device_bytes())
+        self._models[model.name] = _Loaded(runtime, weight, grown, grown_there)
         self._peak = max(self._peak, self.resident)
         return Report(
             "ok",
             duration,
             weight_bytes=weight,
             rss_growth=grown,
+            device_growth=grown_there,
             started=started,
             ended=started + duration,
         )

@@ -11,7 +11,7 @@ import yaml
 from pydantic import ValidationError
 
 from raysrv.cli import main
-from raysrv.config import LiveConfig, RaysrvSpec
+from raysrv.config import LiveConfig, ModelSpec, RaysrvSpec
 from raysrv.testing import model_spec, spec
 from raysrv.validate import validate_document, validate_file
 
@@ -179,6 +179,19 @@ def test_models_join_a_shared_pool_or_get_a_dedicated_one() -> None:
     assert [m.name for m in pools["b"].pinned] == ["b"]
     assert pools["b"].capacity_bytes is None
     assert validate_document(_pooled()) == []
+
+
+def test_a_pools_workers_load_its_models_with_the_pools_device_and_resources() -> None:
+    """A model of a pool declares no device or resources of its own; the pool's workers load
+    it on theirs (here a GPU and two threads), and the spec they receive validates again, as
+    a worker checks it: no LOAD fails for the pool's settings its model did not repeat."""
+    raw = _pooled()
+    raw["pools"][0].update(device="gpu", resources={"num_gpus": 1, "threads": 2})
+    (shared,) = [p for p in RaysrvSpec.model_validate(raw).resolved_pools() if p.name == "shared"]
+    (model,) = [m for m in RaysrvSpec.model_validate(raw).models if m.name == "a"]
+    assert (model.device, model.resources.num_gpus) == ("cpu", 0)
+    loaded = ModelSpec.model_validate(shared.worker_model(model).model_dump(mode="json"))
+    assert (loaded.device, loaded.resources.num_gpus, loaded.resources.threads) == ("gpu", 1, 2)
 
 
 def test_a_colocated_pools_workers_are_reserved_with_the_ingress() -> None:

@@ -742,7 +742,60 @@ def _ones(n: int) -> np.ndarray:
     return np.ones((n, 4), dtype=np.float32)
 
 
+class _Device:
+    """A stand-in for ``torch.cuda``'s allocator (no GPU runs here): ``allocated`` bytes."""
+
+    allocated = 0
+
+    @staticmethod
+    def is_initialized() -> bool:
+        return True
+
+    @classmethod
+    def memory_allocated(cls) -> int:
+        return cls.allocated
+
+
+class _OnDevice(EchoModel):
+    """Puts 3 MiB on the stand-in device as it loads and takes them back when dropped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        _Device.allocated += 3 << 20
+
+    def __del__(self) -> None:
+        _Device.allocated -= 3 << 20
+
+
+def test_a_gpu_worker_reports_what_the_device_grew_by_as_each_model_loaded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a GPU worker the weights live in device memory, which the process's resident memory
+    does not show: a LOAD reports what torch's allocator came to hold on the device (a
+    stand-in allocator here), ``GET /v1/models/{model}`` shows it, and an UNLOAD gives it
+    back. A CPU worker, where torch never started CUDA, reports none."""
+    cpu = asyncio.run(PoolWorker(None, []).run([Call("load", "a", spec=_worker_spec("a", ECHO))]))
+    assert cpu[0].device_growth is None
+    assert raysrv._pool._memory_shown(cpu[0]).keys() == {"weights_bytes", "rss_growth_bytes"}
+
+    monkeypatch.setitem(sys.modules, "torch", type("torch", (), {"cuda": _Device}))
+    _Device.allocated = 1 << 20  # what another model left there
+    worker = PoolWorker(None, [])
+    source = f"{__name__}:_OnDevice"
+
+    async def scenario() -> list[Report]:
+        loads = [Call("load", n, spec=_worker_spec(n, source)) for n in ("a", "b")]
+        return [*await worker.run(loads), *await worker.run([Call("unload", "a")])]
+
+    first, second, _ = asyncio.run(scenario())
+    assert first.device_growth == second.device_growth == 3 << 20
+    assert worker.ready()["device_growth"] == {"b": 3 << 20}
+    assert worker.ready()["device_bytes"] == 4 << 20  # the other model's and b's
+    assert raysrv._pool._memory_shown(second)["device_growth_bytes"] == 3 << 20
+
+
 GATED, OPENER = f"{__name__}:_Gated", f"{__name__}:_Opener"
+ECHO = "raysrv.testing:EchoModel"
 
 
 def test_the_timeline_shows_each_action_as_it_ran_on_the_wall_clock(

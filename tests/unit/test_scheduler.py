@@ -757,8 +757,9 @@ def test_a_replayed_weather_takes_each_live_value_once_in_its_order_near_its_tim
     """Three calls sent 10 ms apart took 1, 2 and 3 ms back, one at t=3 took 9. Simulated
     calls within the drift (200 ms) of them take those legs in turn, the last again once all
     are taken, and none from further ahead; a call with none within the drift behind it takes
-    the last measured before it. A call of another kind of action takes none of them. Taken as the last before each call, one slow leg followed
-    by a quiet spell would stand for every call in the spell."""
+    the last measured before it. A call of another kind of action takes none of them. Taken
+    as the last before each call, one slow leg followed by a quiet spell would stand for every
+    call in the spell."""
     sent = [1.000, 1.010, 1.020, 3.000]
     timeline = {
         "kind": ["infer"] * 4,
