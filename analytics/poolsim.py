@@ -15,8 +15,10 @@ result to come back: a round trip in seconds (half each way), or a function draw
 :class:`Legs` (close over a ``numpy.random.Generator`` for legs measured live). A ``weather`` makes
 the machine's speed vary over time: each INFER and LOAD takes its profile's time times the
 weather's slowdown where and when it starts, given how many actions run on the pool's other
-executors then (its time is fixed when it starts, as SERF's eq. 12 reads its interference), and
-each call's legs are the weather's there and then. A live pool's own timeline
+executors then (SERF's eq. 12 reads an action's interference at its start). Its time is fixed
+when it is sent, so the count takes the actions sent before it: one sent later that starts
+before it, on another executor, is not counted. Each call's legs are the weather's there and
+then. A live pool's own timeline
 (``Pool.timeline``) replayed as the weather (:func:`replayed_weather`) gives the simulator the
 live run's slow spells, in which runs, LOADs and calls are slow together, where drawing each
 independently would not, and the interference its actions met.
