@@ -36,12 +36,15 @@ import json
 import math
 import platform
 import time
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from bench.loadgen import refusal_reason
 from raysrv.batching import make_policy
+from raysrv.batching.profile import interpolate_batches
 from raysrv.config import ModelSpec, PoolSpec, ResolvedPool, resolve_pools
 
 __all__ = ["convnet", "main"]
@@ -115,6 +118,7 @@ def _network(width: int, classes: int) -> Any:
     return nn.Sequential(*layers)
 
 
+@cache
 def weight_bytes(width: int) -> int:
     """What a :func:`convnet` of ``width`` takes: its parameters and buffers."""
     model = convnet(0, width)
@@ -265,12 +269,7 @@ def _outcome(future: asyncio.Future[Any]) -> str:
     if future.cancelled():
         return "cancelled"
     error = future.exception()
-    return "ok" if error is None else f"{type(error).__name__}: {_reason(str(error))}"
-
-
-def _reason(message: str) -> str:
-    """A refusal's message without its figures, so that alike ones count together."""
-    return " ".join(w for w in message.split()[:12] if not any(c.isdigit() for c in w))
+    return "ok" if error is None else f"{type(error).__name__}: {refusal_reason(str(error))}"
 
 
 async def closed_loop(
@@ -348,12 +347,10 @@ def _profile(pool: Any, names: list[str]) -> tuple[dict[int, float], float]:
 
 
 def _service(table: dict[int, float]) -> Any:
+    """Seconds a batch of k runs, from ``table``'s sizes as the scheduler reads its own."""
     sizes = sorted(table)
-
-    def seconds(k: int) -> float:
-        return float(np.interp(k, sizes, [table[s] for s in sizes]))
-
-    return seconds
+    seconds = [table[k] for k in sizes]
+    return lambda k: float(interpolate_batches(sizes, seconds, k))
 
 
 async def measure_pool(args: argparse.Namespace) -> dict[str, Any]:

@@ -57,13 +57,21 @@ __all__ = [
     "parse_wrk",
     "poisson_offsets",
     "replay",
+    "refusal_reason",
     "scheduled_at",
     "wrk_saturation",
 ]
 
 REJECTED = frozenset({429, 503})
+MODEL_NAMED = re.compile(r"^model '[^']*':? ")  # how an error names its model
 STALL_S = 0.005  # a replay's client notes when its loop runs a sleep this long this late
 DEFAULT_TIMEOUT_S = 10.0
+
+
+def refusal_reason(message: str) -> str:
+    """Why a query was not answered, without the model it names (``model 'm0042': ...``), so
+    that one reason is counted once over every model, not once per model."""
+    return MODEL_NAMED.sub("", message, count=1)[:60]
 
 
 def make_inputs(n: int, shape: Sequence[int], seed: int = 0, decimals: int = 4) -> list[np.ndarray]:

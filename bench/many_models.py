@@ -99,7 +99,6 @@ import contextlib
 import itertools
 import json
 import math
-import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -117,6 +116,7 @@ from bench.loadgen import (
     _awaited,
     _exception_status,
     closed_loop,
+    refusal_reason,
     replay,
     scheduled_at,
 )
@@ -146,7 +146,6 @@ FIGURES = Path(__file__).parent / "figures"
 OUT = Path(__file__).parent / "out" / "many_models.json"
 OVERRUN_BATCHES = 50  # models whose learned overrun the timing summary counts: enough batches
 SHOWN_LATE = 20  # late answers printed per point (the JSON keeps them all)
-MODEL_NAMED = re.compile(r"^model '[^']*':? ")  # how an error names its model
 POPULARITY_BANDS = (1, 3, 10, 50, 200)  # model ranks where ``popularity_table``'s rows end
 FIRST_RUNS = 10  # zoo models whose first run after loading is timed against their next
 SPREAD_BATCHES = 20  # batches of one size of one model before its spread counts (``_spread``)
@@ -307,7 +306,7 @@ class TallyClient(HandleClient):
         if transit is not None:
             self.transits[i] = transit / 1000.0
         if isinstance(result, dict) and "error" in result:
-            self._tally(counted, _reason(result.get("message", "")))
+            self._tally(counted, refusal_reason(result.get("message", "")))
             return int(result.get("status", 500))
         if counted and isinstance(result, dict) and "latency_ms" in result:
             trip = time.perf_counter() - start - result["latency_ms"] / 1000.0
@@ -797,12 +796,6 @@ def _counted(log: RequestLog, lead_s: float) -> RequestLog:
             kept.status.append(status)
     kept.stalls = [(t - lead_s, held) for t, held in log.stalls if t >= lead_s]
     return kept
-
-
-def _reason(message: str) -> str:
-    """Why a query was not answered, without the model it names (``model 'm0042': ...``), so
-    that one reason is counted once over every model, not once per model."""
-    return MODEL_NAMED.sub("", message, count=1)[:60]
 
 
 def _legs(extra: dict[str, Any], rng: np.random.Generator) -> Any:

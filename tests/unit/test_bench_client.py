@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from bench.loadgen import STALL_S, RequestLog, replay, scheduled_at
+from bench.loadgen import STALL_S, RequestLog, refusal_reason, replay, scheduled_at
 from bench.many_models import (
     ALONE,
     MUX_HTTP,
@@ -27,7 +27,6 @@ from bench.many_models import (
     _counted,
     _gather_timeline,
     _in_schedule,
-    _reason,
     _replayed_replies,
     _within,
     hot_table,
@@ -276,7 +275,7 @@ def test_a_reason_not_to_answer_is_counted_once_over_the_models_it_names() -> No
     messages = [f"model 'm{i:04d}': {COLD_DOOMED}" for i in range(3)]
     messages += [f"model 'm{i:04d}' {dropped}" for i in range(2)]
     messages.append("pool 'zoo' is shutting down")
-    assert collections.Counter(_reason(m) for m in messages) == {
+    assert collections.Counter(refusal_reason(m) for m in messages) == {
         COLD_DOOMED: 3,
         dropped: 2,
         "pool 'zoo' is shutting down": 1,

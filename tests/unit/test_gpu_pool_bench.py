@@ -34,11 +34,6 @@ def test_each_seed_draws_its_own_weights_and_hosted_ones_are_drawn_once() -> Non
     assert gpu_pool.weight_bytes(4) == size
 
 
-def test_a_refusals_reason_drops_its_figures() -> None:
-    message = "model 'm0012' cannot meet deadline (cold start): needs 31.2 ms, has 12.0"
-    assert gpu_pool._reason(message) == "model cannot meet deadline (cold start): needs ms, has"
-
-
 def test_a_saved_point_simulates_again_to_what_its_run_printed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
