@@ -6,22 +6,21 @@ calls ``step`` after every arrival, result or requested wake-up, carries the ret
 out on simulated workers and reports each result back. Only the workers are simulated, as the
 live ones run: two executors each (clockwork §4.4), one for INFERs and one for LOADs and
 UNLOADs, each running its actions one at a time in the order they were sent; an INFER sent
-while its worker runs another starts right behind it, and an INFER of a model whose LOAD is
-still running starts when the LOAD ends. An INFER of k queries runs for
-``service(k)`` seconds, a LOAD for the model's ``load_s`` and an UNLOAD for its ``unload_s``,
-with no interference between the two executors; an action that would start after its
-``latest`` is not run (§4.4); ``hop_s`` is how long an action takes to reach its worker and its
-result to come back: a round trip in seconds (half each way), or a function drawing each call's
-:class:`Legs` (close over a ``numpy.random.Generator`` for legs measured live). A ``weather`` makes
-the machine's speed vary over time: each INFER and LOAD takes its profile's time times the
-weather's slowdown where and when it starts, given how many actions run on the pool's other
-executors then (SERF's eq. 12 reads an action's interference at its start). Its time is fixed
-when it is sent, so the count takes the actions sent before it: one sent later that starts
-before it, on another executor, is not counted. Each call's legs are the weather's there and
-then. A live pool's own timeline
-(``Pool.timeline``) replayed as the weather (:func:`replayed_weather`) gives the simulator the
-live run's slow spells, in which runs, LOADs and calls are slow together, where drawing each
-independently would not, and the interference its actions met.
+while its executor has work starts right behind it, and an INFER of a model whose LOAD it
+waits for starts when the LOAD ends. The actions a step gives one executor of a worker travel
+as one call, as the live pool sends them, and their results come back together after the last
+one ends. An INFER of k queries runs for ``service(k)`` seconds, a LOAD for the model's
+``load_s`` and an UNLOAD for its ``unload_s``; a LOAD or UNLOAD changes what the worker holds
+when it starts, and an action that would start after its ``latest`` is not run (§4.4).
+``hop_s`` is how long a call takes to reach its worker and its results to come back: a round
+trip in seconds (half each way), or a function drawing each call's :class:`Legs` (close over a
+``numpy.random.Generator`` for legs measured live).
+
+A ``weather`` makes the machine's speed vary over time: each INFER and LOAD takes its profile's
+time times the weather's slowdown where and when it starts, and each call the weather's legs
+there and then. A live pool's own timeline (``Pool.timeline``) replayed as the weather
+(:func:`replayed_weather`) gives the simulator the live run's slow spells, in which runs,
+LOADs and calls are slow together, where drawing each independently would not.
 
 A call's legs (:class:`Legs`) are kept apart, not halves of one round trip: live, an answer's
 way back took about twice the round trip's half, and halved round trips let the simulated
@@ -39,6 +38,7 @@ Cost: O(log n) per event plus the scheduler's own cost per step.
 
 from __future__ import annotations
 
+import collections
 import heapq
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -73,13 +73,12 @@ __all__ = [
     "replayed_weather",
     "service_fn",
     "simulate_pool",
+    "size_band",
 ]
 
 ServiceFn = Callable[[int], float]
 _COLUMNS = ("kind", "worker", "model", "size", "sent", "started", "ended", "back")
 MACHINE = -1  # the series of all the workers of a pool on one machine (``replayed_weather``)
-MOST_OTHERS = 2  # the interference of this many others running and of more is one class
-INTERFERENCE_ACTIONS = 20  # actions of a kind behind a count's interference
 # how far from its live time a replayed value may be taken (``replayed_weather``)
 REPLAY_DRIFT_S = 0.2
 
@@ -117,14 +116,19 @@ def service_fn(service: ServiceSource) -> ServiceFn:
 
 class Weather(Protocol):
     """How fast a pool's machine runs over time: an action of ``kind`` (``"infer"`` or
-    ``"load"``) started on ``worker`` at ``t`` with ``others`` actions running on the pool's
-    other executors then takes ``slowdown(worker, t, kind, others)`` times its profile's time,
-    and a call of an action of ``kind`` (``"infer"``, ``"load"`` or ``"unload"``) sent to
-    ``worker`` at ``t`` takes ``legs(worker, t, kind)`` (:class:`Legs`)."""
+    ``"load"``) started on ``worker`` at ``t`` takes ``slowdown(worker, t, kind, size)`` times
+    its profile's time (``size``: an INFER's queries); a call of an action of ``kind``
+    (``"infer"``, ``"load"`` or ``"unload"``) sent to ``worker`` at ``t`` takes
+    ``legs(worker, t, kind, loading)`` (:class:`Legs`), and a batch that waited on ``worker``
+    for the batch before it, or with ``load`` for its model's LOAD, which ended at ``t``,
+    starts ``behind(worker, t, loading, load)`` seconds after it; ``loading``: a LOAD runs on
+    one of the pool's workers then."""
 
-    def slowdown(self, worker: int, t: float, kind: str, others: int = 0) -> float: ...
+    def slowdown(self, worker: int, t: float, kind: str, size: int = 1) -> float: ...
 
-    def legs(self, worker: int, t: float, kind: str = "infer") -> Legs: ...
+    def legs(self, worker: int, t: float, kind: str = "infer", loading: bool = False) -> Legs: ...
+
+    def behind(self, worker: int, t: float, loading: bool = False, load: bool = False) -> float: ...
 
 
 class Legs(NamedTuple):
@@ -133,48 +137,58 @@ class Legs(NamedTuple):
     the scheduler taking its answer up; ``behind``, for a batch that reached its worker while
     the worker still ran the one before, from that one's end to its start (the worker's own
     handoff between two batches); ``to_load``, from a LOAD's sending to its start on a worker
-    whose LOADs before it are done (None: as ``there``). A LOAD reaches a worker that is often
-    running a batch, and starts later than a batch sent to an idle worker (``bench/RESULTS.md``,
-    "The simulator against the live system")."""
+    whose LOADs before it are done (None: as ``there``); ``after_load``, for a batch that
+    waited for its model's LOAD, from that LOAD's end to its start. A LOAD reaches a worker
+    that is often running a batch, and starts later than a batch sent to an idle worker
+    (``bench/RESULTS.md``, "The simulator against the live system")."""
 
     there: float
     back: float
     behind: float = 0.0
     to_load: float | None = None
+    after_load: float = 0.0
 
 
 class _Replayed:
-    """A :class:`Weather` that repeats what a timeline measured, net of the interference each
-    action met, times the interference of ``others``: at ``t``, each of the series' values in
-    turn (the next one not yet taken), as long as it was measured within ``drift`` seconds of
-    ``t``; the value measured last before ``t + drift`` when every such one was taken, and the
-    first when none was measured before."""
+    """A :class:`Weather` that repeats what a timeline measured: at ``t``, each of the series'
+    values in turn (the next one not yet taken), as long as it was measured within ``drift``
+    seconds of ``t``; the value measured last before ``t + drift`` when every such one was
+    taken, and the first when none was measured before. An INFER takes the values of the
+    INFERs of its size's band (:func:`size_band`), or of the nearest band measured, smaller
+    first."""
 
     def __init__(
         self,
-        series: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]],
-        interference: dict[str, np.ndarray],
+        series: dict[tuple[int, str, int], tuple[np.ndarray, np.ndarray]],
         one_machine: bool,
         drift: float,
     ) -> None:
         self._series = series
-        self._interference = interference
         self._one_machine = one_machine
         self._drift = drift
         self._next = dict.fromkeys(series, 0)  # per series: the next value not yet taken
+        self._kinds: dict[tuple[int, str], list[int]] = {}  # the kinds measured, per series
+        for where, what, kind in sorted(series):
+            self._kinds.setdefault((where, what), []).append(kind)
 
-    def _key(self, worker: int, what: str) -> tuple[int, str]:
-        return (MACHINE if self._one_machine else worker, what)
+    def _key(self, worker: int, what: str, kind: int = 0) -> tuple[int, str, int] | None:
+        """The series of ``what`` that an action or call of ``kind`` (an INFER's size band,
+        whether a LOAD ran for a leg there or behind) on ``worker`` takes: ``kind``'s own, or the
+        nearest one measured below it, or above it (None: none was measured)."""
+        where = MACHINE if self._one_machine else worker
+        kinds = self._kinds.get((where, what))
+        if not kinds:
+            return None
+        below = [k for k in kinds if k <= kind]
+        return (where, what, below[-1] if below else kinds[0])
 
     def _at(
-        self, worker: int, t: float, what: str, default: float | None, take: bool = True
+        self, key: tuple[int, str, int] | None, t: float, default: float | None, take: bool = True
     ) -> float | None:
-        """The value of the series ``what`` at ``t``; ``take``: it counts as taken."""
-        key = self._key(worker, what)
-        series = self._series.get(key)
-        if series is None:
+        """The value of the series ``key`` at ``t``; ``take``: it counts as taken."""
+        if key is None:
             return default
-        times, values = series
+        times, values = self._series[key]
         newest = int(np.searchsorted(times, t + self._drift, side="right")) - 1
         oldest = int(np.searchsorted(times, t - self._drift, side="left"))
         i = max(min(max(self._next[key], oldest), newest), 0)
@@ -182,21 +196,39 @@ class _Replayed:
             self._next[key] = i + 1
         return float(values[i])
 
-    def slowdown(self, worker: int, t: float, kind: str, others: int = 0) -> float:
-        if self._key(worker, kind) not in self._series:
-            return 1.0
-        factors = self._interference.get(kind)
-        crowd = 1.0 if factors is None else float(factors[min(others, MOST_OTHERS)])
-        return cast(float, self._at(worker, t, kind, 1.0)) * crowd
+    def slowdown(self, worker: int, t: float, kind: str, size: int = 1) -> float:
+        key = self._key(worker, kind, size_band(size) if kind == "infer" else 0)
+        return cast(float, self._at(key, t, 1.0))
 
-    def legs(self, worker: int, t: float, kind: str = "infer") -> Legs:
-        """Live calls of INFERs measured the legs there, back and behind, and of LOADs the
-        leg to a LOAD: a call takes the values of its own kind's, and only looks at the
-        others."""
-        there, back, behind = (
-            cast(float, self._at(worker, t, leg, 0.0, kind == "infer")) for leg in Legs._fields[:3]
-        )
-        return Legs(there, back, behind, self._at(worker, t, "to_load", None, kind == "load"))
+    def legs(self, worker: int, t: float, kind: str = "infer", loading: bool = False) -> Legs:
+        """Live calls of INFERs measured the legs there and back, and of LOADs the leg to a
+        LOAD: a call takes the values of its own kind's, and only looks at the others; a leg
+        there those of calls sent while a LOAD ran, or while none did, as ``loading``. The
+        legs behind and after a LOAD are :meth:`behind`'s, looked at."""
+        infer = kind == "infer"
+        there = self._at(self._key(worker, "there", int(loading)), t, 0.0, infer)
+        back = self._at(self._key(worker, "back"), t, 0.0, infer)
+        behind = self._at(self._key(worker, "behind", int(loading)), t, 0.0, False)
+        to_load = self._at(self._key(worker, "to_load"), t, None, kind == "load")
+        after_load = self._at(self._key(worker, "after_load"), t, 0.0, False)
+        floats = (cast(float, leg) for leg in (there, back, behind))
+        return Legs(*floats, to_load, cast(float, after_load))
+
+    def behind(self, worker: int, t: float, loading: bool = False, load: bool = False) -> float:
+        """How long after ``t`` a batch starts that waited for what ended then on its worker:
+        the batch before it, as the batches whose batch before ended while a LOAD ran, or while
+        none did, as ``loading``; with ``load``, its model's LOAD (``Legs.after_load``)."""
+        leg = "after_load" if load else "behind"
+        return cast(float, self._at(self._key(worker, leg, int(loading)), t, 0.0))
+
+
+def size_band(size: int) -> int:
+    """The band of batch sizes a batch of ``size`` is replayed with: the largest power of two
+    not above it (1, 2, 4-7 as 4, ...). A slow spell added about as many milliseconds to a
+    batch of 8 as to a batch of 1, so it slowed the small batches by a larger factor: live, on
+    the many-model trace, batches of 1 ran 1.43 times their median on average and batches of
+    3-8 1.22 times (``bench/RESULTS.md``, "The simulator against the live system")."""
+    return 1 << (max(int(size), 1).bit_length() - 1)
 
 
 def replayed_weather(
@@ -223,14 +255,19 @@ def replayed_weather(
     point, the legs back at the median and p90 of time, 1.0 and 8.5 ms, against 0.6 and 6.9
     of the calls).
 
-    Workers on one machine slow each other down (SERF §III-C's interference): an action that
-    started with others running on the pool's other executors ran slower. So each action's
-    slowdown is kept net of the interference it met, the median slowdown of the actions of its
-    kind that started with as many others running (0, 1, or ``MOST_OTHERS`` or more; a count
-    with fewer than ``INTERFERENCE_ACTIONS`` actions takes the nearest one below it that has
-    them), and the simulator's action pays the interference of the others running with it
-    there. A scheduler that runs more at once than the live one did then pays for it, where a
-    replay of the live slowdowns alone would have given it the live run's quieter machine.
+    Two splits keep what goes together. An INFER takes the slowdowns of the live INFERs of its
+    size's band (:func:`size_band`): a slow spell slowed a batch of 1 by a larger factor than
+    a batch of 8. A leg there takes those of the live calls sent while a LOAD ran in the pool,
+    or while none did, and a leg behind those of the batches whose batch before ended while
+    one ran, or none did: a LOAD slows the start of the batches beside it (on one worker of a
+    trace point, the leg there at the median 2.05 ms with a LOAD running against 0.77 ms
+    without). A batch that waited for its model's LOAD takes the handoffs measured after LOADs
+    (``Legs.after_load``).
+    The slowdowns are replayed as measured, with whatever ran beside the live actions: the
+    simulated schedule follows the live one, and charging each simulated action for what ran
+    beside it at its start, net of what the live one met (SERF §III-C's interference, read at
+    the start as in SERF's eq. 12), put the replays further from live, not nearer
+    (``bench/RESULTS.md``, "The simulator against the live system").
 
     ``one_machine``: the pool's workers share one machine, whose speed every action on it
     measures, so the actions of a kind on every worker make one series, which gives the
@@ -238,55 +275,42 @@ def replayed_weather(
     that worker held its slowness over the whole spell, while the other worker's actions showed
     how the machine then ran (``bench/RESULTS.md``, "The simulator against the live system")."""
     rows = _rows(timeline)
-    ran = [
-        (started, ended)
-        for kind, _, _, _, _, started, ended, _ in rows
-        if kind in ("infer", "load") and math.isfinite(ended - started)
-    ]
-    starts = np.sort([started for started, _ in ran])
-    ends = np.sort([ended for _, ended in ran])
-    points: dict[tuple[int, str], list[tuple[float, float, int]]] = {}
+    points: dict[tuple[int, str, int], list[tuple[float, float]]] = {}
 
     def where(worker: int) -> int:
         return MACHINE if one_machine else worker
 
     for leg, legs in zip(Legs._fields, _legs(rows), strict=True):
-        for worker, sent, seconds in legs:
-            points.setdefault((where(worker), leg), []).append((sent - t0, seconds, 0))
+        for worker, sent, seconds, loading in legs:
+            points.setdefault((where(worker), leg, loading), []).append((sent - t0, seconds))
     for kind, worker, model, size, _, started, ended, _ in rows:
         if kind not in ("infer", "load") or not math.isfinite(ended - started):
             continue
         base = expected(kind, model, size)
         if base is not None and base > 0:
-            running = np.searchsorted(starts, started, "right") - np.searchsorted(ends, started)
-            others = min(max(int(running) - 1, 0), MOST_OTHERS)
-            points.setdefault((where(worker), kind), []).append(
-                (started - t0, (ended - started) / base, others)
+            band = size_band(size) if kind == "infer" else 0
+            points.setdefault((where(worker), kind, band), []).append(
+                (started - t0, (ended - started) / base)
             )
-    interference = {
-        kind: _interference([(v, n) for (_, k), p in points.items() if k == kind for _, v, n in p])
-        for kind in ("infer", "load")
-    }
     series = {}
-    for key, triples in points.items():
-        triples.sort()
-        crowd = interference.get(key[1])
-        values = [v / (1.0 if crowd is None else crowd[n]) for _, v, n in triples]
-        series[key] = (np.array([t for t, _, _ in triples]), np.array(values))
-    return _Replayed(series, interference, one_machine, drift)
+    for key, pairs in points.items():
+        pairs.sort()
+        series[key] = (np.array([t for t, _ in pairs]), np.array([v for _, v in pairs]))
+    return _Replayed(series, one_machine, drift)
 
 
 def call_legs(timeline: Mapping[str, Sequence[Any]]) -> Legs:
     """The :class:`Legs` (seconds) a live pool's calls measured, from its ``timeline``, each
     an array. A LOAD tells its leg there (``to_load``) when the worker's LOAD or UNLOAD before it
     had ended by its sending. A batch that waited on its worker tells no leg there: one
-    sent while the worker still ran the batch before it, or right behind its model's LOAD (the
-    INFER starts when the LOAD ends, in the simulator too). One sent while the batch ahead of
-    it ran, by at least the last leg there measured before that batch's end, reached its
-    worker while that batch ran and tells how long after its end it started (``behind``); one
-    sent closer to that end tells neither, as the worker does not say when a call reached
-    it."""
-    return Legs(*(np.array([s for _, _, s in leg]) for leg in _legs(_rows(timeline))))
+    sent while the worker still ran the batch before it, or right behind its model's LOAD. One
+    that waited for that LOAD alone tells how long after its end it started (``after_load``).
+    One sent while the batch ahead of it ran, by at least the last leg there measured before
+    that batch's end, reached its worker while that batch ran and tells how long after its end
+    it started (``behind``); one sent closer to that end tells neither, as the worker does not
+    say when a call reached it. A call's way back runs from its last batch's end: its answers
+    come back together."""
+    return Legs(*(np.array([s for _, _, s, _ in leg]) for leg in _legs(_rows(timeline))))
 
 
 def _rows(timeline: Mapping[str, Sequence[Any]]) -> list[tuple[Any, ...]]:
@@ -294,44 +318,67 @@ def _rows(timeline: Mapping[str, Sequence[Any]]) -> list[tuple[Any, ...]]:
     return list(zip(*(list(timeline[key]) for key in _COLUMNS), strict=True))
 
 
-_Measured = list[tuple[int, float, float]]  # (worker, sent, seconds) per call
+# per leg: worker, when it began, seconds, and whether a LOAD ran in the pool then (1 or 0)
+_Measured = list[tuple[int, float, float, int]]
 
 
-def _legs(rows: Sequence[tuple[Any, ...]]) -> tuple[_Measured, _Measured, _Measured, _Measured]:
+def _legs(rows: Sequence[tuple[Any, ...]]) -> tuple[_Measured, ...]:
     """What the calls in ``rows`` (the ``_COLUMNS`` of a timeline) that ran measured of each
-    of the :class:`Legs`, as :func:`call_legs` reads them."""
-    return (*_infer_legs(rows), _load_legs(rows))
+    of the :class:`Legs`, in their order, as :func:`call_legs` reads them."""
+    there, back, behind, after_load = _infer_legs(rows)
+    return there, back, behind, _load_legs(rows), after_load
 
 
-def _infer_legs(rows: Sequence[tuple[Any, ...]]) -> tuple[_Measured, _Measured, _Measured]:
-    """The legs there, back and behind that the calls of INFERs in ``rows`` measured."""
+def _infer_legs(rows: Sequence[tuple[Any, ...]]) -> tuple[_Measured, ...]:
+    """The legs there, back, behind and after a LOAD that the calls of INFERs in ``rows``
+    measured, each with whether a LOAD ran anywhere in the pool when the leg began: at the
+    sending for the leg there, at the end of the batch before for the leg behind. A batch
+    that waited for its model's LOAD, on a worker that had ended the batch before it by then,
+    tells how long after that LOAD's end it started (``after_load``, at that end)."""
+    loading = _loading(rows)
     loaded: dict[tuple[int, str], list[float]] = {}  # each LOAD's end, by worker and model
     runs: dict[int, list[tuple[float, float, float, str]]] = {}  # started, ended, sent, model
-    back: _Measured = []
-    for kind, worker, model, _, sent, started, ended, answered in rows:
-        if not math.isfinite(ended - started):
-            continue
-        if kind == "load":
-            loaded.setdefault((worker, model), []).append(ended)
-        elif kind == "infer":
-            runs.setdefault(worker, []).append((started, ended, sent, model))
-            back.append((worker, sent, max(0.0, answered - ended)))
+    for kind, worker, model, _, sent, started, ended, _ in rows:
+        if kind in ("load", "infer") and math.isfinite(ended - started):
+            if kind == "load":
+                loaded.setdefault((worker, model), []).append(ended)
+            else:
+                runs.setdefault(worker, []).append((started, ended, sent, model))
     there: _Measured = []
     behind: _Measured = []
+    after_load: _Measured = []
     for worker, ran in runs.items():
         ran.sort()
         free = -math.inf  # when the worker's batch before ended
         leg = 0.0  # the last leg there measured on the worker
         for started, ended, sent, model in ran:
-            if any(sent <= end <= started for end in loaded.get((worker, model), ())):
-                pass  # it waited for its model's LOAD
+            waited = [end for end in loaded.get((worker, model), ()) if sent <= end <= started]
+            if waited and free <= max(waited):  # it waited for its model's LOAD alone
+                end = max(waited)
+                after_load.append((worker, end, started - end, loading(end)))
+            elif waited:
+                pass  # it waited for its model's LOAD and the batch before it
             elif sent >= free:
                 leg = max(0.0, started - sent)
-                there.append((worker, sent, leg))
+                there.append((worker, sent, leg, loading(sent)))
             elif sent + leg <= free:  # by the last leg there, it came while the worker ran
-                behind.append((worker, sent, max(0.0, started - free)))
+                behind.append((worker, sent, max(0.0, started - free), loading(free)))
             free = max(free, ended)
-    return there, back, behind
+    return there, _ways_back(rows), behind, after_load
+
+
+def _ways_back(rows: Sequence[tuple[Any, ...]]) -> _Measured:
+    """The legs back of the calls of INFERs in ``rows``: a call's answers come back together,
+    after its last batch, so its way back is from that batch's end."""
+    calls: dict[tuple[int, float], tuple[float, float]] = {}  # last end, answered, per call
+    for kind, worker, _, _, sent, started, ended, answered in rows:
+        if kind == "infer" and math.isfinite(ended - started):
+            last, _ = calls.get((worker, sent), (-math.inf, answered))
+            calls[(worker, sent)] = (max(last, ended), answered)
+    return [
+        (worker, sent, max(0.0, answered - last), 0)
+        for (worker, sent), (last, answered) in calls.items()
+    ]
 
 
 def _load_legs(rows: Sequence[tuple[Any, ...]]) -> _Measured:
@@ -347,29 +394,17 @@ def _load_legs(rows: Sequence[tuple[Any, ...]]) -> _Measured:
         free = -math.inf  # when the worker's LOAD or UNLOAD before ended
         for sent, started, ended, kind in actions:
             if kind == "load" and sent >= free:
-                legs.append((worker, sent, max(0.0, started - sent)))
+                legs.append((worker, sent, max(0.0, started - sent), 0))
             free = max(free, ended)
     return legs
 
 
-def _interference(slowdowns: list[tuple[float, int]]) -> np.ndarray:
-    """The median slowdown of the actions that started with each count of others running
-    (index 0..``MOST_OTHERS``); a count with fewer than ``INTERFERENCE_ACTIONS`` takes the
-    nearest count below it that has them, or above, or 1 with none."""
-    by_count: list[list[float]] = [[] for _ in range(MOST_OTHERS + 1)]
-    for value, count in slowdowns:
-        by_count[count].append(value)
-    known = [
-        float(np.median(values)) if len(values) >= INTERFERENCE_ACTIONS else None
-        for values in by_count
-    ]
-    factors = []
-    for count in range(MOST_OTHERS + 1):
-        nearest = [k for k in known[count::-1] if k is not None] or [
-            k for k in known[count:] if k is not None
-        ]
-        factors.append(nearest[0] if nearest else 1.0)
-    return np.array(factors)
+def _loading(rows: Sequence[tuple[Any, ...]]) -> Callable[[float], int]:
+    """Whether a LOAD of ``rows`` ran at a time (1 or 0)."""
+    ran = [(s, e) for kind, *_, s, e, _ in rows if kind == "load" and math.isfinite(e - s)]
+    starts = np.sort([s for s, _ in ran])
+    ends = np.sort([e for _, e in ran])
+    return lambda t: int(np.searchsorted(starts, t, "right") > np.searchsorted(ends, t, "right"))
 
 
 @dataclass(frozen=True)
@@ -423,18 +458,56 @@ class PoolSimResult:
 
 
 class _SimWorker:
-    def __init__(self, capacity: int | None) -> None:
-        # when its INFER and LOAD executors are next free: from the start, whatever the
-        # clock's origin (a run's arrivals may begin before 0)
-        self.infer_free = -math.inf
-        self.load_free = -math.inf
+    """A simulated worker: what it holds, and its two executors, each running its actions one
+    at a time in the order they were sent."""
+
+    def __init__(self, index: int, capacity: int | None) -> None:
+        self.index = index
         self.held: dict[str, int] = {}
-        self.ready: dict[str, float] = {}  # model -> when its LOAD ends
-        # the last action each executor was given: from when to when it runs
-        never = (-math.inf, -math.inf)
-        self.spans: dict[str, tuple[float, float]] = {"infer": never, "load": never}
+        self.loading: dict[str, float | None] = {}  # model -> its LOAD's end (None: not begun)
+        self.executors = {"infer": _SimExecutor(), "load": _SimExecutor()}
         self.capacity = capacity
         self.peak = 0
+
+
+class _SimExecutor:
+    def __init__(self) -> None:
+        self.waiting: collections.deque[_Waiting] = collections.deque()
+        self.next: _Waiting | None = None  # the action whose start is due
+        self.running: tuple[float, float, Action] | None = None  # from when to when, what
+        # when its last action ended: from the start, whatever the clock's origin (a run's
+        # arrivals may begin before 0)
+        self.free = -math.inf
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting) or self.next is not None or self.running is not None
+
+
+@dataclass
+class _SimCall:
+    """One call to a worker: its actions' outcomes fill in as they end; its results go back
+    together after the last one."""
+
+    actions: list[Action]
+    sent: float
+    legs: Legs
+    outcomes: list[tuple[Any, ...] | None]
+    ends: list[float] = field(default_factory=list)
+
+
+@dataclass
+class _Waiting:
+    """An action of ``call`` (its ``index``) on its way to or queued on its executor."""
+
+    call: _SimCall
+    index: int
+    arrives: float  # at the worker, when sent to an idle executor
+    behind: bool  # sent while the executor had work: starts ``legs.behind`` after it ends
+
+    @property
+    def action(self) -> Action:
+        return self.call.actions[self.index]
 
 
 class _PoolRun:
@@ -452,13 +525,13 @@ class _PoolRun:
         self.weather = weather
         self.service = {name: service_fn(m.service) for name, m in models.items()}
         self.scheduler = PoolScheduler(workers, capacity_bytes=capacity_bytes, depth=depth)
-        self.workers = [_SimWorker(capacity_bytes) for _ in range(workers)]
+        self.workers = [_SimWorker(i, capacity_bytes) for i in range(workers)]
         if callable(hop_s):
             self.legs = hop_s
         else:
             way = float(hop_s) / 2
             self.legs = lambda: Legs(way, way)
-        self.events: list[tuple[float, int, ActionResult]] = []
+        self.events: list[tuple[float, int, Callable[[Any, float], bool], Any]] = []
         self.seq = 0
         self.timer = math.inf
         for name, m in models.items():
@@ -505,19 +578,29 @@ class _PoolRun:
                     record.observe_unload(m.unload_s)
 
     def run(self, times: np.ndarray, names: Sequence[str], deadlines: np.ndarray, prio) -> None:
+        """Arrivals, results and wake-ups each step the scheduler; a worker's own events (an
+        action starting or ending) do not."""
         i, n = 0, times.size
         while i < n or self.events or self.timer < math.inf:
             t_event = self.events[0][0] if self.events else math.inf
             t_arrival = float(times[i]) if i < n else math.inf
             now = min(t_event, t_arrival, self.timer)
-            if self.timer <= now:
+            step = self.timer <= now
+            if step:
                 self.timer = math.inf
             while self.events and self.events[0][0] <= now:
-                self._finish(heapq.heappop(self.events)[2])
+                _, _, handle, what = heapq.heappop(self.events)
+                step |= handle(what, now)
             while i < n and times[i] <= now:
                 self._arrive(i, names[i], float(times[i]), float(deadlines[i]), int(prio[i]))
                 i += 1
-            self._step(now)
+                step = True
+            if step:
+                self._step(now)
+
+    def _at(self, t: float, handle: Callable[[Any, float], bool], what: Any) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, handle, what))
 
     def _arrive(self, i: int, name: str, t: float, deadline: float, priority: int) -> None:
         try:
@@ -533,75 +616,143 @@ class _PoolRun:
         for refusal in step.refusals:
             for q in refusal.query_ids:
                 self.refused[q] = refusal.reason
+        calls: dict[int, tuple[list[Action], list[Action]]] = {}  # per worker: LOADs, INFERs
         for action in step.actions:
-            self._carry_out(action, now)
+            calls.setdefault(action.worker, ([], []))[isinstance(action, Infer)].append(action)
+        for worker_calls in calls.values():
+            for call in worker_calls:
+                if call:
+                    self._call(call, now)
         if step.wake_at is not None and now < step.wake_at < self.timer:
             self.timer = step.wake_at
 
-    def _carry_out(self, action: Action, now: float) -> None:
-        w = self.workers[action.worker]
-        kind = type(action).__name__.lower()
-        legs = self.legs() if self.weather is None else self.weather.legs(action.worker, now, kind)
-        leg = legs.there if isinstance(action, Infer) or legs.to_load is None else legs.to_load
-        arrives = now + leg
-        ran, ok, error, size, weight = True, True, "", None, None
-        if isinstance(action, Infer):
-            # sent to its worker busy, it starts ``behind`` after the batch before it ends: live,
-            # such batches started 0.26 ms after it at the p90, where a call to an idle worker
-            # took 3.2 ms at the p90 to get there (``bench/RESULTS.md``, "The simulator
-            # against the live system")
-            begins = w.infer_free + legs.behind if now < w.infer_free else arrives
-            start = max(begins, w.ready.get(action.model, begins))
+    def _call(self, actions: list[Action], now: float) -> None:
+        """One call to a worker carrying ``actions`` (one executor's) as the live pool sends
+        them: one trip there, its actions run one after another, and their results back
+        together after the last one's end."""
+        worker = actions[0].worker
+        kinds = {type(action).__name__.lower() for action in actions}
+        kind = next(k for k in ("infer", "load", "unload") if k in kinds)
+        if self.weather is None:
+            legs = self.legs()
         else:
-            start = max(arrives, w.load_free)
+            legs = self.weather.legs(worker, now, kind, self._loading(now))
+        call = _SimCall(actions, now, legs, [None] * len(actions))
+        w = self.workers[worker]
+        for index, action in enumerate(actions):
+            executor = w.executors[_executor(action)]
+            leg = legs.there if isinstance(action, Infer) or legs.to_load is None else legs.to_load
+            if isinstance(action, Load):
+                w.loading[action.model] = None
+            executor.waiting.append(_Waiting(call, index, now + leg, executor.busy))
+        for name in {_executor(action) for action in actions}:
+            self._next(w, name, now)
+
+    def _next(self, w: _SimWorker, name: str, now: float) -> None:
+        """Set when the next action waiting on ``w``'s executor ``name`` starts, if it is
+        free and that is known: an INFER sent to it busy starts ``behind`` after the action
+        before it ends (live, such batches started 0.26 ms after it at the p90, where a call to
+        an idle worker took 3.2 ms at the p90 to get there: ``bench/RESULTS.md``, "The
+        simulator against the live system"), and an INFER that waits for its model's LOAD
+        ``after_load`` after that LOAD ends."""
+        executor = w.executors[name]
+        if executor.running is not None or executor.next is not None or not executor.waiting:
+            return
+        head = executor.waiting[0]
+        if name == "load":
+            start = max(head.arrives, executor.free)
+        else:
+            loaded = w.loading.get(head.action.model, -math.inf)
+            if loaded is None:
+                return  # it waits for its model's LOAD, not begun: that LOAD's start sets it
+            if head.call.sent <= loaded and (not head.behind or executor.free <= loaded):
+                start = loaded + self._handoff(w, head, loaded, load=True)
+            elif head.behind:
+                start = executor.free + self._handoff(w, head, now)
+            else:
+                start = head.arrives
+        executor.next = executor.waiting.popleft()
+        self._at(max(start, now), self._begin, (w, name))
+
+    def _handoff(self, w: _SimWorker, head: _Waiting, t: float, load: bool = False) -> float:
+        """How long after ``t`` the batch ``head`` starts, which waited for the batch before
+        it, or with ``load`` for its model's LOAD, to end then."""
+        if self.weather is None:
+            return head.call.legs.after_load if load else head.call.legs.behind
+        return self.weather.behind(w.index, t, self._loading(t), load)
+
+    def _begin(self, where: tuple[_SimWorker, str], now: float) -> bool:
+        """The action due on an executor starts, for its profile's time times the weather's
+        slowdown there and then."""
+        w, name = where
+        executor = w.executors[name]
+        waiting = cast(_Waiting, executor.next)
+        executor.next = None
+        action = waiting.action
+        ran, ok, error, size, weight = True, True, "", None, None
         if isinstance(action, Unload):
             w.held.pop(action.model, None)
-            w.ready.pop(action.model, None)
             duration = self.specs[action.model].unload_s if action.model in self.specs else 0.0
-        elif start > action.latest:
+        elif now > action.latest:
             ran, duration = False, 0.0
         elif isinstance(action, Load):
             duration, weight = self._load(w, action)
-            duration *= self._slowdown(action.worker, start, "load")
+            duration *= self._slowdown(action.worker, now, "load", 1)
             if weight is None:  # as a live worker answers: not run
                 ran, error = False, NO_ROOM
-            else:
-                w.ready[action.model] = start + duration
         elif action.model not in w.held:  # its LOAD did not run: as a live worker answers
             ran, duration, error = False, 0.0, NOT_LOADED
         else:
-            duration, size = self._infer(action, start)
-            duration *= self._slowdown(action.worker, start, "infer")
-        end = start + duration
-        if isinstance(action, Infer):
-            w.infer_free = max(w.infer_free, end)
-        else:
-            w.load_free = end
-        if ran:
-            w.spans["infer" if isinstance(action, Infer) else "load"] = (start, end)
-        when = (start, end) if ran else (math.nan, math.nan)  # as a live worker reports
-        result = ActionResult(
-            action, end + legs.back, ran, ok, duration, size, weight, error, *when
-        )
-        queries = len(action.query_ids) if isinstance(action, Infer) else 0
-        row = (kind, action.worker, action.model, queries, now)
-        self.timeline.append((*row, *when, result.finished))
-        self.seq += 1
-        heapq.heappush(self.events, (result.finished, self.seq, result))
+            duration, size = self._infer(action, now)
+            duration *= self._slowdown(action.worker, now, "infer", size)
+        end = now + duration
+        executor.running = (now, end, action) if ran else None
+        if isinstance(action, Load):
+            w.loading[action.model] = end
+            self._next(w, "infer", now)  # an INFER waiting for it may now be set
+        when = (now, end) if ran else (math.nan, math.nan)  # as a live worker reports
+        waiting.call.outcomes[waiting.index] = (ran, ok, duration, size, weight, error, *when)
+        self._at(end, self._end, (w, name, waiting))
+        return False
 
-    def _slowdown(self, worker: int, t: float, kind: str) -> float:
-        if self.weather is None:
-            return 1.0
-        return self.weather.slowdown(worker, t, kind, self._others(worker, kind, t))
+    def _end(self, where: tuple[_SimWorker, str, _Waiting], now: float) -> bool:
+        """An action ends: the executor takes its next, and once every action of its call
+        has ended their results start back."""
+        w, name, waiting = where
+        executor = w.executors[name]
+        executor.running, executor.free = None, now
+        ended = waiting.action
+        if isinstance(ended, Load) and w.loading.get(ended.model) == now:
+            del w.loading[ended.model]
+        call = waiting.call
+        call.ends.append(now)
+        if len(call.ends) == len(call.actions):
+            finished = max(call.ends) + call.legs.back
+            for action, fields in zip(call.actions, call.outcomes, strict=True):
+                result = ActionResult(action, finished, *cast(tuple[Any, ...], fields))
+                kind = type(action).__name__.lower()
+                queries = len(action.query_ids) if isinstance(action, Infer) else 0
+                row = (kind, action.worker, action.model, queries, call.sent)
+                self.timeline.append((*row, result.started, result.ended, finished))
+                self._at(finished, self._finished, result)
+        self._next(w, name, now)
+        if isinstance(ended, Load):
+            self._next(w, "infer", now)
+        return False
 
-    def _others(self, worker: int, executor: str, t: float) -> int:
-        """Actions running at ``t`` on the pool's executors other than ``worker``'s
-        ``executor``, as far as those sent so far say."""
-        return sum(
-            start <= t < end
-            for i, w in enumerate(self.workers)
-            for name, (start, end) in w.spans.items()
-            if (i, name) != (worker, executor)
+    def _finished(self, result: ActionResult, now: float) -> bool:
+        self._finish(result)
+        return True
+
+    def _slowdown(self, worker: int, t: float, kind: str, size: int) -> float:
+        return 1.0 if self.weather is None else self.weather.slowdown(worker, t, kind, size)
+
+    def _loading(self, t: float) -> bool:
+        """Whether a LOAD runs at ``t`` on any of the pool's workers."""
+        spans = (w.executors["load"].running for w in self.workers)
+        return any(
+            span is not None and isinstance(span[2], Load) and span[0] <= t < span[1]
+            for span in spans
         )
 
     def _load(self, w: _SimWorker, action: Load) -> tuple[float, int | None]:
@@ -630,6 +781,11 @@ class _PoolRun:
             for q in action.query_ids:
                 self.refused[q] = reason
         self.scheduler.finished(result)
+
+
+def _executor(action: Action) -> str:
+    """The executor of a worker that runs ``action`` (clockwork §4.4)."""
+    return "infer" if isinstance(action, Infer) else "load"
 
 
 def simulate_pool(

@@ -476,18 +476,22 @@ class _Drawn:
     def _draw(self, values: Any) -> float:
         return float(self._rng.choice(values)) if len(values) else 0.0
 
-    def slowdown(self, worker: int, t: float, kind: str, others: int = 0) -> float:
+    def slowdown(self, worker: int, t: float, kind: str, size: int = 1) -> float:
         return self._draw(self._ratios[kind])
 
-    def legs(self, worker: int, t: float, kind: str = "infer") -> Any:
+    def behind(self, worker: int, t: float, loading: bool = False, load: bool = False) -> float:
+        return self._draw(self._legs.after_load if load else self._legs.behind)
+
+    def legs(self, worker: int, t: float, kind: str = "infer", loading: bool = False) -> Any:
         from raysrv.analytics.poolsim import Legs
 
-        there, back, behind, to_load = self._legs
+        there, back, behind, to_load, after_load = self._legs
         return Legs(
             self._draw(there),
             self._draw(back),
             self._draw(behind),
             self._draw(to_load) if to_load.size else None,
+            self._draw(after_load),
         )
 
 

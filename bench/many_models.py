@@ -82,8 +82,8 @@ For each raysrv point, "simulator": the same arrivals through
 :func:`raysrv.analytics.simulate_pool` with the run times and LOAD times the point measured per
 model, their spread and the trips it measured (``Bench.simulate``): the same scheduler, on
 simulated workers and hops; "replayed": the same with the runs, LOADs and calls replayed from
-the live pool's timeline rather than drawn (``replay``), with the interference the actions met
-there, so that what differs is the scheduling on the live run's weather. Both simulate the
+the live pool's timeline rather than drawn (``replay``), so that what differs is the
+scheduling on the live run's weather. Both simulate the
 lead-in too and count the point's queries only. Plots:
 ``bench/figures/many_models_cdf.png`` and ``many_models_goodput.png`` (``--replot`` draws them
 again from a saved run); everything, the request logs included, in
@@ -674,11 +674,10 @@ class Bench:
 
         With ``replay``, the runs, LOADs and calls are not drawn but replayed from the live
         pool's timeline (:func:`raysrv.analytics.poolsim.replayed_weather`, the workers as
-        one machine): an action takes its median times what the live actions of its kind took
-        over theirs, one after another in their live order as long as the simulation keeps
-        within 200 ms of their live times, net of the interference each met and with that of
-        the actions running beside it in the simulation; a call takes the legs of the live
-        calls the same way, and the ingress's rule is fed the replies it took up live, in
+        one machine): an action takes its median times what the live actions of its kind (and
+        an INFER's size band) took over theirs, one after another in their live order as long
+        as the simulation keeps within 200 ms of their live times; a call takes the legs of the
+        live calls the same way, and the ingress's rule is fed the replies it took up live, in
         their order. What is left to compare is then the scheduling, on the live run's weather.
         The pool keeps its last 20,000 actions, so a point's timeline is fetched every
         ``TIMELINE_EVERY_S`` while it runs.
@@ -801,12 +800,14 @@ def _counted(log: RequestLog, lead_s: float) -> RequestLog:
 def _legs(extra: dict[str, Any], rng: np.random.Generator) -> Any:
     """A function drawing a call's :class:`raysrv.analytics.poolsim.Legs`, each from the
     point's calls that measured it (:func:`raysrv.analytics.poolsim.call_legs`)."""
-    there, back, behind, to_load = call_legs(extra["timeline"])
+    there, back, behind, to_load, after_load = call_legs(extra["timeline"])
 
     def one(measured: np.ndarray) -> float:
         return float(rng.choice(measured)) if measured.size else 0.0
 
-    return lambda: Legs(one(there), one(back), one(behind), one(to_load) if to_load.size else None)
+    return lambda: Legs(
+        one(there), one(back), one(behind), one(to_load) if to_load.size else None, one(after_load)
+    )
 
 
 def _drawn(quantiles_ms: dict[str, float | None], rng: np.random.Generator) -> Any:
