@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import collections
 import math
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import pytest
@@ -688,7 +688,9 @@ def test_in_simulation_a_replayed_timeline_slows_runs_and_calls_where_and_when_i
     assert weather.legs(0, 1.5) == pytest.approx((0.001, 0.003, 0.0, 0.0, 0.0))
 
 
-def _timeline(rows: list[tuple[str, int, str, int, float, float, float, float]]) -> dict:
+def _timeline(
+    rows: list[tuple[str, int, str, int, float, float, float, float]],
+) -> dict[str, list[Any]]:
     """A live pool's timeline of ``rows``: kind, worker, model, size, sent, started, ended and
     back of each action."""
     columns = ("kind", "worker", "model", "size", "sent", "started", "ended", "back")
@@ -926,12 +928,10 @@ def test_in_simulation_a_batch_sent_to_a_busy_worker_starts_behind_whatever_its_
     np.testing.assert_allclose(result.batch_starts, [0.0, 0.5, 0.531])
 
 
-def _replayed_as_its_own_weather(
-    seed: int, back_at_once: bool = False
-) -> tuple[PoolSimResult, PoolSimResult, PoolSimResult | None]:
+def _replayed_as_its_own_weather(seed: int) -> tuple[PoolSimResult, PoolSimResult, PoolSimResult]:
     """A simulated run of a Zipf mix of 6 models on 2 workers that hold 3, with legs drawn at
-    random, the same arrivals replayed on its timeline as the weather and, with
-    ``back_at_once``, replayed with every answer back at once."""
+    random, the same arrivals replayed on its timeline as the weather, and replayed with every
+    answer back at once."""
     rng = np.random.default_rng(seed)
     times = np.cumsum(rng.exponential(1 / 300.0, 6000))
     names = [f"m{min(int(rng.zipf(1.5)) - 1, 5)}" for _ in times]
@@ -963,8 +963,6 @@ def _replayed_as_its_own_weather(
 
     weather = replayed_weather(first.timeline, expected, 0.0)
     again = simulate_pool(times, names, pool(), weather=weather, **kwargs)
-    if not back_at_once:
-        return first, again, None
 
     class BackAtOnce:
         def slowdown(self, worker: int, t: float, kind: str, size: int = 1) -> float:
@@ -989,11 +987,11 @@ def test_a_simulated_run_replayed_as_its_own_weather_keeps_its_attainment() -> N
     own."""
     gained, sooner_gained, loads = [], [], []
     for seed in range(5, 10):
-        first, again, sooner = _replayed_as_its_own_weather(seed, back_at_once=True)
+        first, again, sooner = _replayed_as_its_own_weather(seed)
         within = first.within(0.05).mean()
         assert 0.5 < within < 0.99  # a load at which the legs count
         gained.append(again.within(0.05).mean() - within)
-        sooner_gained.append(cast(PoolSimResult, sooner).within(0.05).mean() - within)
+        sooner_gained.append(sooner.within(0.05).mean() - within)
         loads.append(again.loads / first.loads)
     assert abs(np.mean(gained)) < 0.01
     assert np.mean(sooner_gained) > 0.01
