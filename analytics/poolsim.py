@@ -224,7 +224,7 @@ class _Replayed:
 
 def size_band(size: int) -> int:
     """The band of batch sizes a batch of ``size`` is replayed with: the largest power of two
-    not above it (1, 2, 4-7 as 4, ...). A slow spell added about as many milliseconds to a
+    not above it (1, 2-3 as 2, 4-7 as 4, ...). A slow spell added about as many milliseconds to a
     batch of 8 as to a batch of 1, so it slowed the small batches by a larger factor: live, on
     the many-model trace, batches of 1 ran 1.43 times their median on average and batches of
     3-8 1.22 times (``bench/RESULTS.md``, "The simulator against the live system")."""
