@@ -175,7 +175,7 @@ RESAMPLES = 5000  # of the hot model's pairs, for the spread of their median rat
 SETTLE_S = 5.0  # after a hot-model deployment: the last one's processes end meanwhile
 # A raysrv point's timeline is fetched this often while it runs: the pool keeps its last
 # 20,000 actions, some 70 s of the trace, and the replay needs all of the point's
-TIMELINE_EVERY_S = 15.0
+TIMELINE_EVERY_S = 1.0
 # raysrv's default: what its ingress keeps back for the answer's way back (a quantile of its
 # workers' answers' trips to it, ``raysrv._server.TripBack``)
 TRIP_BACK = IngressSpec.model_fields["trip_back_quantile"].default
@@ -848,22 +848,27 @@ def _kept_back(
 async def _gather_timeline(handle: Any, since: float, done: asyncio.Event) -> dict[str, list[Any]]:
     """The pool's timeline from ``since`` until ``done`` is set, fetched every
     ``TIMELINE_EVERY_S`` (the pool keeps only its last actions) and once more after ``done``:
-    each action once, in the order the pool kept them."""
+    each action once, in the order the pool kept them. Each fetch asks only for the actions
+    kept since the last one (``after``), so that neither the ingress's loop nor the client's
+    is held by one large fetch: every 15 s, fetches of all the actions sent in the last 20 s
+    held this client's loop 11-15 ms and were followed by late answers (bench/RESULTS.md,
+    "Late answers")."""
     columns: dict[str, list[Any]] = {}
-    seen: set[tuple[Any, ...]] = set()
+    after = -1
     while True:
         last = done.is_set()
-        part = await handle.timeline.remote("zoo", since)
-        for row in zip(*part.values(), strict=True):
-            key = row[:5]  # kind, worker, model, size, sent: one action
-            if key not in seen:
-                seen.add(key)
-                for name, value in zip(part, row, strict=True):
-                    columns.setdefault(name, []).append(value)
+        part = await handle.timeline.remote("zoo", since, after)
+        if part["seq"]:
+            if after >= 0 and part["seq"][0] != after + 1:
+                raise RuntimeError(
+                    f"the pool dropped actions {after + 1}-{part['seq'][0] - 1} between two "
+                    "fetches of its timeline: fetch it more often"
+                )
+            after = part["seq"][-1]
+            for name, values in part.items():
+                columns.setdefault(name, []).extend(values)
         if last:
             return columns
-        if columns:  # an action is kept once it ends: look back past those still running
-            since = max(columns["sent"]) - 5.0
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(done.wait(), TIMELINE_EVERY_S)
 

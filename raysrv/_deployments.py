@@ -135,11 +135,12 @@ class Ingress:
     async def pools(self) -> list[dict[str, Any]]:
         return await self._server.describe_pools()
 
-    async def timeline(self, pool: str, since: float = 0.0) -> dict[str, Any]:
-        """The pool's last actions as they ran, sent at or after the wall time ``since``
-        (``raysrv._pool.TIMELINE_COLUMNS``; errors as result objects)."""
+    async def timeline(self, pool: str, since: float = 0.0, after: int = -1) -> dict[str, Any]:
+        """The pool's last actions as they ran, sent at or after the wall time ``since`` and
+        numbered past ``after`` (``raysrv._pool.TIMELINE_COLUMNS``; errors as result
+        objects)."""
         try:
-            return self._server.timeline(pool, since)
+            return self._server.timeline(pool, since, after)
         except RaysrvError as exc:
             return exc.to_json()
 

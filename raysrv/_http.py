@@ -119,6 +119,7 @@ async def _read_json(request: Request, limit: int) -> dict[str, Any]:
 
 
 TIMELINE_CHUNK = 2000  # values of a timeline column rendered between turns of the event loop
+MAX_AFTER_DIGITS = 18  # a timeline's ``after``: an action number, well within an int64
 
 
 def _since(value: str | None) -> float:
@@ -132,6 +133,16 @@ def _since(value: str | None) -> float:
     if not math.isfinite(since):
         raise BadRequest(f"since must be wall-clock seconds, got {value!r}")
     return since
+
+
+def _after(value: str | None) -> int:
+    """The ``after`` of a timeline request: the last action number the caller has, -1 if
+    absent."""
+    if value is None:
+        return -1
+    if not value.isascii() or not value.isdigit() or len(value) > MAX_AFTER_DIGITS:
+        raise BadRequest(f"after must be an action number (seq), got {value[:40]!r}")
+    return int(value)
 
 
 def _finite(value: Any) -> Any:
@@ -279,7 +290,8 @@ def _model_routes(api: FastAPI, server: Server, max_body_bytes: int, metrics: Me
         # TIMELINE_CHUNK values at a time, handing the event loop back between chunks. An
         # action that did not run has no start or end, and only calls of batches have an
         # overhead: JSON's null for the NaN that stands for them.
-        columns = server.timeline(pool, _since(request.query_params.get("since")))
+        query = request.query_params
+        columns = server.timeline(pool, _since(query.get("since")), _after(query.get("after")))
         parts = []
         for name, values in columns.items():
             chunks = []

@@ -63,6 +63,7 @@ OVERHEAD_WINDOW = 500  # calls behind the round-trip overhead ``GET /v1/pools`` 
 TRIP_SHOWN = 10_000  # queries behind the trips to the ingress ``GET /v1/pools`` shows
 TIMELINE_ACTIONS = 20_000  # the last actions ``timeline`` shows: some 5 MB of tuples
 TIMELINE_COLUMNS = (
+    "seq",  # the action's number in the order the pool kept them, from 0
     "kind",  # infer, load or unload
     "worker",
     "model",
@@ -73,6 +74,7 @@ TIMELINE_COLUMNS = (
     "back",  # its report reached the ingress's loop
     "overhead",  # of an INFER's call: the round trip beyond the runs (NaN for the others)
 )
+_SENT = TIMELINE_COLUMNS.index("sent")
 OVERHEAD_QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9, 0.99)  # the ones it shows
 FAULT_RETRY_S = 0.01  # after the scheduler raised, step again this much later
 NOT_LOADED_REASON = "not loaded on its worker when the batch came (its LOAD ran too late)"
@@ -142,6 +144,7 @@ class Pool:
         self._timeline: collections.deque[tuple[Any, ...]] = collections.deque(
             maxlen=TIMELINE_ACTIONS
         )
+        self._kept = itertools.count()  # numbers the actions kept in the timeline
 
     # -- models ----------------------------------------------------------------------------
 
@@ -389,6 +392,7 @@ class Pool:
         for (action, entries), wall_report in zip(sent, reports, strict=True):
             self._timeline.append(
                 (
+                    next(self._kept),
                     type(action).__name__.lower(),
                     worker,
                     action.model,
@@ -615,10 +619,18 @@ class Pool:
             "workers": workers,
         }
 
-    def timeline(self, since: float = 0.0) -> dict[str, list[Any]]:
+    def timeline(self, since: float = 0.0, after: int = -1) -> dict[str, list[Any]]:
         """The actions kept (the last ``TIMELINE_ACTIONS``) sent at or after the wall time
-        ``since``, oldest first, as columns (``TIMELINE_COLUMNS``)."""
-        rows = [row for row in self._timeline if row[4] >= since]
+        ``since`` and numbered past ``after``, in the order they were kept, as columns
+        (``TIMELINE_COLUMNS``). An action is kept once its report is back, so a caller that
+        passes the last ``seq`` it has gets each action once, and only the new ones are read."""
+        rows: list[tuple[Any, ...]] = []
+        for row in reversed(self._timeline):
+            if row[0] <= after:
+                break
+            if row[_SENT] >= since:
+                rows.append(row)
+        rows.reverse()
         return {name: [row[i] for row in rows] for i, name in enumerate(TIMELINE_COLUMNS)}
 
     def plan_snapshot(self, name: str) -> PlanSnapshot:

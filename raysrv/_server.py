@@ -600,11 +600,11 @@ class Server:
     async def describe_pools(self) -> list[dict[str, Any]]:
         return [await pool.describe() for pool in self.pools.values()]
 
-    def timeline(self, pool: str, since: float = 0.0) -> dict[str, list[Any]]:
+    def timeline(self, pool: str, since: float = 0.0, after: int = -1) -> dict[str, list[Any]]:
         """``Pool.timeline`` of the pool named ``pool``, or :class:`NotFound`."""
         if pool not in self.pools:
             raise NotFound(f"unknown pool {pool!r}; pools: {sorted(self.pools)}")
-        return self.pools[pool].timeline(since)
+        return self.pools[pool].timeline(since, after)
 
     async def close(self) -> None:
         await asyncio.gather(*(p.close() for p in self.pools.values()))

@@ -133,29 +133,33 @@ def test_the_replayed_replies_are_the_live_ones_in_the_order_the_ingress_took_th
 
 
 class _KeepsLast:
-    """A pool's timeline as its ingress's handle serves it: the last ``keep`` actions, those
-    sent at or after ``since``. A stand-in for a Ray handle; ``fetches`` counts the calls."""
+    """A pool's timeline as its ingress's handle serves it: of the last ``keep`` actions, those
+    sent at or after ``since`` and numbered past ``after``. A stand-in for a Ray handle;
+    ``fetched`` holds how many actions each call returned."""
 
     def __init__(self, keep: int) -> None:
         self.keep = keep
-        self.rows: list[tuple[str, int, str, int, float]] = []
-        self.fetches = 0
-        self.timeline = self  # handle.timeline.remote(pool, since)
+        self.rows: list[tuple[int, str, int, str, int, float]] = []
+        self.fetched: list[int] = []
+        self.timeline = self  # handle.timeline.remote(pool, since, after)
 
-    async def remote(self, pool: str, since: float) -> dict[str, list[object]]:
+    def end(self, i: int) -> None:
+        """Action ``i``, sent at ``i`` seconds, is kept."""
+        self.rows.append((len(self.rows), "infer", i % 2, f"m{i % 7}", 1, float(i)))
+
+    async def remote(self, pool: str, since: float, after: int) -> dict[str, list[object]]:
         assert pool == "zoo"
-        self.fetches += 1
-        kept = [row for row in self.rows[-self.keep :] if row[4] >= since]
-        names = ("kind", "worker", "model", "size", "sent")
+        kept = [r for r in self.rows[-self.keep :] if r[0] > after and r[5] >= since]
+        self.fetched.append(len(kept))
+        names = ("seq", "kind", "worker", "model", "size", "sent")
         return {name: [row[i] for row in kept] for i, name in enumerate(names)}
 
 
 def test_a_points_timeline_is_gathered_whole_though_the_pool_keeps_only_its_last_actions(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Fetched while the point runs, every action appears once and in the pool's order,
-    though the pool keeps only its last 10 of the 60: each fetch looks back past the actions
-    that may still be running (5 s, 5 actions here), and what two fetches share counts once."""
+    """Fetched while the point runs, every action appears once and in the pool's order, though
+    the pool keeps only its last 10 of the 60, and each fetch carries only the new ones."""
     monkeypatch.setattr("bench.many_models.TIMELINE_EVERY_S", 0.01)
     handle = _KeepsLast(keep=10)
 
@@ -163,7 +167,7 @@ def test_a_points_timeline_is_gathered_whole_though_the_pool_keeps_only_its_last
         done = asyncio.Event()
         gathered = asyncio.create_task(_gather_timeline(handle, 0.0, done))
         for i in range(60):
-            handle.rows.append(("infer", i % 2, f"m{i % 7}", 1, float(i)))
+            handle.end(i)
             if i % 8 == 7:
                 await asyncio.sleep(0.02)  # a fetch comes before 10 more actions end
         done.set()
@@ -172,7 +176,29 @@ def test_a_points_timeline_is_gathered_whole_though_the_pool_keeps_only_its_last
     columns = asyncio.run(run())
     assert columns["sent"] == [float(i) for i in range(60)]
     assert columns["model"] == [f"m{i % 7}" for i in range(60)]
-    assert handle.fetches >= 60 // 8
+    assert len(handle.fetched) >= 60 // 8
+    assert max(handle.fetched) <= 8
+
+
+def test_gathering_a_timeline_fails_if_the_pool_dropped_actions_between_fetches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("bench.many_models.TIMELINE_EVERY_S", 0.01)
+    handle = _KeepsLast(keep=10)
+
+    async def run() -> None:
+        done = asyncio.Event()
+        gathered = asyncio.create_task(_gather_timeline(handle, 0.0, done))
+        handle.end(0)
+        await asyncio.sleep(0.02)
+        for i in range(1, 30):  # 29 actions end before the next fetch: 19 are gone
+            handle.end(i)
+        await asyncio.sleep(0.02)
+        done.set()
+        await gathered
+
+    with pytest.raises(RuntimeError, match="dropped actions 1-19"):
+        asyncio.run(run())
 
 
 class _Slow:

@@ -628,8 +628,8 @@ def test_the_slo_starts_when_the_caller_sent_the_query() -> None:
 
 def test_a_pools_timeline_is_served_as_json_columns_with_null_for_what_did_not_happen() -> None:
     """The fake workers here report no start or end (a live one does): those come as null,
-    never as a NaN that is not JSON; ``since`` keeps the later actions; a bad one is a 400 and
-    an unknown pool a 404."""
+    never as a NaN that is not JSON; ``since`` keeps the later actions, ``after`` those
+    numbered past it; a bad one of either is a 400 and an unknown pool a 404."""
 
     async def scenario() -> list[httpx.Response]:
         server = _server()
@@ -644,9 +644,12 @@ def test_a_pools_timeline_is_served_as_json_columns_with_null_for_what_did_not_h
                 await c.get(f"/v1/pools/{pool}/timeline", params={"since": "soon"}),
                 await c.get(f"/v1/pools/{pool}/timeline", params={"since": "nan"}),
                 await c.get("/v1/pools/nope/timeline"),
+                await c.get(f"/v1/pools/{pool}/timeline", params={"after": "0"}),
+                await c.get(f"/v1/pools/{pool}/timeline", params={"after": "-2"}),
+                await c.get(f"/v1/pools/{pool}/timeline", params={"after": "9" * 400}),
             ]
 
-    every, later, bad, nan, unknown = run(scenario())
+    every, later, bad, nan, unknown, past, negative, huge = run(scenario())
     assert every.status_code == 200
     columns = every.json()
     assert columns["kind"] == ["infer", "infer"]
@@ -654,8 +657,12 @@ def test_a_pools_timeline_is_served_as_json_columns_with_null_for_what_did_not_h
     assert columns["started"] == [None, None]
     assert all(isinstance(t, float) for t in columns["sent"] + columns["back"])
     assert later.json()["sent"] == columns["sent"][1:]
+    assert columns["seq"] == [0, 1]
+    assert past.json()["sent"] == columns["sent"][1:]
     assert (bad.status_code, nan.status_code, unknown.status_code) == (400, 400, 404)
+    assert (negative.status_code, huge.status_code) == (400, 400)
     assert "since must be wall-clock seconds" in bad.json()["message"]
+    assert "after must be an action number" in negative.json()["message"]
 
 
 def test_a_long_timeline_is_rendered_in_chunks_between_other_work(
@@ -676,4 +683,4 @@ def test_a_long_timeline_is_rendered_in_chunks_between_other_work(
     assert len(shown["kind"]) == 10
     for name, values in kept.items():  # the same values, null for NaN
         assert shown[name] == [None if v != v else v for v in values], name
-    assert turns >= 9 * 4  # 9 columns of 10 values, 4 chunks of 3 each
+    assert turns >= 10 * 4  # 10 columns of 10 values, 4 chunks of 3 each

@@ -802,11 +802,13 @@ def test_the_timeline_shows_each_action_as_it_ran_on_the_wall_clock(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A LOAD and the batches behind it, each sent before it started, ended and came back; a
-    call of batches says its round trip beyond the runs; ``since`` keeps the later ones and
-    only the last ``TIMELINE_ACTIONS`` are kept."""
+    call of batches says its round trip beyond the runs; ``since`` keeps the later ones,
+    ``after`` those numbered past it, and only the last ``TIMELINE_ACTIONS`` are kept."""
     monkeypatch.setattr(raysrv._pool, "TIMELINE_ACTIONS", 3)
 
-    async def scenario() -> tuple[dict[str, list[Any]], dict[str, list[Any]], float]:
+    Columns = dict[str, list[Any]]
+
+    async def scenario() -> tuple[Columns, Columns, Columns, float]:
         workers = LocalWorkers(
             1, {"a": EchoModel()}, weight_bytes=1, load_s=0.02, delay_s=0.005, reply_s=0.0
         )
@@ -817,13 +819,16 @@ def test_the_timeline_shows_each_action_as_it_ran_on_the_wall_clock(
         middle = time.time()
         await pool.submit("a", _x(1))
         timeline, later = pool.timeline(), pool.timeline(since=middle)
+        past = pool.timeline(after=3)
         await pool.close()
-        return timeline, later, before
+        return timeline, later, past, before
 
-    timeline, later, before = asyncio.run(scenario())
+    timeline, later, past, before = asyncio.run(scenario())
     assert timeline["kind"] == ["infer", "infer", "infer"]  # the LOAD and first batch dropped
+    assert timeline["seq"] == [2, 3, 4]  # numbered as kept: the LOAD was 0
     assert later["kind"] == ["infer"]
     assert later["sent"] == timeline["sent"][-1:]
+    assert past["seq"] == [4]
     assert set(timeline["model"]) == {"a"}
     assert timeline["size"] == [1, 1, 1]
     for sent, started, ended, back in zip(
