@@ -116,17 +116,22 @@ def service_fn(service: ServiceSource) -> ServiceFn:
 
 class Weather(Protocol):
     """How fast a pool's machine runs over time: an action of ``kind`` (``"infer"`` or
-    ``"load"``) started on ``worker`` at ``t`` takes ``slowdown(worker, t, kind, size)`` times
-    its profile's time (``size``: an INFER's queries); a call of an action of ``kind``
-    (``"infer"``, ``"load"`` or ``"unload"``) sent to ``worker`` at ``t`` takes
-    ``legs(worker, t, kind, loading)`` (:class:`Legs`), and a batch that waited on ``worker``
-    for the batch before it, or with ``load`` for its model's LOAD, which ended at ``t``,
-    starts ``behind(worker, t, loading, load)`` seconds after it; ``loading``: a LOAD runs on
-    one of the pool's workers then."""
+    ``"load"``) started on ``worker`` at ``t`` takes ``slowdown(worker, t, kind, size, model)``
+    times its profile's time (``size``: an INFER's queries; ``model``: its model's name); a
+    call of an action of ``kind`` (``"infer"``, ``"load"`` or ``"unload"``) sent to ``worker``
+    at ``t`` takes ``legs(worker, t, kind, loading, idle)`` (:class:`Legs`), and a batch that
+    waited on ``worker`` for the batch before it, or with ``load`` for its model's LOAD, which
+    ended at ``t``, starts ``behind(worker, t, loading, load)`` seconds after it; ``loading``:
+    a LOAD runs on one of the pool's workers then; ``idle``: the call's executor has nothing
+    to do, so that its leg there decides when its first action starts."""
 
-    def slowdown(self, worker: int, t: float, kind: str, size: int = 1) -> float: ...
+    def slowdown(
+        self, worker: int, t: float, kind: str, size: int = 1, model: str = ""
+    ) -> float: ...
 
-    def legs(self, worker: int, t: float, kind: str = "infer", loading: bool = False) -> Legs: ...
+    def legs(
+        self, worker: int, t: float, kind: str = "infer", loading: bool = False, idle: bool = True
+    ) -> Legs: ...
 
     def behind(self, worker: int, t: float, loading: bool = False, load: bool = False) -> float: ...
 
@@ -153,20 +158,24 @@ class _Replayed:
     """A :class:`Weather` that repeats what a timeline measured: at ``t``, each of the series'
     values in turn (the next one not yet taken), as long as it was measured within ``drift``
     seconds of ``t``; the value measured last before ``t + drift`` when every such one was
-    taken, and the first when none was measured before. An INFER takes the values of the
-    INFERs of its size's band (:func:`size_band`), or of the nearest band measured, smaller
-    first."""
+    taken, and the first when none was measured before. An INFER takes the values of its own
+    model's INFERs of its size's band (:func:`size_band`) while one not yet taken was measured
+    within ``drift`` of ``t``, else those of every model's INFERs of its band, or of the
+    nearest band measured, smaller first."""
 
     def __init__(
         self,
         series: dict[tuple[int, str, int], tuple[np.ndarray, np.ndarray]],
+        own: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]],
         one_machine: bool,
         drift: float,
     ) -> None:
         self._series = series
+        self._own = own  # per model and size band: its own INFERs' slowdowns
         self._one_machine = one_machine
         self._drift = drift
         self._next = dict.fromkeys(series, 0)  # per series: the next value not yet taken
+        self._own_next = dict.fromkeys(own, 0)
         self._kinds: dict[tuple[int, str], list[int]] = {}  # the kinds measured, per series
         for where, what, kind in sorted(series):
             self._kinds.setdefault((where, what), []).append(kind)
@@ -196,17 +205,33 @@ class _Replayed:
             self._next[key] = i + 1
         return float(values[i])
 
-    def slowdown(self, worker: int, t: float, kind: str, size: int = 1) -> float:
-        key = self._key(worker, kind, size_band(size) if kind == "infer" else 0)
-        return cast(float, self._at(key, t, 1.0))
+    def slowdown(self, worker: int, t: float, kind: str, size: int = 1, model: str = "") -> float:
+        band = size_band(size) if kind == "infer" else 0
+        own = self._own.get((model, band)) if kind == "infer" else None
+        if own is not None:
+            times, values = own
+            i = max(
+                self._own_next[(model, band)],
+                int(np.searchsorted(times, t - self._drift, side="left")),
+            )
+            if i < len(times) and times[i] <= t + self._drift:
+                self._own_next[(model, band)] = i + 1
+                return float(values[i])
+        return cast(float, self._at(self._key(worker, kind, band), t, 1.0))
 
-    def legs(self, worker: int, t: float, kind: str = "infer", loading: bool = False) -> Legs:
+    def legs(
+        self, worker: int, t: float, kind: str = "infer", loading: bool = False, idle: bool = True
+    ) -> Legs:
         """Live calls of INFERs measured the legs there and back, and of LOADs the leg to a
         LOAD: a call takes the values of its own kind's, and only looks at the others; a leg
-        there those of calls sent while a LOAD ran, or while none did, as ``loading``. The
-        legs behind and after a LOAD are :meth:`behind`'s, looked at."""
+        there those of calls sent while a LOAD ran, or while none did, as ``loading``. Only a
+        call to an ``idle`` executor takes a leg there, as only those measured one live: taken
+        by every call, they ran out wherever the calls to busy workers were many, and were
+        taken again there (on a trace point, half of them, at 1.97 ms on average against 1.38
+        for the ones taken once). The legs behind and after a LOAD are :meth:`behind`'s,
+        looked at."""
         infer = kind == "infer"
-        there = self._at(self._key(worker, "there", int(loading)), t, 0.0, infer)
+        there = self._at(self._key(worker, "there", int(loading)), t, 0.0, infer and idle)
         back = self._at(self._key(worker, "back"), t, 0.0, infer)
         behind = self._at(self._key(worker, "behind", int(loading)), t, 0.0, False)
         to_load = self._at(self._key(worker, "to_load"), t, None, kind == "load")
@@ -255,14 +280,17 @@ def replayed_weather(
     point, the legs back at the median and p90 of time, 1.0 and 8.5 ms, against 0.6 and 6.9
     of the calls).
 
-    Two splits keep what goes together. An INFER takes the slowdowns of the live INFERs of its
-    size's band (:func:`size_band`): a slow spell slowed a batch of 1 by a larger factor than
-    a batch of 8. A leg there takes those of the live calls sent while a LOAD ran in the pool,
-    or while none did, and a leg behind those of the batches whose batch before ended while
-    one ran, or none did: a LOAD slows the start of the batches beside it (on one worker of a
-    trace point, the leg there at the median 2.05 ms with a LOAD running against 0.77 ms
-    without). A batch that waited for its model's LOAD takes the handoffs measured after LOADs
-    (``Legs.after_load``).
+    Three splits keep what goes together. An INFER takes the slowdowns of its own model's live
+    INFERs of its size's band near its time, or, where its model ran none then, those of
+    every model's INFERs of its band (:func:`size_band`): a slow spell slowed a batch of 1 by
+    a larger factor than a batch of 8, and the zoo's models, which all compute the same, ran
+    at speeds of their own (a batch of one's median 3.4-7.6 ms from the p10 to the p90 of a
+    trace point's models). A leg there takes those of the live calls sent while a LOAD ran in
+    the pool, or while none did, and a leg behind those of the batches whose batch before
+    ended while one ran, or none did: a LOAD slows the start of the batches beside it (on one
+    worker of a trace point, the leg there at the median 2.05 ms with a LOAD running against
+    0.77 ms without). A batch that waited for its model's LOAD takes the handoffs measured
+    after LOADs (``Legs.after_load``).
     The slowdowns are replayed as measured, with whatever ran beside the live actions: the
     simulated schedule follows the live one, and charging each simulated action for what ran
     beside it at its start, net of what the live one met (SERF §III-C's interference, read at
@@ -276,6 +304,7 @@ def replayed_weather(
     how the machine then ran (``bench/RESULTS.md``, "The simulator against the live system")."""
     rows = _rows(timeline)
     points: dict[tuple[int, str, int], list[tuple[float, float]]] = {}
+    own: dict[tuple[str, int], list[tuple[float, float]]] = {}
 
     def where(worker: int) -> int:
         return MACHINE if one_machine else worker
@@ -289,14 +318,22 @@ def replayed_weather(
         base = expected(kind, model, size)
         if base is not None and base > 0:
             band = size_band(size) if kind == "infer" else 0
-            points.setdefault((where(worker), kind, band), []).append(
-                (started - t0, (ended - started) / base)
-            )
+            value = (started - t0, (ended - started) / base)
+            points.setdefault((where(worker), kind, band), []).append(value)
+            if kind == "infer":
+                own.setdefault((model, band), []).append(value)
+    return _Replayed(_sorted(points), _sorted(own), one_machine, drift)
+
+
+def _sorted(
+    points: Mapping[Any, list[tuple[float, float]]],
+) -> dict[Any, tuple[np.ndarray, np.ndarray]]:
+    """Each series of (time, value) pairs as its times and values, in time order."""
     series = {}
     for key, pairs in points.items():
         pairs.sort()
         series[key] = (np.array([t for t, _ in pairs]), np.array([v for _, v in pairs]))
-    return _Replayed(series, one_machine, drift)
+    return series
 
 
 def call_legs(timeline: Mapping[str, Sequence[Any]]) -> Legs:
@@ -633,12 +670,13 @@ class _PoolRun:
         worker = actions[0].worker
         kinds = {type(action).__name__.lower() for action in actions}
         kind = next(k for k in ("infer", "load", "unload") if k in kinds)
+        w = self.workers[worker]
         if self.weather is None:
             legs = self.legs()
         else:
-            legs = self.weather.legs(worker, now, kind, self._loading(now))
+            idle = not w.executors[_executor(actions[0])].busy
+            legs = self.weather.legs(worker, now, kind, self._loading(now), idle)
         call = _SimCall(actions, now, legs, [None] * len(actions))
-        w = self.workers[worker]
         for index, action in enumerate(actions):
             executor = w.executors[_executor(action)]
             leg = legs.there if isinstance(action, Infer) or legs.to_load is None else legs.to_load
@@ -704,7 +742,7 @@ class _PoolRun:
             ran, duration, error = False, 0.0, NOT_LOADED
         else:
             duration, size = self._infer(action, now)
-            duration *= self._slowdown(action.worker, now, "infer", size)
+            duration *= self._slowdown(action.worker, now, "infer", size, action.model)
         end = now + duration
         executor.running = (now, end, action) if ran else None
         if isinstance(action, Load):
@@ -744,8 +782,10 @@ class _PoolRun:
         self._finish(result)
         return True
 
-    def _slowdown(self, worker: int, t: float, kind: str, size: int) -> float:
-        return 1.0 if self.weather is None else self.weather.slowdown(worker, t, kind, size)
+    def _slowdown(self, worker: int, t: float, kind: str, size: int, model: str = "") -> float:
+        if self.weather is None:
+            return 1.0
+        return self.weather.slowdown(worker, t, kind, size, model)
 
     def _loading(self, t: float) -> bool:
         """Whether a LOAD runs at ``t`` on any of the pool's workers."""

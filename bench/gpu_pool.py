@@ -476,13 +476,15 @@ class _Drawn:
     def _draw(self, values: Any) -> float:
         return float(self._rng.choice(values)) if len(values) else 0.0
 
-    def slowdown(self, worker: int, t: float, kind: str, size: int = 1) -> float:
+    def slowdown(self, worker: int, t: float, kind: str, size: int = 1, model: str = "") -> float:
         return self._draw(self._ratios[kind])
 
     def behind(self, worker: int, t: float, loading: bool = False, load: bool = False) -> float:
         return self._draw(self._legs.after_load if load else self._legs.behind)
 
-    def legs(self, worker: int, t: float, kind: str = "infer", loading: bool = False) -> Any:
+    def legs(
+        self, worker: int, t: float, kind: str = "infer", loading: bool = False, idle: bool = True
+    ) -> Any:
         from raysrv.analytics.poolsim import Legs
 
         there, back, behind, to_load, after_load = self._legs

@@ -195,13 +195,15 @@ class RequestLog:
     """Per request: scheduled and actual send time, completion time (seconds from the run's
     start) and status. ``stalls``: when the client's own event loop was held (a replay's),
     as (seconds from the run's start when it ran again, seconds it was held beyond
-    ``STALL_S``): an answer that arrived meanwhile was seen that much later."""
+    ``STALL_S``, seconds its thread ran meanwhile): an answer that arrived meanwhile was seen
+    that much later. The loop's thread running for most of a hold is the client's own work;
+    running little, it waited for a CPU (logs saved before this was read have two values)."""
 
     scheduled: list[float] = field(default_factory=list)
     sent: list[float] = field(default_factory=list)
     done: list[float] = field(default_factory=list)
     status: list[int] = field(default_factory=list)
-    stalls: list[tuple[float, float]] = field(default_factory=list)
+    stalls: list[tuple[float, ...]] = field(default_factory=list)
 
     async def timed(self, client: Client, i: int, scheduled: float, t0: float) -> None:
         sent = time.perf_counter() - t0
@@ -354,15 +356,15 @@ async def _replay(client: Client, offsets: Sequence[float] | np.ndarray, first: 
     return log
 
 
-async def _watch_stalls(stalls: list[tuple[float, float]], t0: float) -> None:
+async def _watch_stalls(stalls: list[tuple[float, ...]], t0: float) -> None:
     """Append to ``stalls`` each time this event loop ran a ``STALL_S`` sleep more than
-    ``STALL_S`` late."""
+    ``STALL_S`` late (``RequestLog.stalls``)."""
     while True:
-        before = time.perf_counter()
+        before, ran = time.perf_counter(), time.thread_time()
         await asyncio.sleep(STALL_S)
         after = time.perf_counter()
         if after - before > 2 * STALL_S:
-            stalls.append((after - t0, after - before - STALL_S))
+            stalls.append((after - t0, after - before - STALL_S, time.thread_time() - ran))
 
 
 async def closed_loop(

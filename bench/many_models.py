@@ -75,9 +75,10 @@ queries in flight on raysrv with the workload's model mix and an SLO no answer r
 Reported per point from the client's side (latency from each query's scheduled arrival): SLO
 attainment (answered within the SLO over offered), goodput, answers within the SLO or refused
 before any work (429/503), late answers (each listed with how long the client's own loop had
-just been held, ``late_answers``), 504s (dropped at their deadline, work spent), p50 and p99
-of answers; from the servers: loads, evictions and cold starts per second, and the most
-weight any worker held (raysrv: the worker's own account and its process's peak memory).
+just been held and how much of that its thread ran, ``late_answers``), 504s (dropped at their
+deadline, work spent), p50 and p99 of answers; from the servers: loads, evictions and cold
+starts per second, and the most weight any worker held (raysrv: the worker's own account and
+its process's peak memory).
 For each raysrv point, "simulator": the same arrivals through
 :func:`raysrv.analytics.simulate_pool` with the run times and LOAD times the point measured per
 model, their spread and the trips it measured (``Bench.simulate``): the same scheduler, on
@@ -543,7 +544,10 @@ class Bench:
         if server["late"]:
             shown = server["late"][:SHOWN_LATE]
             print(f"  {system} on {workload}: {len(server['late'])} late answers, the first")
-            print(f"    {len(shown)} as (sent at s, ms late, the client's loop held ms): {shown}")
+            print(
+                f"    {len(shown)} as (sent at s, ms late, the client's loop held ms, its thread "
+                f"ran ms of it): {shown}"
+            )
         return point, log, {"times": times, "models": models, **server}
 
     async def server_state(self, system: str, handle: Any) -> dict[str, Any]:
@@ -792,7 +796,7 @@ def _counted(log: RequestLog, lead_s: float) -> RequestLog:
             kept.sent.append(sent - lead_s)
             kept.done.append(done - lead_s)
             kept.status.append(status)
-    kept.stalls = [(t - lead_s, held) for t, held in log.stalls if t >= lead_s]
+    kept.stalls = [(t - lead_s, *held) for t, *held in log.stalls if t >= lead_s]
     return kept
 
 
@@ -1049,21 +1053,28 @@ def summarize(
     )
 
 
-def late_answers(log: RequestLog, slo_s: float) -> list[tuple[float, float, float]]:
-    """Each answer past the SLO: when it was scheduled (s), how late it came (ms) and how long
+def late_answers(log: RequestLog, slo_s: float) -> list[tuple[float, ...]]:
+    """Each answer past the SLO: when it was scheduled (s), how late it came (ms), how long
     the client's own loop had just been held (ms, 0 for none): a stall that ended within
-    ``STALL_S`` of the answer being seen, or that it was seen in."""
+    ``STALL_S`` of the answer being seen, or that it was seen in, and how much of that the
+    loop's thread ran (ms; NaN in logs saved before it was read)."""
     latency = np.asarray(log.done) - np.asarray(log.scheduled)
     late = np.flatnonzero((np.asarray(log.status) == 200) & (latency > slo_s))
-    rows = []
+    rows: list[tuple[float, ...]] = []
     for i in late:
         seen = log.done[i]
-        held = [h for t, h in log.stalls if t - h - STALL_S <= seen <= t + STALL_S]
+        held = [
+            (stall[1], stall[2] if len(stall) > 2 else math.nan)
+            for stall in log.stalls
+            if stall[0] - stall[1] - STALL_S <= seen <= stall[0] + STALL_S
+        ]
+        longest, ran = max(held, default=(0.0, 0.0))
         rows.append(
             (
                 round(log.scheduled[i], 3),
                 round(float(latency[i] - slo_s) * 1e3, 1),
-                round(max(held, default=0.0) * 1e3, 1),
+                round(longest * 1e3, 1),
+                round(ran * 1e3, 1),
             )
         )
     return rows

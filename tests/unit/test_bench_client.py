@@ -9,6 +9,7 @@ import asyncio
 import collections
 import gc
 import json
+import math
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -259,26 +260,38 @@ def test_the_clients_collector_is_off_during_a_replay_and_as_it_was_after() -> N
 
 
 class _Blocking(_Slow):
-    """Holds the event loop (a blocking sleep) for ``hold_s`` when request 1 is sent."""
+    """Holds the event loop for ``hold_s`` when request 1 is sent: asleep, or with ``spin``
+    running."""
 
-    def __init__(self, delays: list[float], hold_s: float) -> None:
+    def __init__(self, delays: list[float], hold_s: float, spin: bool = False) -> None:
         super().__init__(delays)
         self.hold_s = hold_s
+        self.spin = spin
 
     async def send(self, i: int) -> int:
-        if i == 1:
+        if i == 1 and self.spin:
+            until = time.perf_counter() + self.hold_s
+            while time.perf_counter() < until:
+                pass
+        elif i == 1:
             time.sleep(self.hold_s)
         return await super().send(i)
 
 
 def test_a_replay_notes_when_the_clients_own_loop_was_held() -> None:
     """A request that blocks the client's loop for 60 ms shows as one stall of about that long
-    (less the watcher's own sleep), ending once the loop ran again."""
+    (less the watcher's own sleep), ending once the loop ran again; a request that holds it
+    with work of its own (a busy loop of 60 ms) shows as a stall in which the thread ran."""
     log = asyncio.run(replay(_Blocking([0.0, 0.0, 0.0], hold_s=0.060), [0.0, 0.02, 0.1]))
-    (ended, held) = max(log.stalls, key=lambda stall: stall[1])
+    (ended, held, ran) = max(log.stalls, key=lambda stall: stall[1])
     assert 0.060 - STALL_S <= held < 0.060 + 0.030
     assert 0.02 + 0.060 <= ended < 0.1 + 0.030
-    assert [h for _, h in log.stalls if h >= 0.040] == [held]  # the one hold, once
+    assert [h for _, h, _ in log.stalls if h >= 0.040] == [held]  # the one hold, once
+    assert ran < 0.020  # asleep, not running
+    busy = asyncio.run(replay(_Blocking([0.0, 0.0, 0.0], hold_s=0.060, spin=True), [0.0, 0.02]))
+    (_, held, ran) = max(busy.stalls, key=lambda stall: stall[1])
+    assert held >= 0.060 - STALL_S
+    assert ran >= 0.030  # of the 60 ms its own, less what the machine took from it
 
 
 def test_each_late_answer_says_how_long_the_clients_loop_had_just_been_held() -> None:
@@ -289,9 +302,17 @@ def test_each_late_answer_says_how_long_the_clients_loop_had_just_been_held() ->
         sent=[0.0, 1.0, 2.0, 3.0, 4.0],
         done=[0.05, 1.104, 2.130, 3.5, 4.120],
         status=[200, 200, 200, 429, 200],
-        stalls=[(1.105, 0.030), (4.050, 0.010)],  # the second ended before the 5th was seen
+        # the second ended before the 5th was seen
+        stalls=[(1.105, 0.030, 0.004), (4.050, 0.010, 0.010)],
     )
-    assert late_answers(log, 0.100) == [(1.0, 4.0, 30.0), (2.0, 30.0, 0.0), (4.0, 20.0, 0.0)]
+    assert late_answers(log, 0.100) == [
+        (1.0, 4.0, 30.0, 4.0),
+        (2.0, 30.0, 0.0, 0.0),
+        (4.0, 20.0, 0.0, 0.0),
+    ]
+    log.stalls = [(1.105, 0.030)]  # as logs saved before the thread's run was read
+    assert late_answers(log, 0.100)[0][:3] == (1.0, 4.0, 30.0)
+    assert math.isnan(late_answers(log, 0.100)[0][3])
 
 
 def test_a_reason_not_to_answer_is_counted_once_over_the_models_it_names() -> None:

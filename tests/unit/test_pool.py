@@ -806,9 +806,7 @@ def test_the_timeline_shows_each_action_as_it_ran_on_the_wall_clock(
     ``after`` those numbered past it, and only the last ``TIMELINE_ACTIONS`` are kept."""
     monkeypatch.setattr(raysrv._pool, "TIMELINE_ACTIONS", 3)
 
-    Columns = dict[str, list[Any]]
-
-    async def scenario() -> tuple[Columns, Columns, Columns, float]:
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], float]:
         workers = LocalWorkers(
             1, {"a": EchoModel()}, weight_bytes=1, load_s=0.02, delay_s=0.005, reply_s=0.0
         )

@@ -720,6 +720,33 @@ def test_in_simulation_a_batch_takes_the_slowdowns_of_live_batches_of_its_size_b
     assert [size_band(k) for k in (1, 2, 3, 4, 7, 8, 16)] == [1, 2, 2, 4, 4, 8, 16]
 
 
+def test_in_simulation_a_batch_takes_its_own_model_s_live_runs_near_its_time() -> None:
+    """Live, ``a``'s batch ran at three times its median just before ``b``'s ran at its median.
+    Replayed, a batch of ``b`` sent first takes ``b``'s run, not the first of the band's, and
+    ``a``'s takes ``a``'s: the zoo's models run as fast as their weights are at hand, which
+    their own runs measured. A model that did not run live then takes the band's, as does
+    one whose own runs near its time are all taken."""
+    t0 = 1000.0
+    rows = [
+        ("infer", 0, "a", 1, t0 + 0.100, t0 + 0.100, t0 + 0.130, t0 + 0.130),
+        ("infer", 0, "b", 1, t0 + 0.101, t0 + 0.131, t0 + 0.141, t0 + 0.141),
+    ]
+    weather = replayed_weather(_timeline(rows), lambda kind, model, size: 0.010, t0, True)
+    assert weather.slowdown(0, 0.1, "infer", 1, "b") == pytest.approx(1.0)
+    assert weather.slowdown(0, 0.1, "infer", 1, "a") == pytest.approx(3.0)
+    assert weather.slowdown(0, 0.1, "infer", 1, "c") == pytest.approx(3.0)  # the band's first
+    assert weather.slowdown(0, 0.1, "infer", 1, "a") == pytest.approx(1.0)  # the band's next
+    assert weather.slowdown(0, 0.5, "infer", 1, "b") == pytest.approx(1.0)  # the band's last
+    fresh = replayed_weather(_timeline(rows), lambda kind, model, size: 0.010, t0, True)
+    pool = {m: SimModel(_policy(max_batch_size=1), [0.010], pinned=True) for m in "ab"}
+    result = simulate_pool(
+        np.array([0.1, 0.1]), ["b", "a"], pool, workers=1, depth=2, slo=1.0, weather=fresh
+    )
+    tl = result.timeline
+    ran = {m: e - s for m, s, e in zip(tl["model"], tl["started"], tl["ended"], strict=True)}
+    assert ran == pytest.approx({"a": 0.030, "b": 0.010})
+
+
 def test_in_simulation_a_load_slows_the_start_of_the_batches_beside_it_as_it_did_live() -> None:
     """Live, a call sent while a LOAD ran took 5 ms to reach its worker, one sent while none
     did 1 ms, and a batch whose batch before ended while a LOAD ran started 3 ms after it,
@@ -744,6 +771,25 @@ def test_in_simulation_a_load_slows_the_start_of_the_batches_beside_it_as_it_did
     drawn = call_legs(_timeline(rows))
     assert sorted(drawn.there) == pytest.approx([0.001, 0.005])
     assert sorted(drawn.behind) == pytest.approx([0.0, 0.003])
+
+
+def test_in_simulation_only_a_call_to_an_idle_worker_takes_a_live_leg_there() -> None:
+    """Live, four calls each reached an idle worker, 1, 2, 3 and 4 ms after their sending.
+    Replayed, the second and third queries come together: the third's call is sent while the
+    second's batch runs and starts behind it, so it takes no leg there, and the fourth call,
+    to the idle worker, takes the third leg, as the live pool's third call to an idle worker
+    measured it, not the fourth."""
+    t0 = 1000.0
+    rows = [
+        ("infer", 0, "m", 1, t0 + sent, t0 + sent + there, t0 + sent + there + 0.020)
+        for sent, there in ((0.0, 0.001), (0.5, 0.002), (0.55, 0.003), (0.7, 0.004))
+    ]
+    timeline = _timeline([(*row, row[-1]) for row in rows])  # each answer back at its end
+    weather = replayed_weather(timeline, lambda kind, model, size: 0.020, t0, True)
+    pool = {"m": SimModel(_policy(max_batch_size=1), [0.020], pinned=True)}
+    times = np.array([0.0, 0.5, 0.5, 0.7])
+    result = simulate_pool(times, ["m"] * 4, pool, workers=1, depth=2, slo=1.0, weather=weather)
+    np.testing.assert_allclose(result.batch_starts, [0.001, 0.502, 0.522, 0.703])
 
 
 def test_a_batch_that_waited_for_its_model_s_load_starts_a_handoff_after_its_end() -> None:
@@ -965,11 +1011,20 @@ def _replayed_as_its_own_weather(seed: int) -> tuple[PoolSimResult, PoolSimResul
     again = simulate_pool(times, names, pool(), weather=weather, **kwargs)
 
     class BackAtOnce:
-        def slowdown(self, worker: int, t: float, kind: str, size: int = 1) -> float:
-            return weather.slowdown(worker, t, kind, size)
+        def slowdown(
+            self, worker: int, t: float, kind: str, size: int = 1, model: str = ""
+        ) -> float:
+            return weather.slowdown(worker, t, kind, size, model)
 
-        def legs(self, worker: int, t: float, kind: str = "infer", loading: bool = False) -> Legs:
-            return weather.legs(worker, t, kind, loading)._replace(back=0.0)
+        def legs(
+            self,
+            worker: int,
+            t: float,
+            kind: str = "infer",
+            loading: bool = False,
+            idle: bool = True,
+        ) -> Legs:
+            return weather.legs(worker, t, kind, loading, idle)._replace(back=0.0)
 
         def behind(self, worker: int, t: float, loading: bool = False, load: bool = False) -> float:
             return weather.behind(worker, t, loading, load)
