@@ -1,6 +1,6 @@
 """Latency models that predict what the live system will do: numpy/scipy only, seconds throughout.
 
-* Arrival processes and trace fitting (batch.md §IV, §III-A): :mod:`.arrivals`.
+* Arrival processes and trace fitting (BATCH §IV, §III-A): :mod:`.arrivals`.
 * The batch buffer's latency distribution, exact and as the paper has it, with finite-server
   bounds (batch §IV eq. 4-15) and eq. 1's cost: :mod:`.buffer`.
 * The cost/latency optimizer (batch eq. 2-3): :mod:`.optimize`.

@@ -1,4 +1,4 @@
-"""The batch buffer's CTMC over one cycle (batch.md §IV eq. 4-16), tabulated on a grid.
+"""The batch buffer's CTMC over one cycle (BATCH §IV eq. 4-16), tabulated on a grid.
 
 Private to :mod:`raysrv.analytics.buffer`; see its docstring for the method and its accuracy.
 """

@@ -1,4 +1,4 @@
-"""MAP(2) moment matching and MAP sampling behind ``raysrv.analytics.arrivals`` (batch.md §III-A,
+"""MAP(2) moment matching and MAP sampling behind ``raysrv.analytics.arrivals`` (BATCH §III-A,
 §IV eq. 16). Private: the classes and their documentation live in ``arrivals``.
 
 The BATCH Profiler fits a MAP(2) to the observed inter-arrival times with the KPC-Toolbox; this is

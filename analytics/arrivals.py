@@ -1,4 +1,4 @@
-"""Arrival processes as Markovian Arrival Processes (batch.md §IV eq. 11-16, §III-A).
+"""Arrival processes as Markovian Arrival Processes (BATCH §IV eq. 11-16, §III-A).
 
 A MAP with n phases is a pair of n x n rate matrices in 1/s: D0 holds the hidden phase changes
 (off-diagonal >= 0, negative diagonal), D1 the changes that emit an arrival (>= 0), and

@@ -1,4 +1,4 @@
-"""The batch buffer's latency distribution (batch.md §IV, eq. 4-15), exact and as the paper has it.
+"""The batch buffer's latency distribution (BATCH §IV, eq. 4-15), exact and as the paper has it.
 
 The setting (batch §III-B): a query arriving at an empty buffer starts a timer of ``timeout`` T;
 the batch leaves when it holds ``max_batch`` B queries or when the timer expires, and starts at

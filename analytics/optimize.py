@@ -1,4 +1,4 @@
-"""Choose batch size, timeout and a resource knob from the latency model (batch.md eq. 1-3).
+"""Choose batch size, timeout and a resource knob from the latency model (BATCH eq. 1-3).
 
 Eq. 2: minimize cost subject to the q-th percentile latency <= SLO. Eq. 3: minimize the q-th
 percentile subject to cost <= budget. Both by exhaustive search (batch §IV, "solved via

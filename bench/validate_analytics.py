@@ -2,7 +2,7 @@
 
     python -m bench.validate_analytics [--quick] [--live] [--out bench/out/analytics]
 
-1. Batch buffer (batch.md §IV): a grid of Poisson and bursty MMPP(2) arrivals, batch sizes,
+1. Batch buffer (BATCH §IV): a grid of Poisson and bursty MMPP(2) arrivals, batch sizes,
    timeouts and loads through ``BatchBufferModel`` (exact and ``method="paper"``) and through
    :func:`raysrv.analytics.simulate` with the ``fixed`` policy on unbounded replicas; p95 and
    mean errors. Then the same arrivals fitted with ``fit_map2`` from the trace alone.

@@ -1,4 +1,4 @@
-"""Arrival processes (batch.md §IV eq. 11-16) against textbook values, simulation and fits."""
+"""Arrival processes (BATCH §IV eq. 11-16) against textbook values, simulation and fits."""
 
 from __future__ import annotations
 
