@@ -226,10 +226,9 @@ class _Replayed:
         LOAD: a call takes the values of its own kind's, and only looks at the others; a leg
         there those of calls sent while a LOAD ran, or while none did, as ``loading``. Only a
         call to an ``idle`` executor takes a leg there, as only those measured one live: taken
-        by every call, they ran out wherever the calls to busy workers were many, and were
-        taken again there (on a trace point, half of them, at 1.97 ms on average against 1.38
-        for the ones taken once). The legs behind and after a LOAD are :meth:`behind`'s,
-        looked at."""
+        by every call, they ran out where calls to busy workers were many, and the slower
+        ones were taken again (``bench/RESULTS_ARCHIVE.md``, "the replay's steps on c4's
+        day"). The legs behind and after a LOAD are :meth:`behind`'s, looked at."""
         infer = kind == "infer"
         there = self._at(self._key(worker, "there", int(loading)), t, 0.0, infer and idle)
         back = self._at(self._key(worker, "back"), t, 0.0, infer)

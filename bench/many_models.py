@@ -853,10 +853,9 @@ async def _gather_timeline(handle: Any, since: float, done: asyncio.Event) -> di
     """The pool's timeline from ``since`` until ``done`` is set, fetched every
     ``TIMELINE_EVERY_S`` (the pool keeps only its last actions) and once more after ``done``:
     each action once, in the order the pool kept them. Each fetch asks only for the actions
-    kept since the last one (``after``), so that neither the ingress's loop nor the client's
-    is held by one large fetch: every 15 s, fetches of all the actions sent in the last 20 s
-    held this client's loop 11-15 ms and were followed by late answers (bench/RESULTS.md,
-    "Late answers")."""
+    kept since the last one (``after``), so that no one large fetch holds the client's loop:
+    every 15 s, fetches of all the actions sent in the last 20 s held it 6-15 ms, and late
+    answers followed them (bench/RESULTS.md, "Late answers")."""
     columns: dict[str, list[Any]] = {}
     after = -1
     while True:

@@ -74,7 +74,7 @@ TIMELINE_COLUMNS = (
     "back",  # its report reached the ingress's loop
     "overhead",  # of an INFER's call: the round trip beyond the runs (NaN for the others)
 )
-_SENT = TIMELINE_COLUMNS.index("sent")
+_SEQ, _SENT = TIMELINE_COLUMNS.index("seq"), TIMELINE_COLUMNS.index("sent")
 OVERHEAD_QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9, 0.99)  # the ones it shows
 FAULT_RETRY_S = 0.01  # after the scheduler raised, step again this much later
 NOT_LOADED_REASON = "not loaded on its worker when the batch came (its LOAD ran too late)"
@@ -626,7 +626,7 @@ class Pool:
         passes the last ``seq`` it has gets each action once, and only the new ones are read."""
         rows: list[tuple[Any, ...]] = []
         for row in reversed(self._timeline):
-            if row[0] <= after:
+            if row[_SEQ] <= after:
                 break
             if row[_SENT] >= since:
                 rows.append(row)
