@@ -677,13 +677,14 @@ class Bench:
 
         With ``replay``, the runs, LOADs and calls are not drawn but replayed from the live
         pool's timeline (:func:`raysrv.analytics.poolsim.replayed_weather`, the workers as
-        one machine): an action takes its median times what the live actions of its kind (and
-        an INFER's size band) took over theirs, one after another in their live order as long
-        as the simulation keeps within 200 ms of their live times; a call takes the legs of the
-        live calls the same way, and the ingress's rule is fed the replies it took up live, in
-        their order. What is left to compare is then the scheduling, on the live run's weather.
-        The pool keeps its last 20,000 actions, so a point's timeline is fetched every
-        ``TIMELINE_EVERY_S`` while it runs.
+        one machine): an action takes its median times what the live actions of its kind (an
+        INFER: of its own model near its time, else of any model, of its size band) took over
+        theirs, one after another in their live order as long as the simulation keeps within
+        200 ms of their live times; a call takes the legs of the live calls the same way, and
+        the ingress's rule is fed the replies it took up live, in their order. What is left to
+        compare is then the scheduling, on the live run's weather. The pool keeps its last
+        20,000 actions, so a point's timeline is fetched every ``TIMELINE_EVERY_S`` while it
+        runs.
 
         The lead-in's queries go through the simulator first, as they went through the live
         pool, and only the point's count; before them the simulated pool takes the live pool's
