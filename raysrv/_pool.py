@@ -2,8 +2,9 @@
 
 :class:`Pool` holds what the pure scheduler (:mod:`raysrv.batching.scheduler`) leaves out:
 each query's input and future, the workers, and the clock. On every arrival, result or wake-up
-it calls ``scheduler.step(now)`` at the loop's next turn, answers the refusals, sends the
-actions and steps again at the step's wake time unless an event comes first. The actions of
+it calls ``scheduler.step(now)`` (at the loop's next turn, or at once for a result), answers
+the refusals, sends the actions and steps again at the step's wake time unless an event comes
+first. The actions of
 one step for one worker (an UNLOAD, a LOAD and the INFER behind it) travel as one call, and the
 worker hands each to its executor in the order they were made. Each report goes back to
 ``scheduler.finished``. Planning jobs of the policies (``ctmc``'s optimizer) run in a worker
@@ -68,10 +69,12 @@ TIMELINE_COLUMNS = (
     "worker",
     "model",
     "size",  # queries in an INFER (0 for the others)
-    "sent",  # wall seconds: the call left the ingress
+    "decided",  # wall seconds: the step that made the action began
+    "sent",  # the call left the ingress
     "started",  # on the worker (NaN: it did not run)
     "ended",
     "back",  # its report reached the ingress's loop
+    "acted",  # the step that took its report up began
     "overhead",  # of an INFER's call: the round trip beyond the runs (NaN for the others)
 )
 _SEQ, _SENT = TIMELINE_COLUMNS.index("seq"), TIMELINE_COLUMNS.index("sent")
@@ -230,9 +233,11 @@ class Pool:
     # -- the loop --------------------------------------------------------------------------
 
     def _poke(self) -> None:
-        """Step at the loop's next turn, once however many ask before it. An arrival, a result
-        or a plan is acted on one turn after it, not several: each turn first runs every
-        callback ready then, the other queries' too (``step_lag_ms`` shows the wait)."""
+        """Step at the loop's next turn, once however many ask before it. An arrival or a plan
+        is acted on one turn after it, not several: each turn first runs every callback ready
+        then, the other queries' too (``step_lag_ms`` shows the wait). A call's reports are
+        acted on at once (``_finish``), not behind the callbacks of the callers they answer,
+        which were made ready first."""
         if self._due is not None or self._closed:
             return
         try:
@@ -250,7 +255,7 @@ class Pool:
             if handle is not None:
                 handle.cancel()
         self._due = self._timer = None
-        now = self._clock()
+        now, decided = self._clock(), time.time()
         if self._poked is not None:
             self._step_lags.add(now - self._poked)
             if self._lags is not None:
@@ -267,7 +272,7 @@ class Pool:
             for action in step.actions:
                 per_worker.setdefault(action.worker, []).append(action)
             for worker, actions in per_worker.items():
-                self._send(worker, actions, now)
+                self._send(worker, actions, now, decided)
         except Exception as exc:  # a scheduler fault must not strand the queries
             logger.exception("scheduling pool %s failed", self.name)
             self._answer(list(self._queued.values()), ModelFailed(f"scheduling failed: {exc}"))
@@ -319,7 +324,7 @@ class Pool:
         if model in self.scheduler:
             self._metrics.queue_length(model, self.scheduler.queue_length(model))
 
-    def _send(self, worker: int, actions: list[Action], now: float) -> None:
+    def _send(self, worker: int, actions: list[Action], now: float, decided: float) -> None:
         """``actions`` to ``worker``: one call per executor, the LOADs and UNLOADs first, so
         that a batch's answers do not wait in the worker's reply for a LOAD of another model
         (a call's reports come back together). The worker takes its calls in the order they
@@ -328,11 +333,12 @@ class Pool:
         others = [a for a in actions if not isinstance(a, Infer)]
         for part in (others, infers):
             if part:
-                self._call(worker, part, now)
+                self._call(worker, part, now, decided)
 
-    def _call(self, worker: int, actions: list[Action], now: float) -> None:
+    def _call(self, worker: int, actions: list[Action], now: float, decided: float) -> None:
         """One call to ``worker`` carrying ``actions`` in order (an INFER whose callers all
-        left meanwhile is reported back unsent)."""
+        left meanwhile is reported back unsent), decided by the step begun at the wall time
+        ``decided``."""
         sent: list[tuple[Action, list[_Entry]]] = []
         calls = []
         earliest = time.time()
@@ -359,7 +365,7 @@ class Pool:
             self._poke()
             return
         pending = self._workers.run(worker, calls)
-        self._track(self._finish(worker, now, earliest - now, sent, pending))
+        self._track(self._finish(worker, now, earliest - now, decided, sent, pending))
 
     def _track(self, coroutine: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coroutine)
@@ -371,10 +377,12 @@ class Pool:
         worker: int,
         now: float,
         offset: float,
+        decided: float,
         sent: list[tuple[Action, list[_Entry]]],
         pending: Awaitable[list[Report]],
     ) -> None:
-        """Take up a call's reports; ``offset`` is the wall clock less the clock at ``now``."""
+        """Take up a call's reports and step; ``offset`` is the wall clock less the clock at
+        ``now``."""
         try:
             reports = await pending
         except Exception as exc:
@@ -389,21 +397,11 @@ class Pool:
             self._overheads.add(overhead)
             self._back[worker] = finished
         back = time.time()
+        rows = []
         for (action, entries), wall_report in zip(sent, reports, strict=True):
-            self._timeline.append(
-                (
-                    next(self._kept),
-                    type(action).__name__.lower(),
-                    worker,
-                    action.model,
-                    len(entries),
-                    now + offset,
-                    wall_report.started,
-                    wall_report.ended,
-                    back,
-                    overhead,
-                )
-            )
+            kind = type(action).__name__.lower()
+            ran = (wall_report.started, wall_report.ended)
+            rows.append((kind, worker, action.model, len(entries), decided, now + offset, *ran))
             # the worker's start and end, on this loop's clock
             report = replace(
                 wall_report, started=wall_report.started - offset, ended=wall_report.ended - offset
@@ -418,7 +416,11 @@ class Pool:
                 self._load_done(action, report, finished)
             else:
                 self._unload_done(action, report, finished)
-        self._poke()
+        acted = time.time()
+        for row in rows:
+            self._timeline.append((next(self._kept), *row, back, acted, overhead))
+        if not self._closed:  # at once, not at the next turn: see ``_poke``
+            self._step()
 
     def _infer_done(
         self, action: Infer, entries: list[_Entry], report: Report, finished: float

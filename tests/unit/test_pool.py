@@ -356,6 +356,28 @@ def test_an_arrival_leaves_for_a_free_worker_at_the_loops_next_turn() -> None:
     asyncio.run(scenario())
 
 
+def test_a_worker_s_next_batch_leaves_before_the_answers_of_its_last_one_are_taken_up() -> None:
+    """A call's reports step the pool at once: the worker's next batch is on its way before
+    the callers of the answers just in resume."""
+
+    async def scenario() -> None:
+        workers = fake_workers(EchoModel(), delay_s=0.005)
+        calls: list[int] = []
+        run = workers.run
+        workers.run = lambda worker, sent: (calls.append(len(sent)), run(worker, sent))[1]
+        pool = one_model_pool(_fixed(max_batch_size=1), workers)
+        first = pool.submit("echo", _x(1))
+        second = pool.submit("echo", _x(2))
+        seen: list[int] = []
+        first.add_done_callback(lambda _: seen.append(len(calls)))
+        assert (await first)["sum"] == 4.0
+        assert seen == [2]  # the second batch had left when the first's caller resumed
+        assert (await second)["sum"] == 8.0
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_scheduler_fault_fails_the_queries_queued_and_the_pool_steps_on() -> None:
     async def scenario() -> None:
         pool = _echo_pool([])

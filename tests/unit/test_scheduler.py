@@ -688,6 +688,22 @@ def test_in_simulation_a_replayed_timeline_slows_runs_and_calls_where_and_when_i
     assert weather.legs(0, 1.5) == pytest.approx((0.001, 0.003, 0.0, 0.0, 0.0))
 
 
+def test_in_simulation_a_live_pool_s_time_in_its_steps_counts_in_the_legs_there_and_back() -> None:
+    """A live call decided 1 ms before it left, and its report acted on 2 ms after it came
+    back: its legs there and back are 1 and 2 ms longer than its sending and its report's
+    coming back alone say, as a simulated step decides, sends and takes reports up at once."""
+    t0 = 1000.0
+    timeline = _timeline([("infer", 0, "m", 1, t0 + 1.0, t0 + 1.003, t0 + 1.013, t0 + 1.014)])
+    assert call_legs(timeline).there == pytest.approx([0.003])
+    assert call_legs(timeline).back == pytest.approx([0.001])
+    timeline["decided"] = [t0 + 0.999]
+    timeline["acted"] = [t0 + 1.016]
+    legs = call_legs(timeline)
+    assert (legs.there, legs.back) == (pytest.approx([0.004]), pytest.approx([0.003]))
+    weather = replayed_weather(timeline, lambda kind, model, size: 0.010, t0)
+    assert weather.legs(0, 1.0)[:2] == pytest.approx((0.004, 0.003))
+
+
 def _timeline(
     rows: list[tuple[str, int, str, int, float, float, float, float]],
 ) -> dict[str, list[Any]]:
