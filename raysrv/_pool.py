@@ -2,9 +2,8 @@
 
 :class:`Pool` holds what the pure scheduler (:mod:`raysrv.batching.scheduler`) leaves out:
 each query's input and future, the workers, and the clock. On every arrival, result or wake-up
-it calls ``scheduler.step(now)`` (at the loop's next turn, or at once for a result), answers
-the refusals, sends the actions and steps again at the step's wake time unless an event comes
-first. The actions of
+it calls ``scheduler.step(now)`` at the loop's next turn, answers the refusals, sends the
+actions and steps again at the step's wake time unless an event comes first. The actions of
 one step for one worker (an UNLOAD, a LOAD and the INFER behind it) travel as one call, and the
 worker hands each to its executor in the order they were made. Each report goes back to
 ``scheduler.finished``. Planning jobs of the policies (``ctmc``'s optimizer) run in a worker
@@ -148,6 +147,8 @@ class Pool:
             maxlen=TIMELINE_ACTIONS
         )
         self._kept = itertools.count()  # numbers the actions kept in the timeline
+        # the timeline's rows, but for ``acted``, of the actions reported since the last step
+        self._reported: list[tuple[tuple[Any, ...], float]] = []
 
     # -- models ----------------------------------------------------------------------------
 
@@ -235,9 +236,7 @@ class Pool:
     def _poke(self) -> None:
         """Step at the loop's next turn, once however many ask before it. An arrival or a plan
         is acted on one turn after it, not several: each turn first runs every callback ready
-        then, the other queries' too (``step_lag_ms`` shows the wait). A call's reports are
-        acted on at once (``_finish``), not behind the callbacks of the callers they answer,
-        which were made ready first."""
+        then, the other queries' too (``step_lag_ms`` shows the wait)."""
         if self._due is not None or self._closed:
             return
         try:
@@ -256,6 +255,7 @@ class Pool:
                 handle.cancel()
         self._due = self._timer = None
         now, decided = self._clock(), time.time()
+        self._keep_reported(decided)
         if self._poked is not None:
             self._step_lags.add(now - self._poked)
             if self._lags is not None:
@@ -281,6 +281,13 @@ class Pool:
             if wake_at is not None and not self._closed:
                 delay = max(0.0, wake_at - self._clock())
                 self._timer = asyncio.get_running_loop().call_later(delay, self._step)
+
+    def _keep_reported(self, acted: float) -> None:
+        """Keep in the timeline the actions reported since the last step, which the step begun
+        at the wall time ``acted`` takes up."""
+        for row, overhead in self._reported:
+            self._timeline.append((next(self._kept), *row, acted, overhead))
+        self._reported.clear()
 
     def _start_plans(self, plans: tuple[PlanJob, ...]) -> None:
         for plan in plans:
@@ -381,8 +388,7 @@ class Pool:
         sent: list[tuple[Action, list[_Entry]]],
         pending: Awaitable[list[Report]],
     ) -> None:
-        """Take up a call's reports and step; ``offset`` is the wall clock less the clock at
-        ``now``."""
+        """Take up a call's reports; ``offset`` is the wall clock less the clock at ``now``."""
         try:
             reports = await pending
         except Exception as exc:
@@ -397,11 +403,11 @@ class Pool:
             self._overheads.add(overhead)
             self._back[worker] = finished
         back = time.time()
-        rows = []
         for (action, entries), wall_report in zip(sent, reports, strict=True):
             kind = type(action).__name__.lower()
             ran = (wall_report.started, wall_report.ended)
-            rows.append((kind, worker, action.model, len(entries), decided, now + offset, *ran))
+            row = (kind, worker, action.model, len(entries), decided, now + offset, *ran, back)
+            self._reported.append((row, overhead))
             # the worker's start and end, on this loop's clock
             report = replace(
                 wall_report, started=wall_report.started - offset, ended=wall_report.ended - offset
@@ -416,11 +422,7 @@ class Pool:
                 self._load_done(action, report, finished)
             else:
                 self._unload_done(action, report, finished)
-        acted = time.time()
-        for row in rows:
-            self._timeline.append((next(self._kept), *row, back, acted, overhead))
-        if not self._closed:  # at once, not at the next turn: see ``_poke``
-            self._step()
+        self._poke()
 
     def _infer_done(
         self, action: Infer, entries: list[_Entry], report: Report, finished: float
@@ -624,8 +626,9 @@ class Pool:
     def timeline(self, since: float = 0.0, after: int = -1) -> dict[str, list[Any]]:
         """The actions kept (the last ``TIMELINE_ACTIONS``) sent at or after the wall time
         ``since`` and numbered past ``after``, in the order they were kept, as columns
-        (``TIMELINE_COLUMNS``). An action is kept once its report is back, so a caller that
-        passes the last ``seq`` it has gets each action once, and only the new ones are read."""
+        (``TIMELINE_COLUMNS``). An action is kept once the step that takes its report up begins,
+        so a caller that passes the last ``seq`` it has gets each action once, and only the new
+        ones are read."""
         rows: list[tuple[Any, ...]] = []
         for row in reversed(self._timeline):
             if row[_SEQ] <= after:

@@ -356,28 +356,6 @@ def test_an_arrival_leaves_for_a_free_worker_at_the_loops_next_turn() -> None:
     asyncio.run(scenario())
 
 
-def test_a_worker_s_next_batch_leaves_before_the_answers_of_its_last_one_are_taken_up() -> None:
-    """A call's reports step the pool at once: the worker's next batch is on its way before
-    the callers of the answers just in resume."""
-
-    async def scenario() -> None:
-        workers = fake_workers(EchoModel(), delay_s=0.005)
-        calls: list[int] = []
-        run = workers.run
-        workers.run = lambda worker, sent: (calls.append(len(sent)), run(worker, sent))[1]
-        pool = one_model_pool(_fixed(max_batch_size=1), workers)
-        first = pool.submit("echo", _x(1))
-        second = pool.submit("echo", _x(2))
-        seen: list[int] = []
-        first.add_done_callback(lambda _: seen.append(len(calls)))
-        assert (await first)["sum"] == 4.0
-        assert seen == [2]  # the second batch had left when the first's caller resumed
-        assert (await second)["sum"] == 8.0
-        await pool.close()
-
-    asyncio.run(scenario())
-
-
 def test_a_scheduler_fault_fails_the_queries_queued_and_the_pool_steps_on() -> None:
     async def scenario() -> None:
         pool = _echo_pool([])
@@ -838,6 +816,7 @@ def test_the_timeline_shows_each_action_as_it_ran_on_the_wall_clock(
             await pool.submit("a", _x(1))
         middle = time.time()
         await pool.submit("a", _x(1))
+        await asyncio.sleep(0)  # the step that takes the last report up
         timeline, later = pool.timeline(), pool.timeline(since=middle)
         past = pool.timeline(after=3)
         await pool.close()
@@ -860,11 +839,38 @@ def test_the_timeline_shows_each_action_as_it_ran_on_the_wall_clock(
     assert all(0.0 <= o < 1.0 for o in timeline["overhead"])
 
 
+def test_the_timeline_says_which_step_made_each_action_and_which_took_its_report_up() -> None:
+    """A worker's second batch waits for its first's report: the step that takes that report
+    up, kept as the first's ``acted``, makes the second (its ``decided``), after the report was
+    back; each call leaves after its step began; the last report is kept once a step takes
+    it up."""
+
+    async def scenario() -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
+        pool = one_model_pool(_fixed(max_batch_size=1), fake_workers(EchoModel(), delay_s=0.005))
+        first, second = pool.submit("echo", _x(1)), pool.submit("echo", _x(2))
+        await first
+        await second
+        answered = pool.timeline()
+        await asyncio.sleep(0)  # the step that takes the last report up
+        timeline = pool.timeline()
+        await pool.close()
+        return answered, timeline
+
+    answered, timeline = asyncio.run(scenario())
+    assert answered["seq"] == [0]
+    assert timeline["seq"] == [0, 1]
+    assert timeline["acted"][0] == timeline["decided"][1]
+    for i in (0, 1):
+        assert timeline["back"][i] <= timeline["acted"][i]
+        assert timeline["decided"][i] <= timeline["sent"][i]
+
+
 def test_a_load_in_the_timeline_has_no_call_overhead() -> None:
     async def scenario() -> dict[str, list[Any]]:
         workers = LocalWorkers(1, {"a": EchoModel()}, weight_bytes=1, load_s=0.02, reply_s=0.0)
         pool = _shared(["a"], workers, capacity_mb=1)
         await pool.submit("a", _x(1))
+        await asyncio.sleep(0)  # the step that takes the last report up
         timeline = pool.timeline()
         await pool.close()
         return timeline
