@@ -355,7 +355,7 @@ def _rows(timeline: Mapping[str, Sequence[Any]]) -> list[tuple[Any, ...]]:
     took the report up began) stand for ``sent`` and ``back`` where the timeline has them: a
     simulated step takes no time, so the live pool's time in its steps and in taking reports
     up belongs to the legs there and back. Left out, the simulated workers sent their next
-    batch 0.38 ms sooner after an answer at the median, and idled 3.9 s less in 120
+    batch 0.38 ms sooner after an answer at the median, and idled 3.9 s less of 240
     (``bench/RESULTS.md``, "The simulator against the live system")."""
     sent = "decided" if "decided" in timeline else "sent"
     back = "acted" if "acted" in timeline else "back"
