@@ -234,9 +234,9 @@ class Pool:
     # -- the loop --------------------------------------------------------------------------
 
     def _poke(self) -> None:
-        """Step at the loop's next turn, once however many ask before it. An arrival or a plan
-        is acted on one turn after it, not several: each turn first runs every callback ready
-        then, the other queries' too (``step_lag_ms`` shows the wait)."""
+        """Step at the loop's next turn, once however many ask before it. An arrival, a result
+        or a plan is acted on one turn after it, not several: each turn first runs every
+        callback ready then, the other queries' too (``step_lag_ms`` shows the wait)."""
         if self._due is not None or self._closed:
             return
         try:
