@@ -5,13 +5,14 @@ schedules a live pool, against simulated workers: it submits each query at its a
 calls ``step`` after every arrival, result or requested wake-up, carries the returned actions
 out on simulated workers and reports each result back. Only the workers are simulated, as the
 live ones run: two executors each (clockwork §4.4), one for INFERs and one for LOADs and
-UNLOADs, each running its actions one at a time in the order they were sent; an INFER sent
+UNLOADs, each running its actions one at a time in the order they were sent; an action sent
 while its executor has work starts right behind it, and an INFER of a model whose LOAD it
-waits for starts when the LOAD ends. The actions a step gives one executor of a worker travel
-as one call, as the live pool sends them, and their results come back together after the last
-one ends. An INFER of k queries runs for ``service(k)`` seconds, a LOAD for the model's
-``load_s`` and an UNLOAD for its ``unload_s``; a LOAD or UNLOAD changes what the worker holds
-when it starts, and an action that would start after its ``latest`` is not run (§4.4).
+waits for starts when the LOAD ends (each after a handoff: :class:`Legs`). The actions a step
+gives one executor of a worker travel as one call, as the live pool sends them, and their
+results come back together after the last one ends. An INFER of k queries runs for
+``service(k)`` seconds, a LOAD for the model's ``load_s`` and an UNLOAD for its ``unload_s``; a
+LOAD or UNLOAD changes what the worker holds when it starts, and an action that would start
+after its ``latest`` is not run (§4.4).
 ``hop_s`` is how long a call takes to reach its worker and its results to come back: a round
 trip in seconds (half each way), or a function drawing each call's :class:`Legs` (close over a
 ``numpy.random.Generator`` for legs measured live).
@@ -119,11 +120,12 @@ class Weather(Protocol):
     ``"load"``) started on ``worker`` at ``t`` takes ``slowdown(worker, t, kind, size, model)``
     times its profile's time (``size``: an INFER's queries; ``model``: its model's name); a
     call of an action of ``kind`` (``"infer"``, ``"load"`` or ``"unload"``) sent to ``worker``
-    at ``t`` takes ``legs(worker, t, kind, loading, idle)`` (:class:`Legs`), and a batch that
-    waited on ``worker`` for the batch before it, or with ``load`` for its model's LOAD, which
-    ended at ``t``, starts ``behind(worker, t, loading, load)`` seconds after it; ``loading``:
-    a LOAD runs on one of the pool's workers then; ``idle``: the call's executor has nothing
-    to do, so that its leg there decides when its first action starts."""
+    at ``t`` takes ``legs(worker, t, kind, loading, idle)`` (:class:`Legs`), and an action
+    that waited on ``worker`` for what ended there at ``t`` starts ``behind(worker, t, loading,
+    leg)`` seconds after it, ``leg`` naming which of the :class:`Legs` (``"behind"``,
+    ``"after_load"`` or ``"load_behind"``); ``loading``: a LOAD runs on one of the pool's
+    workers then; ``idle``: the call's executor has nothing to do, so that its leg there
+    decides when its first action starts."""
 
     def slowdown(
         self, worker: int, t: float, kind: str, size: int = 1, model: str = ""
@@ -133,7 +135,9 @@ class Weather(Protocol):
         self, worker: int, t: float, kind: str = "infer", loading: bool = False, idle: bool = True
     ) -> Legs: ...
 
-    def behind(self, worker: int, t: float, loading: bool = False, load: bool = False) -> float: ...
+    def behind(
+        self, worker: int, t: float, loading: bool = False, leg: str = "behind"
+    ) -> float: ...
 
 
 class Legs(NamedTuple):
@@ -143,15 +147,19 @@ class Legs(NamedTuple):
     the worker still ran the one before, from that one's end to its start (the worker's own
     handoff between two batches); ``to_load``, from a LOAD's sending to its start on a worker
     whose LOADs before it are done (None: as ``there``); ``after_load``, for a batch that
-    waited for its model's LOAD, from that LOAD's end to its start. A LOAD reaches a worker
-    that is often running a batch, and starts later than a batch sent to an idle worker
-    (``bench/RESULTS.md``, "The simulator against the live system")."""
+    waited for its model's LOAD, from that LOAD's end to its start; ``load_behind``, for a LOAD
+    that reached its worker while the worker still ran the LOAD or UNLOAD before it, from the
+    end of the last one of those that ran to its start. A LOAD reaches a worker that is often
+    running a batch, and starts later than a batch sent to an idle worker; one queued behind
+    another LOAD started 1.2 ms after it at the median, live, where the batches behind a batch
+    started 0.1 ms after it (``bench/RESULTS.md``, "The simulator against the live system")."""
 
     there: float
     back: float
     behind: float = 0.0
     to_load: float | None = None
     after_load: float = 0.0
+    load_behind: float = 0.0
 
 
 class _Replayed:
@@ -228,21 +236,24 @@ class _Replayed:
         call to an ``idle`` executor takes a leg there, as only those measured one live: taken
         by every call, they ran out where calls to busy workers were many, and the slower
         ones were taken again (``bench/RESULTS_ARCHIVE.md``, "the replay's steps on c4's
-        day"). The legs behind and after a LOAD are :meth:`behind`'s, looked at."""
+        day"). The legs behind, after a LOAD and behind a LOAD are :meth:`behind`'s, looked
+        at."""
         infer = kind == "infer"
         there = self._at(self._key(worker, "there", int(loading)), t, 0.0, infer and idle)
         back = self._at(self._key(worker, "back"), t, 0.0, infer)
         behind = self._at(self._key(worker, "behind", int(loading)), t, 0.0, False)
-        to_load = self._at(self._key(worker, "to_load"), t, None, kind == "load")
+        to_load = self._at(self._key(worker, "to_load"), t, None, kind == "load" and idle)
         after_load = self._at(self._key(worker, "after_load"), t, 0.0, False)
+        load_behind = self._at(self._key(worker, "load_behind"), t, 0.0, False)
         floats = (cast(float, leg) for leg in (there, back, behind))
-        return Legs(*floats, to_load, cast(float, after_load))
+        return Legs(*floats, to_load, cast(float, after_load), cast(float, load_behind))
 
-    def behind(self, worker: int, t: float, loading: bool = False, load: bool = False) -> float:
-        """How long after ``t`` a batch starts that waited for what ended then on its worker:
-        the batch before it, as the batches whose batch before ended while a LOAD ran, or while
-        none did, as ``loading``; with ``load``, its model's LOAD (``Legs.after_load``)."""
-        leg = "after_load" if load else "behind"
+    def behind(self, worker: int, t: float, loading: bool = False, leg: str = "behind") -> float:
+        """How long after ``t`` an action starts that waited for what ended then on its
+        worker, as ``leg`` of :class:`Legs` says: a batch behind the batch before it
+        (``"behind"``, as the batches whose batch before ended while a LOAD ran, or while none
+        did, as ``loading``) or behind its model's LOAD (``"after_load"``), or a LOAD behind
+        the LOAD or UNLOAD before it (``"load_behind"``)."""
         return cast(float, self._at(self._key(worker, leg, int(loading)), t, 0.0))
 
 
@@ -344,8 +355,9 @@ def call_legs(timeline: Mapping[str, Sequence[Any]]) -> Legs:
     One sent while the batch ahead of it ran, by at least the last leg there measured before
     that batch's end, reached its worker while that batch ran and tells how long after its end
     it started (``behind``); one sent closer to that end tells neither, as the worker does not
-    say when a call reached it. A call's way back runs from its last batch's end: its answers
-    come back together."""
+    say when a call reached it; a LOAD does the same behind the LOAD or UNLOAD before it
+    (``load_behind``). A call's way back runs from its last batch's end: its answers come back
+    together."""
     return Legs(*(np.array([s for _, _, s, _ in leg]) for leg in _legs(_rows(timeline))))
 
 
@@ -371,7 +383,8 @@ def _legs(rows: Sequence[tuple[Any, ...]]) -> tuple[_Measured, ...]:
     """What the calls in ``rows`` (the ``_COLUMNS`` of a timeline) that ran measured of each
     of the :class:`Legs`, in their order, as :func:`call_legs` reads them."""
     there, back, behind, after_load = _infer_legs(rows)
-    return there, back, behind, _load_legs(rows), after_load
+    to_load, load_behind = _load_legs(rows)
+    return there, back, behind, to_load, after_load, load_behind
 
 
 def _infer_legs(rows: Sequence[tuple[Any, ...]]) -> tuple[_Measured, ...]:
@@ -426,22 +439,28 @@ def _ways_back(rows: Sequence[tuple[Any, ...]]) -> _Measured:
     ]
 
 
-def _load_legs(rows: Sequence[tuple[Any, ...]]) -> _Measured:
+def _load_legs(rows: Sequence[tuple[Any, ...]]) -> tuple[_Measured, _Measured]:
     """The legs there of the LOADs in ``rows`` sent once the LOAD or UNLOAD before them on
-    their worker had ended (the others waited for it)."""
-    executor: dict[int, list[tuple[float, float, float, str]]] = {}  # sent, started, ended, kind
+    their worker had ended, and the legs behind of those that reached their worker while it
+    still ran one (by the last leg there measured before), as :func:`call_legs` reads them."""
+    executor: dict[int, list[tuple[float, float, float, str]]] = {}  # started, ended, sent, kind
     for kind, worker, _, _, sent, started, ended, _ in rows:
         if kind in ("load", "unload") and math.isfinite(ended - started):
-            executor.setdefault(worker, []).append((sent, started, ended, kind))
-    legs: _Measured = []
+            executor.setdefault(worker, []).append((started, ended, sent, kind))
+    there: _Measured = []
+    behind: _Measured = []
     for worker, actions in executor.items():
         actions.sort()
         free = -math.inf  # when the worker's LOAD or UNLOAD before ended
-        for sent, started, ended, kind in actions:
+        leg = 0.0  # the last leg there measured on the worker
+        for started, ended, sent, kind in actions:
             if kind == "load" and sent >= free:
-                legs.append((worker, sent, max(0.0, started - sent), 0))
+                leg = max(0.0, started - sent)
+                there.append((worker, sent, leg, 0))
+            elif kind == "load" and sent + leg <= free:
+                behind.append((worker, free, max(0.0, started - free), 0))
             free = max(free, ended)
-    return legs
+    return there, behind
 
 
 def _loading(rows: Sequence[tuple[Any, ...]]) -> Callable[[float], int]:
@@ -548,7 +567,7 @@ class _Waiting:
     call: _SimCall
     index: int
     arrives: float  # at the worker, when sent to an idle executor
-    behind: bool  # sent while the executor had work: starts ``legs.behind`` after it ends
+    behind: bool  # sent while the executor had work: starts a handoff after it ends
 
     @property
     def action(self) -> Action:
@@ -685,12 +704,16 @@ class _PoolRun:
             idle = not w.executors[_executor(actions[0])].busy
             legs = self.weather.legs(worker, now, kind, self._loading(now), idle)
         call = _SimCall(actions, now, legs, [None] * len(actions))
+        # a LOAD behind its own call's UNLOAD is not behind: live, the worker does not time
+        # its UNLOADs, so its leg there was measured from the sending (Legs.to_load)
+        loads_behind = w.executors["load"].busy
         for index, action in enumerate(actions):
             executor = w.executors[_executor(action)]
             leg = legs.there if isinstance(action, Infer) or legs.to_load is None else legs.to_load
+            behind = executor.busy if isinstance(action, Infer) else loads_behind
             if isinstance(action, Load):
                 w.loading[action.model] = None
-            executor.waiting.append(_Waiting(call, index, now + leg, executor.busy))
+            executor.waiting.append(_Waiting(call, index, now + leg, behind))
         for name in {_executor(action) for action in actions}:
             self._next(w, name, now)
 
@@ -699,20 +722,24 @@ class _PoolRun:
         free and that is known: an INFER sent to it busy starts ``behind`` after the action
         before it ends (live, such batches started 0.26 ms after it at the p90, where a call to
         an idle worker took 3.2 ms at the p90 to get there: ``bench/RESULTS.md``, "The
-        simulator against the live system"), and an INFER that waits for its model's LOAD
-        ``after_load`` after that LOAD ends."""
+        simulator against the live system"), an INFER that waits for its model's LOAD
+        ``after_load`` after that LOAD ends, and a LOAD sent to it busy ``load_behind`` after
+        the action before it ends (an UNLOAD right away: live, it takes 0.1 ms)."""
         executor = w.executors[name]
         if executor.running is not None or executor.next is not None or not executor.waiting:
             return
         head = executor.waiting[0]
-        if name == "load":
+        if name == "load" and head.behind:
+            load = isinstance(head.action, Load)
+            start = executor.free + (self._handoff(w, head, now, "load_behind") if load else 0.0)
+        elif name == "load":
             start = max(head.arrives, executor.free)
         else:
             loaded = w.loading.get(head.action.model, -math.inf)
             if loaded is None:
                 return  # it waits for its model's LOAD, not begun: that LOAD's start sets it
             if head.call.sent <= loaded and (not head.behind or executor.free <= loaded):
-                start = loaded + self._handoff(w, head, loaded, load=True)
+                start = loaded + self._handoff(w, head, loaded, "after_load")
             elif head.behind:
                 start = executor.free + self._handoff(w, head, now)
             else:
@@ -720,12 +747,13 @@ class _PoolRun:
         executor.next = executor.waiting.popleft()
         self._at(max(start, now), self._begin, (w, name))
 
-    def _handoff(self, w: _SimWorker, head: _Waiting, t: float, load: bool = False) -> float:
-        """How long after ``t`` the batch ``head`` starts, which waited for the batch before
-        it, or with ``load`` for its model's LOAD, to end then."""
+    def _handoff(self, w: _SimWorker, head: _Waiting, t: float, leg: str = "behind") -> float:
+        """How long after ``t`` the action ``head`` starts, which waited for what ended then:
+        ``leg`` of :class:`Legs` says what (the batch before it, its model's LOAD, or for a
+        LOAD the LOAD or UNLOAD before it)."""
         if self.weather is None:
-            return head.call.legs.after_load if load else head.call.legs.behind
-        return self.weather.behind(w.index, t, self._loading(t), load)
+            return cast(float, getattr(head.call.legs, leg))
+        return self.weather.behind(w.index, t, self._loading(t), leg)
 
     def _begin(self, where: tuple[_SimWorker, str], now: float) -> bool:
         """The action due on an executor starts, for its profile's time times the weather's

@@ -479,22 +479,16 @@ class _Drawn:
     def slowdown(self, worker: int, t: float, kind: str, size: int = 1, model: str = "") -> float:
         return self._draw(self._ratios[kind])
 
-    def behind(self, worker: int, t: float, loading: bool = False, load: bool = False) -> float:
-        return self._draw(self._legs.after_load if load else self._legs.behind)
+    def behind(self, worker: int, t: float, loading: bool = False, leg: str = "behind") -> float:
+        return self._draw(getattr(self._legs, leg))
 
     def legs(
         self, worker: int, t: float, kind: str = "infer", loading: bool = False, idle: bool = True
     ) -> Any:
         from raysrv.analytics.poolsim import Legs
 
-        there, back, behind, to_load, after_load = self._legs
-        return Legs(
-            self._draw(there),
-            self._draw(back),
-            self._draw(behind),
-            self._draw(to_load) if to_load.size else None,
-            self._draw(after_load),
-        )
+        legs = Legs(*(self._draw(values) for values in self._legs))
+        return legs if self._legs.to_load.size else legs._replace(to_load=None)
 
 
 def _simulate(

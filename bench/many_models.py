@@ -804,14 +804,16 @@ def _counted(log: RequestLog, lead_s: float) -> RequestLog:
 def _legs(extra: dict[str, Any], rng: np.random.Generator) -> Any:
     """A function drawing a call's :class:`raysrv.analytics.poolsim.Legs`, each from the
     point's calls that measured it (:func:`raysrv.analytics.poolsim.call_legs`)."""
-    there, back, behind, to_load, after_load = call_legs(extra["timeline"])
+    measured = call_legs(extra["timeline"])
 
-    def one(measured: np.ndarray) -> float:
-        return float(rng.choice(measured)) if measured.size else 0.0
+    def one(values: np.ndarray) -> float:
+        return float(rng.choice(values)) if values.size else 0.0
 
-    return lambda: Legs(
-        one(there), one(back), one(behind), one(to_load) if to_load.size else None, one(after_load)
-    )
+    def draw() -> Legs:
+        legs = Legs(*(one(values) for values in measured))
+        return legs if measured.to_load.size else legs._replace(to_load=None)
+
+    return draw
 
 
 def _drawn(quantiles_ms: dict[str, float | None], rng: np.random.Generator) -> Any:

@@ -685,7 +685,7 @@ def test_in_simulation_a_replayed_timeline_slows_runs_and_calls_where_and_when_i
     pool = {"m": SimModel(_policy(max_batch_size=1), [0.010], pinned=True)}
     result = simulate_pool(times, ["m"] * 3, pool, workers=1, slo=1.0, weather=weather)
     np.testing.assert_allclose(result.latencies, [0.010, 0.024, 0.010])
-    assert weather.legs(0, 1.5) == pytest.approx((0.001, 0.003, 0.0, 0.0, 0.0))
+    assert weather.legs(0, 1.5) == pytest.approx((0.001, 0.003, 0.0, 0.0, 0.0, 0.0))
 
 
 def test_in_simulation_a_live_pool_s_time_in_its_steps_counts_in_the_legs_there_and_back() -> None:
@@ -838,6 +838,67 @@ def test_a_batch_that_waited_for_its_model_s_load_starts_a_handoff_after_its_end
     assert start == pytest.approx(load_end + 0.002)
 
 
+def test_a_load_queued_behind_another_starts_a_handoff_after_its_end() -> None:
+    """Live, a LOAD sent while the LOAD before it ran (by more than the last leg there) started
+    1.2 ms after that one's end: its leg behind a LOAD, not a leg there; the UNLOAD that went
+    with it (untimed, as a live worker reports it) does not count. In simulation, a LOAD sent
+    to a worker still loading (the one before it ran three times its profile) starts that long
+    after the LOAD before it ends."""
+    nan = math.nan
+    timeline = _timeline(
+        [
+            ("load", 0, "a", 0, 0.000, 0.002, 0.050, 0.051),
+            ("unload", 0, "x", 0, 0.010, nan, nan, 0.101),
+            ("load", 0, "b", 0, 0.010, 0.0512, 0.100, 0.101),
+            ("load", 0, "c", 0, 0.200, 0.2025, 0.250, 0.251),
+        ]
+    )
+    legs = call_legs(timeline)
+    assert legs.to_load == pytest.approx([0.002, 0.0025])
+    assert legs.load_behind == pytest.approx([0.0012])
+    weather = replayed_weather(timeline, lambda kind, model, size: 0.050, 0.0)
+    assert weather.behind(0, 0.05, leg="load_behind") == pytest.approx(0.0012)
+
+    class SlowFirstLoad:
+        def slowdown(
+            self, worker: int, t: float, kind: str, size: int = 1, model: str = ""
+        ) -> float:
+            return 3.0 if kind == "load" and 0.999 < t < 1.001 else 1.0
+
+        def legs(
+            self,
+            worker: int,
+            t: float,
+            kind: str = "infer",
+            loading: bool = False,
+            idle: bool = True,
+        ) -> Legs:
+            return Legs(0.0, 0.0)
+
+        def behind(
+            self, worker: int, t: float, loading: bool = False, leg: str = "behind"
+        ) -> float:
+            return 0.002 if leg == "load_behind" else 0.0
+
+    pool = {m: SimModel(_policy("deadline", max_batch_size=1), [0.002], load_s=0.010) for m in "ab"}
+    result = simulate_pool(
+        np.array([1.0, 1.005]),
+        ["a", "b"],
+        pool,
+        workers=1,
+        depth=2,
+        slo=1.0,
+        weather=SlowFirstLoad(),
+        profile_runs=3,
+    )
+    tl = result.timeline
+    loads = [i for i, kind in enumerate(tl["kind"]) if kind == "load"]
+    assert [tl["model"][i] for i in loads] == ["a", "b"]
+    first, second = loads
+    assert tl["sent"][second] < tl["ended"][first]  # sent while the first ran
+    assert tl["started"][second] == pytest.approx(tl["ended"][first] + 0.002)
+
+
 def test_in_simulation_a_call_s_answers_come_back_together_after_its_last_batch() -> None:
     """Two models' queries reach one idle worker together: their batches travel as one call,
     run one after the other, and both answers come back after the second ends, as a live
@@ -918,8 +979,8 @@ def test_a_batch_that_waited_on_its_worker_tells_no_leg_there() -> None:
     # with no drift, at t: the legs measured last before t
     weather = replayed_weather(timeline, lambda kind, model, size: 0.010, 0.0, drift=0.0)
     before = weather.legs(0, 1.5)  # before the first, the first's
-    assert before == pytest.approx((0.002, 0.001, 0.001, 0.002, 0.0))
-    assert weather.legs(0, 2.1) == pytest.approx((0.002, 0.004, 0.001, 0.002, 0.0))
+    assert before == pytest.approx((0.002, 0.001, 0.001, 0.002, 0.0, 0.0))
+    assert weather.legs(0, 2.1) == pytest.approx((0.002, 0.004, 0.001, 0.002, 0.0, 0.0))
 
 
 def test_a_replayed_weather_takes_each_live_value_once_in_its_order_near_its_time() -> None:
@@ -1042,8 +1103,10 @@ def _replayed_as_its_own_weather(seed: int) -> tuple[PoolSimResult, PoolSimResul
         ) -> Legs:
             return weather.legs(worker, t, kind, loading, idle)._replace(back=0.0)
 
-        def behind(self, worker: int, t: float, loading: bool = False, load: bool = False) -> float:
-            return weather.behind(worker, t, loading, load)
+        def behind(
+            self, worker: int, t: float, loading: bool = False, leg: str = "behind"
+        ) -> float:
+            return weather.behind(worker, t, loading, leg)
 
     sooner = simulate_pool(times, names, pool(), weather=BackAtOnce(), **kwargs)
     return first, again, sooner
