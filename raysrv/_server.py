@@ -28,7 +28,7 @@ from raysrv._planner import predict as predict_plan
 from raysrv._pool import Pool
 from raysrv._workers import Workers
 from raysrv.batching.profile import SortedWindow
-from raysrv.cache import PredictionCache, cache_key
+from raysrv.cache import JoinExpired, PredictionCache, cache_key
 from raysrv.config import (
     AppLive,
     AppSpec,
@@ -251,7 +251,7 @@ class Server:
             app.selection.policy, app.models, app.selection.params, self._rng
         )
         model_input = self._models[app.models[0]].input
-        cache = PredictionCache(app.cache_size)
+        cache = PredictionCache(app.cache_size, self._clock)
         return _App(app, model_input, selection, cache, app.slo_ms, app.selection)
 
     def configure(self, live: LiveConfig) -> None:
@@ -464,7 +464,14 @@ class Server:
             return await compute(), False
 
         key = cache_key(model, self._models[model].version, x)
-        value, hit = await app.cache.get_or_compute(key, compute)
+        try:
+            value, hit = await app.cache.get_or_compute(key, compute, deadline)
+        except JoinExpired:
+            self._metrics.rejection(model, "deadline_expired")
+            raise DeadlineExpired(
+                f"model {model!r} had no answer by the query's deadline; an identical query's "
+                f"computation it joined goes on (pass best_effort to wait for it)"
+            ) from None
         self._metrics.cache(app.spec.name, model, hit)
         return value, hit
 

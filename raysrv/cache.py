@@ -9,6 +9,10 @@ Clipper's non-blocking API on top for asyncio callers:
   identical queries cost one model evaluation;
 * ``fetch(key)`` returns the value if present, else :data:`MISS`.
 
+A query that joins an identical one in flight keeps its own deadline
+(:meth:`PredictionCache.get_or_compute`): it is never answered after it, and a refusal or a
+drop at the first query's earlier deadline does not become its answer.
+
 CLOCK (second chance): entries sit on a ring with a reference bit set on every hit; the hand
 sweeps, clearing bits, and evicts the first entry whose bit is clear. O(1) amortised per
 operation, an approximation of LRU.
@@ -17,14 +21,30 @@ operation, an approximation of LRU.
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
 
-__all__ = ["MISS", "ClockCache", "PredictionCache", "cache_key"]
+__all__ = ["MISS", "ClockCache", "JoinExpired", "PredictionCache", "cache_key"]
 
 MISS: Final = object()
+
+
+class JoinExpired(TimeoutError):
+    """A query's deadline passed while it waited on an identical query's computation, which
+    goes on for the queries it was started for."""
+
+
+@dataclass(frozen=True)
+class _Flight:
+    """A computation in flight and the deadline of the query it was started for."""
+
+    result: asyncio.Future[Any]
+    deadline: float
 
 
 def cache_key(
@@ -101,11 +121,13 @@ class ClockCache:
 
 
 class PredictionCache:
-    """Clipper's request / fetch API over a :class:`ClockCache`, with in-flight coalescing."""
+    """Clipper's request / fetch API over a :class:`ClockCache`, with in-flight coalescing.
+    Deadlines are read on ``clock``."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, clock: Callable[[], float] = time.monotonic) -> None:
         self._store = ClockCache(capacity)
-        self._pending: dict[Hashable, asyncio.Future[Any]] = {}
+        self._clock = clock
+        self._pending: dict[Hashable, _Flight] = {}
 
     @property
     def capacity(self) -> int:
@@ -121,34 +143,52 @@ class PredictionCache:
         """The cached value, or :data:`MISS` (pending computations are not values yet)."""
         return self._store.get(key)
 
-    def request(self, key: Hashable, compute: Callable[[], Awaitable[Any]]) -> bool:
-        """True if ``key`` is cached; otherwise make sure ``compute`` runs once for it."""
+    def request(
+        self, key: Hashable, compute: Callable[[], Awaitable[Any]], deadline: float = math.inf
+    ) -> bool:
+        """True if ``key`` is cached; otherwise make sure ``compute`` runs once for it (for a
+        query with ``deadline``, if this starts it)."""
         if key in self._store:
             return True
         if key not in self._pending and self._store.capacity:
-            self._pending[key] = asyncio.ensure_future(compute())
-            self._pending[key].add_done_callback(lambda fut: self._settle(key, fut))
+            result = asyncio.ensure_future(compute())
+            self._pending[key] = _Flight(result, deadline)
+            result.add_done_callback(lambda fut: self._settle(key, fut))
         return False
 
     def _settle(self, key: Hashable, fut: asyncio.Future[Any]) -> None:
-        self._pending.pop(key, None)
+        if key in self._pending and self._pending[key].result is fut:
+            del self._pending[key]
         if not fut.cancelled() and fut.exception() is None:
             self._store.put(key, fut.result())
 
     async def get_or_compute(
-        self, key: Hashable, compute: Callable[[], Awaitable[Any]]
+        self, key: Hashable, compute: Callable[[], Awaitable[Any]], deadline: float = math.inf
     ) -> tuple[Any, bool]:
-        """``(value, hit)``: the cached value, a coalesced in-flight one, or a fresh computation.
+        """``(value, hit)``: the cached value, a coalesced in-flight one, or a fresh computation
+        (``compute``, which keeps to ``deadline`` itself). ``hit`` is True when no new model
+        evaluation was started for this call.
 
-        ``hit`` is True when no new model evaluation was started for this call.
+        A query that finds its key in flight waits for it until its own ``deadline`` only, then
+        raises :class:`JoinExpired`. If the computation fails and this query's deadline is
+        later than the one it was started for (``inf``: best effort), it runs ``compute``: the
+        failure may be that earlier deadline's refusal or drop, which says nothing of its own.
         """
         value = self.fetch(key)
         if value is not MISS:
             return value, True
         if not self._store.capacity:
             return await compute(), False
-        pending = self._pending.get(key)
-        if pending is not None:
-            return await asyncio.shield(pending), True
-        self.request(key, compute)
-        return await asyncio.shield(self._pending[key]), False
+        flight = self._pending.get(key)
+        if flight is None:
+            self.request(key, compute, deadline)
+            return await asyncio.shield(self._pending[key].result), False
+        timeout = max(0.0, deadline - self._clock()) if math.isfinite(deadline) else None
+        done, _ = await asyncio.wait((flight.result,), timeout=timeout)
+        if not done:
+            raise JoinExpired("the deadline passed while joined to an identical query")
+        if flight.result.cancelled() or (
+            flight.result.exception() is not None and deadline > flight.deadline
+        ):
+            return await self.get_or_compute(key, compute, deadline)
+        return flight.result.result(), True
