@@ -1,7 +1,9 @@
 """Every batching policy against ``@serve.batch``'s behaviour, in the simulator (issue 4's
 workloads, before the live benchmark).
 
-    python -m bench.policies_sim [--quick] [--out bench/out/policies_sim.json]
+    python -m bench.policies_sim [--quick] [--jitter SIGMA] [--param KEY=JSON ...]
+                                 [--policies NAME ...] [--workloads NAME ...]
+                                 [--out bench/out/policies_sim.json]
 
 One replica with a GPU-like batch cost, S_k = 4 ms + 0.5 ms per query (capacity 1,600 queries/s
 at batches of 32), SLO 40 ms (about 9x the batch-1 time). Workloads:
@@ -25,7 +27,10 @@ per system: SLO attainment (answered within the SLO / offered), goodput (answers
 per second), late answers, refusals, p50/p99/p99.9 of answered latency and the mean batch size.
 
 Simulation leaves out everything but batching and queueing (no network, no Python overheads,
-deterministic service): it compares policies, it does not predict the live figures.
+deterministic service unless ``--jitter``): it compares policies, it does not predict the live
+figures. ``--jitter SIGMA`` multiplies every batch's run time by a lognormal draw of median 1
+and log-spread ``SIGMA`` (0.06: runs within about +-12% of S_k 95% of the time), the noise the
+policies must plan around without answering late.
 """
 
 from __future__ import annotations
@@ -33,8 +38,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -43,7 +50,7 @@ from raysrv.analytics import MMPP2, Poisson, simulate
 from raysrv.batching import FixedParams, FixedPolicy, make_policy
 from raysrv.batching.base import BatchingPolicy
 
-__all__ = ["CAPACITY", "Row", "main", "workloads"]
+__all__ = ["CAPACITY", "SERVICE", "SLO", "Row", "jittered", "main", "workloads"]
 
 SERVICE = 0.004 + 0.0005 * np.arange(1, 65)
 CAPACITY = 32 / float(SERVICE[31])  # queries/s at batches of 32
@@ -77,13 +84,16 @@ class Row:
     p99_ms: float
     p999_ms: float
     mean_batch: float
+    offered: int = 0
 
 
-def systems() -> dict[str, tuple[BatchingPolicy, bool, bool]]:
-    """name -> (policy, deadlines shown to it, batches queue for the replica)."""
+def systems(params: dict[str, Any] | None = None) -> dict[str, tuple[BatchingPolicy, bool, bool]]:
+    """name -> (policy, deadlines shown to it, batches queue for the replica); ``params`` go
+    to the deadline-driven policies (``deadline``, ``ctmc``)."""
     out: dict[str, tuple[BatchingPolicy, bool, bool]] = {}
     for name in POLICIES:
-        out[name] = (make_policy(name, {"max_batch_size": 32}, SLO), True, False)
+        extra = (params or {}) if name in ("deadline", "ctmc") else {}
+        out[name] = (make_policy(name, {"max_batch_size": 32, **extra}, SLO), True, False)
     serve_default = FixedPolicy(FixedParams(max_batch_size=10, timeout_ms=10.0), SLO)
     serve_tuned = FixedPolicy(FixedParams(max_batch_size=32, timeout_ms=15.0), SLO)
     out["@serve.batch default"] = (serve_default, False, True)
@@ -91,13 +101,21 @@ def systems() -> dict[str, tuple[BatchingPolicy, bool, bool]]:
     return out
 
 
-def run(workload: str, times: np.ndarray) -> list[Row]:
+def run(
+    workload: str,
+    times: np.ndarray,
+    jitter: float = 0.0,
+    only: Sequence[str] = (),
+    params: dict[str, Any] | None = None,
+) -> list[Row]:
     rows = []
     duration = float(times[-1] - times[0])
-    for name, (policy, deadlines, queued) in systems().items():
+    for name, (policy, deadlines, queued) in systems(params).items():
+        if only and name not in only:
+            continue
         result = simulate(
             times,
-            SERVICE,
+            jittered(jitter, np.random.default_rng(1)),
             policy,
             replicas=1,
             slo=SLO if deadlines else None,
@@ -118,9 +136,17 @@ def run(workload: str, times: np.ndarray) -> list[Row]:
                 float(pct[1]),
                 float(pct[2]),
                 float(result.batch_sizes.mean()),
+                int(times.size),
             )
         )
     return rows
+
+
+def jittered(jitter: float, rng: np.random.Generator) -> np.ndarray | Callable[[int], float]:
+    """``SERVICE``, each run times a lognormal draw of log-spread ``jitter`` (none at 0)."""
+    if not jitter:
+        return SERVICE
+    return lambda k: float(SERVICE[k - 1] * rng.lognormal(0.0, jitter))
 
 
 def table(rows: list[Row]) -> str:
@@ -131,7 +157,8 @@ def table(rows: list[Row]) -> str:
     ]
     for r in rows:
         lines.append(
-            f"| {r.workload} | {r.system} | {r.attainment:.2%} | {r.goodput:.0f} | {r.late} "
+            f"| {r.workload} | {r.system} | {r.attainment:.2%} | {r.goodput:.0f} "
+            f"| {r.late} ({r.late / max(r.offered, 1):.2%}) "
             f"| {r.refused} | {r.p50_ms:.1f} | {r.p99_ms:.1f} | {r.p999_ms:.1f} "
             f"| {r.mean_batch:.1f} |"
         )
@@ -141,13 +168,34 @@ def table(rows: list[Row]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="20,000 queries per workload")
+    parser.add_argument(
+        "--jitter", type=float, default=0.0, help="log-spread of each run's lognormal noise"
+    )
+    parser.add_argument(
+        "--policies", nargs="+", default=(), help="only these systems (default: every one)"
+    )
+    parser.add_argument(
+        "--workloads", nargs="+", default=(), help="only these workloads (default: every one)"
+    )
+    parser.add_argument(
+        "--param",
+        nargs="*",
+        default=(),
+        metavar="KEY=JSON",
+        help="a parameter of deadline and ctmc, e.g. learn_spread=false",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/out/policies_sim.json"))
     args = parser.parse_args(argv)
+    params = {k: json.loads(v) for k, v in (p.split("=", 1) for p in args.param)}
     rows: list[Row] = []
     for workload, times in workloads(args.quick).items():
-        rows += run(workload, times)
+        if args.workloads and workload not in args.workloads:
+            continue
+        rows += run(workload, times, args.jitter, args.policies, params)
         print(f"  {workload} done", file=sys.stderr, flush=True)
-    print(f"capacity {CAPACITY:.0f}/s, SLO {SLO * 1e3:.0f} ms\n\n{table(rows)}")
+    jitter = f", run times jittered (lognormal, {args.jitter})" if args.jitter else ""
+    jitter += f", deadline and ctmc with {params}" if params else ""
+    print(f"capacity {CAPACITY:.0f}/s, SLO {SLO * 1e3:.0f} ms{jitter}\n\n{table(rows)}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps([asdict(r) for r in rows], indent=1))
     return 0
