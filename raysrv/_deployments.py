@@ -17,7 +17,7 @@ from ray import serve
 
 from raysrv._heap import settle
 from raysrv._http import MODELS, create_http_app
-from raysrv._server import Server
+from raysrv._server import Server, counted_bodies
 from raysrv._workers import ColocatedWorkers, RayWorkers, Workers
 from raysrv.config import LiveConfig, RaysrvSpec, ResolvedPool
 from raysrv.errors import RaysrvError
@@ -100,6 +100,49 @@ class Ingress:
         return await self._answer(
             MODELS, self._server.predict_model(model, input, slo_ms, **options)
         )
+
+    async def predict_many(
+        self,
+        app: str,
+        inputs: list[Any],
+        context: str | None = None,
+        slo_ms: float | None = None,
+        best_effort: bool = False,
+        priority: int = 0,
+        sent_at: float | None = None,
+    ) -> dict[str, Any]:
+        """The handle twin of ``POST /v1/{app}/predict`` with ``inputs``: ``{"results"}``, each
+        an answer or an error object, in order; or the request's error object."""
+        options = {"best_effort": best_effort, "priority": priority, "sent_at": sent_at}
+        many = self._server.predict_many(app, inputs, context, slo_ms, **options)
+        return await self._answers(app, many)
+
+    async def predict_model_many(
+        self,
+        model: str,
+        inputs: list[Any],
+        slo_ms: float | None = None,
+        best_effort: bool = False,
+        priority: int = 0,
+        sent_at: float | None = None,
+    ) -> dict[str, Any]:
+        """The handle twin of ``POST /v1/models/{model}/predict`` with ``inputs``."""
+        options = {"best_effort": best_effort, "priority": priority, "sent_at": sent_at}
+        many = self._server.predict_model_many(model, inputs, slo_ms, **options)
+        return await self._answers(MODELS, many)
+
+    async def _answers(
+        self, tag: str, query: Awaitable[list[dict[str, Any] | RaysrvError]]
+    ) -> dict[str, Any]:
+        """``{"results"}`` of a query of many inputs, each counted under ``tag``; or its
+        error as a result object."""
+        start = time.monotonic()
+        try:
+            entries = await query
+        except RaysrvError as exc:
+            self._metrics.error(tag, exc)
+            return exc.to_json()
+        return {"results": counted_bodies(entries, self._metrics, tag, time.monotonic() - start)}
 
     async def _answer(self, tag: str, query: Awaitable[dict[str, Any]]) -> dict[str, Any]:
         """The answer of ``query``, or its error as a result object; counted under ``tag``."""

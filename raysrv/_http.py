@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from raysrv._server import DESCRIBE_CHUNK, Server
+from raysrv._server import DESCRIBE_CHUNK, Server, counted_bodies
 from raysrv.errors import BadRequest, Overloaded, PayloadTooLarge, RaysrvError
 from raysrv.metrics import Metrics
 
@@ -35,7 +35,14 @@ class ModelPredictRequest(BaseModel):
     """Body of ``POST /v1/models/{model}/predict``: one model, no selection, cache or feedback."""
 
     model_config = ConfigDict(extra="forbid")
-    input: Any = Field(description="One input of the model's shape and dtype, as nested lists.")
+    input: Any = Field(
+        None, description="One input of the model's shape and dtype, as nested lists."
+    )
+    inputs: list[Any] | None = Field(
+        None,
+        description="Instead of input: many inputs, answered together as {results: [...]}, "
+        "each an answer or an error body, in order (at most ingress.max_inputs).",
+    )
     slo_ms: float | None = Field(None, gt=0, description="Latency objective of this query.")
     best_effort: bool = Field(
         False, description="Answer late rather than refuse when the objective cannot be met."
@@ -51,7 +58,7 @@ class ModelPredictRequest(BaseModel):
 class PredictRequest(ModelPredictRequest):
     """Body of ``POST /v1/{app}/predict`` (the context field is named by the app's config)."""
 
-    input: Any = Field(description="One input of the app's shape and dtype, as nested lists.")
+    input: Any = Field(None, description="One input of the app's shape and dtype, as nested lists.")
     context: str | None = Field(None, description="Context key for per-user model selection.")
 
 
@@ -149,17 +156,20 @@ def _finite(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
-def _parse_predict(data: dict[str, Any], context_field: str | None) -> tuple[Any, dict[str, Any]]:
-    """The input and the keyword arguments of :meth:`Server.predict` from a request body (of
-    :meth:`Server.predict_model` without a ``context_field``)."""
-    allowed = {"input", "slo_ms", "best_effort", "priority", "sent_at"}
+def _parse_predict(
+    data: dict[str, Any], context_field: str | None
+) -> tuple[Any, bool, dict[str, Any]]:
+    """The input (``input``) or inputs (``inputs``, with True) and the keyword arguments of
+    :meth:`Server.predict` from a request body (of :meth:`Server.predict_model` without a
+    ``context_field``)."""
+    allowed = {"input", "inputs", "slo_ms", "best_effort", "priority", "sent_at"}
     if context_field is not None:
         allowed.add(context_field)
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise BadRequest(f"unknown fields {unknown}; expected {sorted(allowed)}")
-    if "input" not in data:
-        raise BadRequest("missing field 'input'")
+    if ("input" in data) == ("inputs" in data):
+        raise BadRequest("give one of the fields 'input' (one input) or 'inputs' (a list)")
     context = data.get(context_field) if context_field is not None else None
     if context is not None and not isinstance(context, (str, int)):
         raise BadRequest(f"{context_field} must be a string, got {type(context).__name__}")
@@ -182,12 +192,20 @@ def _parse_predict(data: dict[str, Any], context_field: str | None) -> tuple[Any
     }
     if context_field is not None:
         options["context"] = None if context is None else str(context)
-    return data["input"], options
+    many = "inputs" in data
+    return data["inputs" if many else "input"], many, options
 
 
 def _json(value: Any) -> str:
     """``value`` as JSONResponse renders it."""
     return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def _results(
+    entries: list[dict[str, Any] | RaysrvError], metrics: Metrics, where: str, seconds: float
+) -> JSONResponse:
+    """The answer to a request of many inputs (:func:`~raysrv._server.counted_bodies`)."""
+    return JSONResponse({"results": counted_bodies(entries, metrics, where, seconds)})
 
 
 def _error_response(exc: RaysrvError) -> JSONResponse:
@@ -215,7 +233,10 @@ def create_http_app(server: Server, max_body_bytes: int, metrics: Metrics | None
         start = time.monotonic()
         context_field = server.context_field(app)
         data = await _read_json(request, max_body_bytes)
-        value, options = _parse_predict(data, context_field)
+        value, many, options = _parse_predict(data, context_field)
+        if many:
+            entries = await server.predict_many(app, value, **options)
+            return _results(entries, metrics, app, time.monotonic() - start)
         result = await server.predict(app, value, **options)
         metrics.request(app, 200, time.monotonic() - start)
         return JSONResponse(result)
@@ -259,7 +280,10 @@ def _model_routes(api: FastAPI, server: Server, max_body_bytes: int, metrics: Me
         start = time.monotonic()
         server.pool_of(model)  # 404 before the body is read
         data = await _read_json(request, max_body_bytes)
-        value, options = _parse_predict(data, None)
+        value, many, options = _parse_predict(data, None)
+        if many:
+            entries = await server.predict_model_many(model, value, **options)
+            return _results(entries, metrics, MODELS, time.monotonic() - start)
         result = await server.predict_model(model, value, **options)
         metrics.request(MODELS, 200, time.monotonic() - start)
         return JSONResponse(result)

@@ -15,7 +15,7 @@ import copy
 import math
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -39,11 +39,18 @@ from raysrv.config import (
     RaysrvSpec,
     SelectionSpec,
 )
-from raysrv.errors import BadRequest, DeadlineExpired, NotFound, RaysrvError, Rejected
+from raysrv.errors import (
+    BadRequest,
+    DeadlineExpired,
+    NotFound,
+    PayloadTooLarge,
+    RaysrvError,
+    Rejected,
+)
 from raysrv.metrics import Metrics
 from raysrv.state import MemoryStore, StateStore
 
-__all__ = ["DESCRIBE_CHUNK", "Server", "coerce_input"]
+__all__ = ["DESCRIBE_CHUNK", "Server", "coerce_input", "counted_bodies"]
 
 
 def coerce_input(value: Any, spec: InputSpec) -> np.ndarray:
@@ -86,6 +93,34 @@ def _transit_told(ask: _Ask) -> Iterator[None]:
         told = copy.copy(exc)
         told.transit_ms = _ms(ask.transit_s)
         raise told from exc
+
+
+async def _each(
+    answers: Iterable[Awaitable[dict[str, Any]]],
+) -> list[dict[str, Any] | RaysrvError]:
+    """Every answer, concurrently and in order, or the :class:`RaysrvError` it raised; any
+    other exception (a bug, a cancellation) propagates."""
+    done = await asyncio.gather(*answers, return_exceptions=True)
+    for answer in done:
+        if isinstance(answer, BaseException) and not isinstance(answer, RaysrvError):
+            raise answer
+    return done  # type: ignore[return-value]
+
+
+def counted_bodies(
+    entries: list[dict[str, Any] | RaysrvError], metrics: Metrics, where: str, seconds: float
+) -> list[dict[str, Any]]:
+    """The results of a request of many inputs, in order: each an answer or an error body,
+    each counted under ``where`` as one query that took ``seconds`` (the request's time)."""
+    bodies = []
+    for entry in entries:
+        if isinstance(entry, RaysrvError):
+            metrics.error(where, entry)
+            bodies.append(entry.to_json())
+        else:
+            metrics.request(where, 200, seconds)
+            bodies.append(entry)
+    return bodies
 
 
 def _in_transit(sent_at: float | None) -> float:
@@ -335,6 +370,49 @@ class Server:
         start = self._clock()
         target = self._app(app)
         origin, ask = self._ask(start, slo_ms, best_effort, priority, sent_at, http)
+        return await self._predict(target, input, context, start, origin, ask)
+
+    async def predict_many(
+        self,
+        app: str,
+        inputs: Any,
+        context: str | None = None,
+        slo_ms: float | None = None,
+        *,
+        best_effort: bool = False,
+        priority: int = 0,
+        sent_at: float | None = None,
+        http: bool = False,
+    ) -> list[dict[str, Any] | RaysrvError]:
+        """Answer each of ``inputs`` as :meth:`predict` answers one, together and in order:
+        each its answer or its error. They share the request's options, deadline and trip.
+        The request as a whole fails only where every input would: an unknown app, a bad
+        option, or not a list of 1 to ``ingress.max_inputs`` inputs."""
+        start = self._clock()
+        target = self._app(app)
+        batch = self._inputs(inputs)
+        origin, ask = self._ask(start, slo_ms, best_effort, priority, sent_at, http)
+        return await _each(self._predict(target, x, context, start, origin, ask) for x in batch)
+
+    def _inputs(self, inputs: Any) -> list[Any]:
+        """``inputs`` if a list of 1 to ``ingress.max_inputs`` inputs, else the error."""
+        if not isinstance(inputs, list) or not inputs:
+            raise BadRequest("inputs must be a non-empty list of inputs")
+        limit = self.spec.ingress.max_inputs
+        if len(inputs) > limit:
+            raise PayloadTooLarge(f"{len(inputs)} inputs exceed the limit of {limit} a request")
+        return inputs
+
+    async def _predict(
+        self,
+        target: _App,
+        input: Any,
+        context: str | None,
+        start: float,
+        origin: float,
+        ask: _Ask,
+    ) -> dict[str, Any]:
+        app = target.spec.name
         with _transit_told(ask):
             x = coerce_input(input, target.input)
             context = "" if context is None else str(context)
@@ -403,6 +481,29 @@ class Server:
         start = self._clock()
         pool = self.pool_of(model)
         origin, ask = self._ask(start, slo_ms, best_effort, priority, sent_at, http)
+        return await self._predict_model(model, pool, input, start, origin, ask)
+
+    async def predict_model_many(
+        self,
+        model: str,
+        inputs: Any,
+        slo_ms: float | None = None,
+        *,
+        best_effort: bool = False,
+        priority: int = 0,
+        sent_at: float | None = None,
+        http: bool = False,
+    ) -> list[dict[str, Any] | RaysrvError]:
+        """:meth:`predict_model` for each of ``inputs``, as :meth:`predict_many`."""
+        start = self._clock()
+        pool = self.pool_of(model)
+        batch = self._inputs(inputs)
+        origin, ask = self._ask(start, slo_ms, best_effort, priority, sent_at, http)
+        return await _each(self._predict_model(model, pool, x, start, origin, ask) for x in batch)
+
+    async def _predict_model(
+        self, model: str, pool: Pool, input: Any, start: float, origin: float, ask: _Ask
+    ) -> dict[str, Any]:
         with _transit_told(ask):
             x = coerce_input(input, self._models[model].input)
             deadline = origin + (ask.slo_ms or self._slo_ms[model]) / 1000.0 - ask.trip_back_s

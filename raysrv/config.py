@@ -135,6 +135,9 @@ class IngressSpec(_Strict):
     replicas: int = Field(1, ge=1, le=64, description="Ingress replicas (each runs its pools).")
     num_cpus: float = Field(0.25, ge=0.0, description="Logical CPUs reserved per ingress replica.")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="Larger request bodies get 413.")
+    max_inputs: int = Field(
+        1024, ge=1, le=65_536, description="Inputs one request may carry ('inputs'); more get 413."
+    )
     max_ongoing_requests: int = Field(
         256, ge=1, description="Requests in flight per ingress replica before Serve queues them."
     )

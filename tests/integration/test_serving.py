@@ -45,22 +45,32 @@ def raysrv_app(serve_session: RayCluster, tmp_path: Path) -> Any:
     return serve.run(app, name="raysrv", route_prefix="/raysrv")
 
 
-def _predict_many(handle: Any, app: str, inputs: list[list[float]]) -> list[dict[str, Any]]:
+def _predict_each(handle: Any, app: str, inputs: list[list[float]]) -> list[dict[str, Any]]:
     responses = [handle.predict.remote(app, x) for x in inputs]
     return [r.result(timeout_s=60) for r in responses]
 
 
 def test_concurrent_queries_are_batched_and_each_gets_its_answer(raysrv_app: Any) -> None:
     inputs = [[float(i), 0.0, 0.0, 1.0] for i in range(40)]
-    answers = _predict_many(raysrv_app, "echo", inputs)
+    answers = _predict_each(raysrv_app, "echo", inputs)
     assert [a["output"]["sum"] for a in answers] == [i + 1.0 for i in range(40)]
     sizes = [a["output"]["batch_size"] for a in answers]
     assert max(sizes) > 1
     batches = {a["output"]["batch"] for a in answers}
     assert len(batches) < 40
-    linear = _predict_many(raysrv_app, "linear", [[1, 0, 0, 0], [0, 0, 0, 1]])
+    linear = _predict_each(raysrv_app, "linear", [[1, 0, 0, 0], [0, 0, 0, 1]])
     assert [a["output"] for a in linear] == [[0.0, 1.0], [6.0, 7.0]]
     assert all(a["models"] == ["fast"] for a in linear)
+
+
+def test_one_call_of_many_inputs_answers_each_in_order(raysrv_app: Any) -> None:
+    inputs = [[float(i), 0.0, 0.0, 2.0] for i in range(40)] + [[1.0]]
+    many = raysrv_app.predict_many.remote("echo", inputs).result(timeout_s=60)["results"]
+    assert [a["output"]["sum"] for a in many[:-1]] == [i + 2.0 for i in range(40)]
+    assert max(a["output"]["batch_size"] for a in many[:-1]) > 1
+    assert (many[-1]["status"], many[-1]["error"]) == (400, "bad_request")
+    model = raysrv_app.predict_model_many.remote("fast", [[0, 0, 0, 1]]).result(timeout_s=60)
+    assert model["results"][0]["output"] == [6.0, 7.0]
 
 
 def test_repeats_hit_the_cache_without_running_the_model(raysrv_app: Any) -> None:
@@ -156,7 +166,7 @@ def test_user_config_changes_apply_live_without_restarting_replicas(
         time.sleep(0.5)
     assert models["slow"]["batching"]["params"]["max_batch_size"] == 3
     assert _replica_pid(handle) == pid_before  # the model replica was not restarted
-    answers = _predict_many(handle, "echo", [[float(i), 0, 0, 0] for i in range(12)])
+    answers = _predict_each(handle, "echo", [[float(i), 0, 0, 0] for i in range(12)])
     assert max(a["output"]["batch_size"] for a in answers) <= 3
     repeat = [handle.predict.remote("echo", [9, 9, 9, 9]).result(timeout_s=60) for _ in range(2)]
     assert [r["cache_hit"] for r in repeat] == [False, False]  # cache_size 0 now
@@ -165,7 +175,7 @@ def test_user_config_changes_apply_live_without_restarting_replicas(
 def test_metrics_of_every_role_reach_the_ray_metrics_endpoint(
     raysrv_app: Any, serve_session: RayCluster
 ) -> None:
-    _predict_many(raysrv_app, "echo", [[float(i % 3), 0, 0, 0] for i in range(12)])
+    _predict_each(raysrv_app, "echo", [[float(i % 3), 0, 0, 0] for i in range(12)])
     refused = raysrv_app.predict.remote("echo", [1, 2]).result(timeout_s=30)
     assert refused["status"] == 400
     with pytest.raises(BadRequest, match=r"shape \[2\], expected \[4\]"):
@@ -199,11 +209,11 @@ def test_a_redeploy_with_the_same_models_keeps_answering(
     onnx_path = _onnx_matmul(tmp_path / "linear.onnx")
     serve.run(build_app(_two_model_spec(onnx_path)), name="raysrv", route_prefix="/raysrv")
     handle = serve.get_app_handle("raysrv")
-    before = _predict_many(handle, "linear", [[1.0, 2.0, 3.0, 4.0]])
+    before = _predict_each(handle, "linear", [[1.0, 2.0, 3.0, 4.0]])
     changed = _two_model_spec(onnx_path, max_queued_requests=64)
     serve.run(build_app(changed), name="raysrv", route_prefix="/raysrv")
     handle = serve.get_app_handle("raysrv")
-    after = _predict_many(handle, "linear", [[1.0, 2.0, 3.0, float(i)] for i in range(8)])
+    after = _predict_each(handle, "linear", [[1.0, 2.0, 3.0, float(i)] for i in range(8)])
     assert "error" not in before[0]
     assert all("error" not in a for a in after), after
     assert after[4]["output"] == before[0]["output"]

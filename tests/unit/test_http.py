@@ -128,8 +128,12 @@ def test_feedback_joins_an_answered_query() -> None:
     [
         ("/v1/one/predict", b"{not json", 400, "not valid JSON"),
         ("/v1/one/predict", b"[1, 2]", 400, "JSON object"),
-        ("/v1/one/predict", b'{"inputs": [1, 2, 3, 4]}', 400, "unknown fields ['inputs']"),
-        ("/v1/one/predict", b'{"context": "x"}', 400, "missing field 'input'"),
+        ("/v1/one/predict", b'{"inputs": [[1, 2, 3, 4]], "input": [1, 2, 3, 4]}', 400, "one of"),
+        ("/v1/one/predict", b'{"user": "x"}', 400, "unknown fields ['user']"),
+        ("/v1/ab/predict", b'{"user": "x"}', 400, "give one of the fields 'input'"),
+        ("/v1/one/predict", b'{"inputs": []}', 400, "non-empty list"),
+        ("/v1/one/predict", b'{"inputs": {"x": [1, 2, 3, 4]}}', 400, "non-empty list"),
+        ("/v1/one/predict", b'{"inputs": [' + b"0, " * 1024 + b"0]}", 413, "limit of 1024"),
         ("/v1/one/predict", b'{"input": [1, 2, 3]}', 400, "shape [3], expected [4]"),
         ("/v1/one/predict", b'{"input": [[1, 2], [3]]}', 400, "rectangular"),
         ("/v1/one/predict", b'{"input": ["a", "b", "c", "d"]}', 400, "must hold numbers"),
@@ -155,6 +159,36 @@ def test_bad_requests_get_a_4xx_with_a_message_and_serving_goes_on(
         assert good.status_code == 200
 
     run(scenario())
+
+
+def test_many_inputs_are_answered_together_in_order_each_with_its_answer_or_error() -> None:
+    """One request of four inputs: the second is malformed and gets its own 400 while the
+    others are answered; the fourth repeats the first and joins it."""
+
+    async def scenario() -> tuple[httpx.Response, httpx.Response, int, int]:
+        logs: dict[str, list[int]] = {"a": [], "b": []}
+        async with await _client(_server(logs=logs)) as c:
+            inputs = [[1, 2, 3, 4], [1, 2, 3], [5, 6, 7, 8], [1, 2, 3, 4]]
+            app = await c.post("/v1/one/predict", json={"inputs": inputs})
+            ran = sum(logs["a"])
+            model = await c.post("/v1/models/a/predict", json={"inputs": inputs[2:]})
+        return app, model, ran, sum(logs["a"])
+
+    app, model, ran, ran_in_all = run(scenario())
+    assert app.status_code == 200
+    first, bad, third, again = app.json()["results"]
+    assert (first["output"]["sum"], third["output"]["sum"]) == (10.0, 26.0)
+    assert (bad["status"], bad["error"]) == (400, "bad_request")
+    assert "shape [3], expected [4]" in bad["message"]
+    assert again["output"] == first["output"]
+    assert again["cache_hit"] is True
+    assert first["query_id"] != again["query_id"]
+    assert ran == 2  # the two distinct inputs
+    assert model.status_code == 200
+    third, repeat = model.json()["results"]
+    assert (third["output"]["sum"], third["model"]) == (26.0, "a")
+    assert repeat["output"]["sum"] == 10.0
+    assert ran_in_all == 4  # no cache on the model route
 
 
 def test_overload_is_refused_quickly_with_503_and_retry_after() -> None:
