@@ -74,8 +74,9 @@ queries in flight on raysrv with the workload's model mix and an SLO no answer r
 
 Reported per point from the client's side (latency from each query's scheduled arrival): SLO
 attainment (answered within the SLO over offered), goodput, answers within the SLO or refused
-before any work (429/503), late answers (each listed with how long the client's own loop had
-just been held and how much of that its thread ran, ``late_answers``), 504s (dropped at their
+before any work (429/503), late answers (each listed with how long before its SLO it left the
+ingress, how long the client's own loop had just been held and how much of that its thread
+ran, ``late_answers``), 504s (dropped at their
 deadline, work spent), p50 and p99 of answers; from the servers: loads, evictions and cold
 starts per second, and the most weight any worker held (raysrv: the worker's own account and
 its process's peak memory).
@@ -116,6 +117,7 @@ from bench.loadgen import (
     _awaited,
     _exception_status,
     closed_loop,
+    favour_client,
     refusal_reason,
     replay,
     scheduled_at,
@@ -185,6 +187,9 @@ NICENESS = ResourcesSpec.model_fields["niceness"].default
 # process: fewer answers dropped at their deadline (bench/RESULTS.md, "Where the workers run")
 COLOCATED_NICENESS = 10
 LOAD_NICENESS = ResourcesSpec.model_fields["load_niceness"].default
+# the client's threads' niceness; below 0 they take a core from the servers sooner, as a
+# client on its own machine would, and the servers lose it (bench/RESULTS.md, "Late answers")
+CLIENT_NICENESS = 0
 
 
 class HttpCalls:
@@ -273,8 +278,8 @@ class TallyClient(HandleClient):
     """A handle client that also tallies why queries were not answered; for raysrv, each
     query's trip to the ingress as the ingress measured it (``transit_ms``, in its answer or
     its error) and, of its answers, how much longer than raysrv's own latency the client
-    waited (the trips) and how much of that came after the answer left the ingress (the ways
-    back: the trip less the trip in)."""
+    waited (the trips), how much of that came after the answer left the ingress (the ways
+    back: the trip less the trip in) and when, from its scheduled time, it left (``left``)."""
 
     def __init__(
         self, call: Any, pairs: list[tuple[str, np.ndarray]], counted_from: int = 0
@@ -286,6 +291,8 @@ class TallyClient(HandleClient):
         self.trips: list[float] = []
         self.ways_back: list[float] = []
         self.transits: dict[int, float] = {}  # query -> seconds to the ingress
+        # query -> seconds from its scheduled time to its answer leaving the ingress
+        self.left: dict[int, float] = {}
         self.scheduled: dict[int, float] = {}  # query -> wall time it was scheduled for
 
     async def send(self, i: int) -> int:
@@ -313,6 +320,7 @@ class TallyClient(HandleClient):
             self.trips.append(trip)
             if transit is not None:
                 self.ways_back.append(trip - transit / 1000.0)
+                self.left[i] = (transit + result["latency_ms"]) / 1000.0
         return 200
 
     def _tally(self, counted: bool, reason: str) -> None:
@@ -520,10 +528,13 @@ class Bench:
         call = self.call(system, handle, self.args.slo_ms)
         client = TallyClient(call, self.pairs(np.concatenate([lead_models, models])), lead.size)
         gathered = None
+        if self.args.client_niceness and not favour_client(self.args.client_niceness):
+            print(f"  the client keeps its niceness: {self.args.client_niceness} needs root")
         if system == "raysrv":
             done = asyncio.Event()
             gathered = asyncio.create_task(_gather_timeline(handle, time.time() - 1.0, done))
-        log = _counted(await replay(client, every + LEAD_S), LEAD_S)
+        offsets = every + LEAD_S
+        log = _counted(await replay(client, offsets), LEAD_S)
         server = await self.server_state(system, handle)
         server["reasons"] = dict(client.reasons.most_common(8))
         server["trips"] = client.trips
@@ -540,13 +551,15 @@ class Bench:
             server["timing"] = _timing(client.trips, server)
             print(f"  {system} on {workload}: timing (ms) {server['timing']}")
         point = summarize(log, workload, system, self.slo_s, self.args.seconds, capacity, server)
-        server["late"] = late_answers(log, self.slo_s)
+        # the counted log's scheduled offsets, as _counted computes them, to each query
+        left = {float(o) - LEAD_S: client.left.get(i, math.nan) for i, o in enumerate(offsets)}
+        server["late"] = late_answers(log, self.slo_s, left)
         if server["late"]:
             shown = server["late"][:SHOWN_LATE]
             print(f"  {system} on {workload}: {len(server['late'])} late answers, the first")
             print(
-                f"    {len(shown)} as (sent at s, ms late, the client's loop held ms, its thread "
-                f"ran ms of it): {shown}"
+                f"    {len(shown)} as (sent at s, ms late, ms before its SLO it left the "
+                f"ingress, the client's loop held ms, its thread ran ms of it): {shown}"
             )
         return point, log, {"times": times, "models": models, **server}
 
@@ -1055,11 +1068,15 @@ def summarize(
     )
 
 
-def late_answers(log: RequestLog, slo_s: float) -> list[tuple[float, ...]]:
+def late_answers(
+    log: RequestLog, slo_s: float, left: dict[float, float] | None = None
+) -> list[tuple[float, ...]]:
     """Each answer past the SLO: when it was scheduled (s), how late it came (ms), how long
-    the client's own loop had just been held (ms, 0 for none): a stall that ended within
-    ``STALL_S`` of the answer being seen, or that it was seen in, and how much of that the
-    loop's thread ran (ms; NaN in logs saved before it was read)."""
+    before its SLO it left the ingress (ms, from ``left``: each scheduled offset's seconds to
+    that; NaN where not known), how long the client's own loop had just been held (ms, 0 for
+    none): a stall that ended within ``STALL_S`` of the answer being seen, or that it was
+    seen in, and how much of that the loop's thread ran (ms; NaN in logs saved before it was
+    read)."""
     latency = np.asarray(log.done) - np.asarray(log.scheduled)
     late = np.flatnonzero((np.asarray(log.status) == 200) & (latency > slo_s))
     rows: list[tuple[float, ...]] = []
@@ -1071,10 +1088,12 @@ def late_answers(log: RequestLog, slo_s: float) -> list[tuple[float, ...]]:
             if stall[0] - stall[1] - STALL_S <= seen <= stall[0] + STALL_S
         ]
         longest, ran = max(held, default=(0.0, 0.0))
+        gone = (left or {}).get(log.scheduled[i], math.nan)
         rows.append(
             (
                 round(log.scheduled[i], 3),
                 round(float(latency[i] - slo_s) * 1e3, 1),
+                round((slo_s - gone) * 1e3, 1),
                 round(longest * 1e3, 1),
                 round(ran * 1e3, 1),
             )
@@ -1428,6 +1447,13 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=LOAD_NICENESS,
         help="raysrv's resources.load_niceness for the workers (default %(default)s)",
+    )
+    parser.add_argument(
+        "--client-niceness",
+        type=int,
+        default=CLIENT_NICENESS,
+        help="the client's threads' niceness during each point (default %(default)s, as the "
+        "servers'; below 0, as if on a machine of its own)",
     )
     parser.add_argument("--quick", action="store_true", help="short points: a smoke test")
     parser.add_argument(

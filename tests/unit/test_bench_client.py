@@ -10,6 +10,8 @@ import collections
 import gc
 import json
 import math
+import subprocess
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -39,6 +41,8 @@ from bench.many_models import (
 )
 from bench.run_bench import free_port
 from raysrv.batching.actions import COLD_DOOMED
+
+ROOT = Path(__file__).parents[2]
 
 
 def test_a_saved_run_draws_its_plots_again_from_its_request_logs(tmp_path: Path) -> None:
@@ -294,9 +298,10 @@ def test_a_replay_notes_when_the_clients_own_loop_was_held() -> None:
     assert ran >= 0.030  # of the 60 ms its own, less what the machine took from it
 
 
-def test_each_late_answer_says_how_long_the_clients_loop_had_just_been_held() -> None:
-    """Answers past the SLO (100 ms) are listed with how late they came and the stall of the
-    client's loop they were seen in or right after; answers within it and refusals are not."""
+def test_a_late_answer_says_when_it_left_the_ingress_and_how_long_the_client_was_held() -> None:
+    """Answers past the SLO (100 ms) are listed with how late they came, how long before the
+    SLO they left the ingress and the stall of the client's loop they were seen in or right
+    after; answers within it and refusals are not."""
     log = RequestLog(
         scheduled=[0.0, 1.0, 2.0, 3.0, 4.0],
         sent=[0.0, 1.0, 2.0, 3.0, 4.0],
@@ -305,14 +310,38 @@ def test_each_late_answer_says_how_long_the_clients_loop_had_just_been_held() ->
         # the second ended before the 5th was seen
         stalls=[(1.105, 0.030, 0.004), (4.050, 0.010, 0.010)],
     )
-    assert late_answers(log, 0.100) == [
-        (1.0, 4.0, 30.0, 4.0),
-        (2.0, 30.0, 0.0, 0.0),
-        (4.0, 20.0, 0.0, 0.0),
-    ]
+    left = {1.0: 0.090, 2.0: 0.125}  # seconds from the scheduled time; 4.0's not known
+    late = late_answers(log, 0.100, left)
+    assert [row[:2] for row in late] == [(1.0, 4.0), (2.0, 30.0), (4.0, 20.0)]
+    assert [row[2] for row in late[:2]] == [10.0, -25.0]  # ms before the SLO: -25 left late
+    assert math.isnan(late[2][2])
+    assert [row[3:] for row in late] == [(30.0, 4.0), (0.0, 0.0), (0.0, 0.0)]
     log.stalls = [(1.105, 0.030)]  # as logs saved before the thread's run was read
-    assert late_answers(log, 0.100)[0][:3] == (1.0, 4.0, 30.0)
-    assert math.isnan(late_answers(log, 0.100)[0][3])
+    assert late_answers(log, 0.100)[0][3] == 30.0
+    assert math.isnan(late_answers(log, 0.100)[0][4])
+
+
+def test_favouring_the_client_sets_every_thread_of_its_process() -> None:
+    """Linux keeps a niceness per thread: the client's event loop and the threads that hand
+    it answers (a handle's, Ray's) all change, not only the caller's. Run in a child process,
+    with a niceness any user may set, so that the test's own threads keep theirs."""
+    script = (
+        "import os, threading\n"
+        "from bench.loadgen import favour_client\n"
+        "stop = threading.Event()\n"
+        "threading.Thread(target=stop.wait).start()\n"
+        "ok = favour_client(7)\n"
+        "tids = os.listdir('/proc/self/task')\n"
+        "print(ok, len(tids), sorted({os.getpriority(os.PRIO_PROCESS, int(t)) for t in tids}))\n"
+        "stop.set()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    ok, threads, niceness = done.stdout.split(maxsplit=2)
+    assert ok == "True"
+    assert int(threads) >= 2  # the main thread, the one started and any an import started
+    assert niceness.strip() == "[7]"
 
 
 def test_a_reason_not_to_answer_is_counted_once_over_the_models_it_names() -> None:
