@@ -419,9 +419,34 @@ end
 """
 
 
-def wrk_script(bodies: Sequence[bytes]) -> str:
-    """A wrk Lua script cycling through ``bodies`` (JSON never contains the ``]==]`` closer)."""
-    return _LUA % ",\n".join(f"[==[{b.decode()}]==]" for b in bodies)
+# each thread sums the matches of a pattern in its 200 answers; done() prints the total
+_COUNT_LUA = """\
+counted = 0
+local threads = {}
+function setup(thread)
+  table.insert(threads, thread)
+end
+response = function(status, headers, body)
+  if status == 200 then
+    local _, n = string.gsub(body, %s, "")
+    counted = counted + n
+  end
+end
+function done(summary, latency, requests)
+  local total = 0
+  for _, thread in ipairs(threads) do
+    total = total + thread:get("counted")
+  end
+  io.write(string.format("Counted: %%d\\n", total))
+end
+"""
+
+
+def wrk_script(bodies: Sequence[bytes], count: str | None = None) -> str:
+    """A wrk Lua script cycling through ``bodies`` (JSON never contains the ``]==]`` closer);
+    with ``count`` (a Lua pattern), it also sums its matches in the 200 answers."""
+    script = _LUA % ",\n".join(f"[==[{b.decode()}]==]" for b in bodies)
+    return script if count is None else script + _COUNT_LUA % f"[==[{count}]==]"
 
 
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}
@@ -449,6 +474,9 @@ def parse_wrk(output: str) -> dict[str, float]:
         r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", output
     )
     parsed["socket_errors"] = float(sum(map(int, socket.groups()))) if socket else 0.0
+    counted = re.search(r"^Counted: (\d+)$", output, re.M)
+    if counted:
+        parsed["counted"] = float(counted.group(1))
     for pct, value in re.findall(r"^\s+(50|90|99)%\s+([\d.]+(?:us|ms|s|m))\s*$", output, re.M):
         parsed[f"p{pct}_ms"] = _ms(value)
     return parsed
@@ -461,12 +489,14 @@ async def wrk_saturation(
     duration_s: float,
     threads: int = 1,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    count: str | None = None,
 ) -> RunResult:
     """Run ``wrk`` against ``url`` with the given POST bodies; throughput counts 2xx answers
-    only (percentiles are wrk's, over every answer)."""
+    only (percentiles are wrk's, over every answer). With ``count`` (a Lua pattern), the
+    matches in the 200 answers are summed too (``extra["counted"]``)."""
     with tempfile.TemporaryDirectory(prefix="raysrv-wrk-") as tmp:
         script = Path(tmp) / "post.lua"
-        script.write_text(wrk_script(bodies))
+        script.write_text(wrk_script(bodies, count))
         args = [f"-t{threads}", f"-c{connections}", f"-d{max(1, round(duration_s))}s"]
         args += ["--latency", f"--timeout={max(1, round(timeout_s))}s", "-s", str(script), url]
         proc = await asyncio.create_subprocess_exec(
@@ -494,6 +524,7 @@ async def wrk_saturation(
         mean_ms=float("nan"),
         extra={
             "wrk_requests_per_s": w["requests_per_s"],
+            **({"counted": w["counted"]} if "counted" in w else {}),
             "command": ["wrk", *args[:-3], "-s", "post.lua", url],
         },
     )

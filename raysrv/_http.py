@@ -1,4 +1,5 @@
-"""The HTTP face of the ingress: a FastAPI app over a :class:`~raysrv._server.Server`.
+"""The HTTP face of the ingress: an ASGI app over a :class:`~raysrv._server.Server`, the predict
+routes answered by :class:`PredictRoutes` and the others by a FastAPI app, which documents all.
 
 Built by :func:`create_http_app` so that it runs the same under Serve's proxy and in tests with
 an in-process ASGI client. Bodies are read with a size limit (413 past it) and parsed here, so a
@@ -18,15 +19,23 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from raysrv._server import DESCRIBE_CHUNK, Server, counted_bodies
-from raysrv.errors import BadRequest, Overloaded, PayloadTooLarge, RaysrvError
+from raysrv.errors import (
+    BadRequest,
+    MethodNotAllowed,
+    Overloaded,
+    PayloadTooLarge,
+    RaysrvError,
+)
 from raysrv.metrics import Metrics
 
 __all__ = [
+    "ErrorBody",
     "FeedbackRequest",
     "ModelPredictRequest",
     "ModelPredictResponse",
     "PredictRequest",
     "PredictResponse",
+    "PredictRoutes",
     "create_http_app",
 ]
 
@@ -89,6 +98,15 @@ class ModelPredictResponse(BaseModel):
     )
 
 
+class ErrorBody(BaseModel):
+    error: str = Field(description="A short machine-readable reason, e.g. rejected.")
+    message: str = Field(description="What was wrong, with the offending value.")
+    status: int = Field(description="The HTTP status.")
+    transit_ms: float | None = Field(
+        None, description="With sent_at: the time from sending to reaching raysrv."
+    )
+
+
 class FeedbackRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     query_id: str = Field(description="The query_id of an answered query.")
@@ -107,6 +125,50 @@ def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
     }
 
 
+STRING = {"type": "string"}
+
+
+def _predict_operation(
+    summary: str, name: str, request: type[BaseModel], response: type[BaseModel]
+) -> dict[str, Any]:
+    json_of = {"application/json": {"schema": response.model_json_schema()}}
+    error = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+    return {
+        "summary": summary,
+        "parameters": [{"name": name, "in": "path", "required": True, "schema": STRING}],
+        **_body_schema(request),
+        "responses": {
+            "200": {"description": "The answer; with inputs: {results: [...]}", "content": json_of},
+            "default": {
+                "description": "An error: 400, 404, 405, 413, 429, 503, 504, 500",
+                "content": error,
+            },
+        },
+    }
+
+
+def _document_predict_routes(api: FastAPI) -> None:
+    """Put the routes :class:`PredictRoutes` answers into ``api``'s OpenAPI schema."""
+    build = api.openapi
+
+    def openapi() -> dict[str, Any]:
+        if api.openapi_schema is None:
+            schema = build()  # cached by FastAPI as api.openapi_schema
+            schema["paths"]["/v1/{app}/predict"] = {
+                "post": _predict_operation("Predict", "app", PredictRequest, PredictResponse)
+            }
+            schema["paths"]["/v1/models/{model}/predict"] = {
+                "post": _predict_operation(
+                    "Predict Model", "model", ModelPredictRequest, ModelPredictResponse
+                )
+            }
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components["ErrorBody"] = ErrorBody.model_json_schema()
+        return api.openapi_schema
+
+    api.openapi = openapi  # type: ignore[method-assign]
+
+
 async def _read_json(request: Request, limit: int) -> dict[str, Any]:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -116,6 +178,11 @@ async def _read_json(request: Request, limit: int) -> dict[str, Any]:
         body += chunk
         if len(body) > limit:
             raise PayloadTooLarge(f"body exceeds the limit of {limit} bytes")
+    return _parse_json(body)
+
+
+def _parse_json(body: bytes | bytearray) -> dict[str, Any]:
+    """A request's body as a JSON object, else a 400 that says why."""
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -201,19 +268,116 @@ def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
-def _results(
-    entries: list[dict[str, Any] | RaysrvError], metrics: Metrics, where: str, seconds: float
-) -> JSONResponse:
-    """The answer to a request of many inputs (:func:`~raysrv._server.counted_bodies`)."""
-    return JSONResponse({"results": counted_bodies(entries, metrics, where, seconds)})
-
-
 def _error_response(exc: RaysrvError) -> JSONResponse:
     headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Overloaded) else None
     return JSONResponse(exc.to_json(), status_code=exc.status, headers=headers)
 
 
-def create_http_app(server: Server, max_body_bytes: int, metrics: Metrics | None = None) -> FastAPI:
+class PredictRoutes:
+    """The REST API of a :class:`Server` as an ASGI app: the two predict routes answered here,
+    every other request passed to the FastAPI app ``api`` (which documents all of them).
+
+    A prediction is the one request a client sends at rate, and FastAPI's routing, dependency
+    resolution and middleware took about as much of the ingress's CPU per prediction as
+    raysrv's own work on it (``bench/RESULTS.md``, "The fast path"); here a prediction costs
+    one path split, the body read with its size limit and one JSON parse.
+    """
+
+    def __init__(self, api: FastAPI, server: Server, max_body_bytes: int, metrics: Metrics):
+        self.api = api
+        self._server = server
+        self._limit = max_body_bytes
+        self._metrics = metrics
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        route = _predict_route(scope) if scope["type"] == "http" else None
+        if route is None:
+            await self.api(scope, receive, send)
+            return
+        start = time.monotonic()
+        kind, name = route
+        where = name if kind == "app" else MODELS
+        try:
+            if scope["method"] != "POST":
+                raise MethodNotAllowed(f"{scope['method']} on a predict route; use POST")
+            body = await _receive_body(scope, receive, self._limit, self._server, route)
+            if body is None:
+                return  # the client left before its body arrived: nobody to answer
+            status, payload = await self._answer(kind, name, _parse_json(body), start)
+        except RaysrvError as exc:
+            self._metrics.error(where, exc)
+            status, payload = exc.status, exc
+        await _send_json(send, status, payload)
+
+    async def _answer(self, kind: str, name: str, data: dict[str, Any], start: float) -> Any:
+        server, where = self._server, name if kind == "app" else MODELS
+        context_field = server.context_field(name) if kind == "app" else None
+        value, many, options = _parse_predict(data, context_field)
+        if many:
+            call = server.predict_many if kind == "app" else server.predict_model_many
+            entries = await call(name, value, **options)
+            elapsed = time.monotonic() - start
+            return 200, {"results": counted_bodies(entries, self._metrics, where, elapsed)}
+        call = server.predict if kind == "app" else server.predict_model
+        result = await call(name, value, **options)
+        self._metrics.request(where, 200, time.monotonic() - start)
+        return 200, result
+
+
+def _predict_route(scope: dict[str, Any]) -> tuple[str, str] | None:
+    """``("app", name)`` for ``/v1/{app}/predict``, ``("model", name)`` for
+    ``/v1/models/{model}/predict`` (below the app's route prefix), else None."""
+    path, root = scope["path"], scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root) :]
+    parts = path.split("/")
+    if len(parts) == 4 and parts[:2] == ["", "v1"] and parts[3] == "predict" and parts[2]:
+        return "app", parts[2]
+    if len(parts) == 5 and parts[:3] == ["", "v1", "models"] and parts[4] == "predict":
+        return ("model", parts[3]) if parts[3] else None
+    return None
+
+
+async def _receive_body(
+    scope: dict[str, Any], receive: Any, limit: int, server: Server, route: tuple[str, str]
+) -> bytes | None:
+    """The request's body, at most ``limit`` bytes (413 past it, before reading it where the
+    client declared its length); None if the client disconnected first. A model route's
+    unknown model is a 404 before the body is read."""
+    if route[0] == "model":
+        server.pool_of(route[1])
+    for key, value in scope["headers"]:
+        if key == b"content-length" and value.isdigit() and int(value) > limit:
+            declared = value.decode()
+            raise PayloadTooLarge(f"body of {declared} bytes exceeds the limit of {limit} bytes")
+    body = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        body += message.get("body", b"")
+        if len(body) > limit:
+            raise PayloadTooLarge(f"body exceeds the limit of {limit} bytes")
+        if not message.get("more_body", False):
+            return bytes(body)
+
+
+async def _send_json(send: Any, status: int, payload: Any) -> None:
+    """``payload`` (an error: its body, with ``Retry-After`` if it asks for one) as JSON."""
+    headers = [(b"content-type", b"application/json")]
+    if isinstance(payload, RaysrvError):
+        if isinstance(payload, Overloaded):
+            headers.append((b"retry-after", str(payload.retry_after_s).encode()))
+        payload = payload.to_json()
+    body = _json(payload).encode()
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def create_http_app(
+    server: Server, max_body_bytes: int, metrics: Metrics | None = None
+) -> PredictRoutes:
     """The REST API of ``server``; see the OpenAPI schema at ``/openapi.json``."""
     metrics = metrics or Metrics()
     api = FastAPI(title="raysrv", version="1", description="Model serving with adaptive batching.")
@@ -224,22 +388,7 @@ def create_http_app(server: Server, max_body_bytes: int, metrics: Metrics | None
         metrics.error(where, exc)
         return _error_response(exc)
 
-    @api.post(
-        "/v1/{app}/predict",
-        response_model=PredictResponse,
-        openapi_extra=_body_schema(PredictRequest),
-    )
-    async def predict(app: str, request: Request) -> JSONResponse:
-        start = time.monotonic()
-        context_field = server.context_field(app)
-        data = await _read_json(request, max_body_bytes)
-        value, many, options = _parse_predict(data, context_field)
-        if many:
-            entries = await server.predict_many(app, value, **options)
-            return _results(entries, metrics, app, time.monotonic() - start)
-        result = await server.predict(app, value, **options)
-        metrics.request(app, 200, time.monotonic() - start)
-        return JSONResponse(result)
+    _document_predict_routes(api)
 
     @api.post("/v1/{app}/feedback", openapi_extra=_body_schema(FeedbackRequest))
     async def feedback(app: str, request: Request) -> JSONResponse:
@@ -264,29 +413,12 @@ def create_http_app(server: Server, max_body_bytes: int, metrics: Metrics | None
     async def healthz() -> JSONResponse:
         return JSONResponse({"status": "ok", "apps": sorted(server.apps)})
 
-    return api
+    return PredictRoutes(api, server, max_body_bytes, metrics)
 
 
 def _model_routes(api: FastAPI, server: Server, max_body_bytes: int, metrics: Metrics) -> None:
-    """``POST /v1/models/{model}/predict``, ``GET /v1/models[/{model}]`` and ``GET /v1/pools``
-    (with ``GET /v1/pools/{pool}/timeline``)."""
-
-    @api.post(
-        "/v1/models/{model}/predict",
-        response_model=ModelPredictResponse,
-        openapi_extra=_body_schema(ModelPredictRequest),
-    )
-    async def predict_model(model: str, request: Request) -> JSONResponse:
-        start = time.monotonic()
-        server.pool_of(model)  # 404 before the body is read
-        data = await _read_json(request, max_body_bytes)
-        value, many, options = _parse_predict(data, None)
-        if many:
-            entries = await server.predict_model_many(model, value, **options)
-            return _results(entries, metrics, MODELS, time.monotonic() - start)
-        result = await server.predict_model(model, value, **options)
-        metrics.request(MODELS, 200, time.monotonic() - start)
-        return JSONResponse(result)
+    """``GET /v1/models[/{model}]`` and ``GET /v1/pools`` (with ``GET
+    /v1/pools/{pool}/timeline``)."""
 
     @api.get("/v1/models")
     async def models() -> Response:

@@ -14,6 +14,7 @@ from typing import Any
 
 __all__ = [
     "BadRequest",
+    "MethodNotAllowed",
     "ModelFailed",
     "NotFound",
     "Overloaded",
@@ -50,6 +51,11 @@ class BadRequest(RaysrvError):
 class NotFound(RaysrvError):
     status = 404
     reason = "not_found"
+
+
+class MethodNotAllowed(RaysrvError):
+    status = 405
+    reason = "method_not_allowed"
 
 
 class PayloadTooLarge(RaysrvError):

@@ -1,4 +1,6 @@
-"""`serve run examples/digits/config.yaml` in a subprocess, over real HTTP, with real Redis.
+"""The digits example in a subprocess, over real HTTP, with real Redis, started both ways:
+`serve run examples/digits/config.yaml` (Serve's Python proxy) and `raysrv run` on the same
+file (Serve's HAProxy ingress and throughput-optimized mode).
 
 The served predictions on the digits test split must equal the offline models' predictions,
 bad input must get a 4xx with a message, and the server must keep serving after each.
@@ -26,6 +28,7 @@ import redis
 import yaml
 
 from examples.digits import build as digits
+from raysrv.cli import FAST_PATH
 from tests.conftest import free_port
 
 ROOT = Path(__file__).parents[2]
@@ -33,9 +36,15 @@ CONFIG = ROOT / "examples" / "digits" / "config.yaml"
 SLO_MS = 30_000  # per request: these tests check answers, not a noisy machine's latency
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[str]:
-    """The shipped example config on a free port with state in Redis, run by `serve run`."""
+COMMANDS = {"serve-proxy": ("serve", "run"), "haproxy": ("raysrv", "run")}
+
+
+@pytest.fixture(scope="module", params=list(COMMANDS))
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, redis_url: str
+) -> Iterator[str]:
+    """The shipped example config on a free port with state in Redis, run by `serve run` or by
+    `raysrv run` (HAProxy in front)."""
     config = yaml.safe_load(CONFIG.read_text())
     port = free_port()
     config["http_options"]["port"] = port
@@ -43,10 +52,10 @@ def server(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator
     path = tmp_path_factory.mktemp("e2e") / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     log = (path.parent / "serve.log").open("wb")
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    serve = Path(sys.executable).with_name("serve")
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", *FAST_PATH)}
+    script, command = COMMANDS[request.param]
     proc = subprocess.Popen(
-        [str(serve), "run", str(path)],
+        [str(Path(sys.executable).with_name(script)), command, str(path)],
         cwd=ROOT,
         env=env,
         stdout=log,

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 
 from tests.conftest import free_port
+
+SEPARATE_LOOP = "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP"
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,11 @@ def ray_cluster() -> Iterator[RayCluster]:
     from ray import serve
 
     cluster = RayCluster(http_port=free_port(), metrics_port=free_port())
+    # On Serve's fast path a handle's router runs on its caller's event loop, and these tests
+    # call handles from plain functions: the fast path's run of this tier gives this process's
+    # handles a loop of their own (Serve read the variable on import) and keeps the variable
+    # out of the cluster it starts, whose replicas keep the fast path's routers.
+    os.environ.pop(SEPARATE_LOOP, None)
     ray.init(
         num_cpus=4,
         include_dashboard=False,

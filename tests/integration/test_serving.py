@@ -103,7 +103,18 @@ def test_a_second_serve_application_calls_raysrv_through_a_handle(raysrv_app: An
     assert fed["accepted"] is True
 
 
-def test_http_through_the_serve_proxy(raysrv_app: Any, serve_session: RayCluster) -> None:
+def _haproxy_runs() -> bool:
+    """Whether Serve's HTTP ingress is HAProxy (its manager actor is alive) or its own proxy."""
+    from ray._private.state import actors
+
+    alive = {a["ActorClassName"] for a in actors().values() if a["State"] == "ALIVE"}
+    return "HAProxyManager" in alive
+
+
+def test_http_through_serves_ingress(raysrv_app: Any, serve_session: RayCluster) -> None:
+    # the fast path's run of this tier (tests/e2e/test_fast_path.py) sets the variable
+    assert _haproxy_runs() == (os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1")
+
     async def scenario() -> list[httpx.Response]:
         url = f"{serve_session.http}/raysrv/v1/echo/predict"
         async with httpx.AsyncClient(timeout=60) as client:

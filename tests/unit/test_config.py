@@ -10,7 +10,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from raysrv.cli import main
+from raysrv import cli
+from raysrv.cli import FAST_PATH, main
 from raysrv.config import LiveConfig, ModelSpec, RaysrvSpec
 from raysrv.testing import model_spec, spec
 from raysrv.validate import validate_document, validate_file
@@ -156,6 +157,43 @@ def test_cli_exit_codes_and_messages(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "params.max_batch_size" in out
     assert "-3" in out
     assert "not valid YAML" in out
+
+
+def _exec_captured(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[str], dict]]:
+    calls: list[tuple[str, list[str], dict]] = []
+    monkeypatch.setattr(cli.os, "execve", lambda path, argv, env: calls.append((path, argv, env)))
+    return calls
+
+
+def test_raysrv_run_serves_the_file_on_serves_fast_path_unless_told_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = _exec_captured(monkeypatch)
+    monkeypatch.delenv("RAY_SERVE_ENABLE_HA_PROXY", raising=False)
+    monkeypatch.setenv("RAY_SERVE_THROUGHPUT_OPTIMIZED", "0")  # set by the user: it wins
+    main(["run", str(EXAMPLE), "--non-blocking", "--address", "auto"])
+    main(["run", "--serve-proxy", str(EXAMPLE)])
+    (path, argv, env), (_, plain_argv, plain_env) = calls
+    assert Path(path).name == "serve"
+    assert argv[1:] == ["run", str(EXAMPLE), "--non-blocking", "--address", "auto"]
+    assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+    assert env["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "0"
+    assert plain_argv[1:] == ["run", str(EXAMPLE)]
+    assert "RAY_SERVE_ENABLE_HA_PROXY" not in plain_env
+    assert set(FAST_PATH) == {"RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_THROUGHPUT_OPTIMIZED"}
+
+
+def test_raysrv_run_starts_nothing_for_an_invalid_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls = _exec_captured(monkeypatch)
+    doc = _example()
+    _args(doc)["models"][0]["slo_ms"] = "soon"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    assert main(["run", str(bad)]) == 1
+    assert calls == []
+    assert "slo_ms" in capsys.readouterr().out
 
 
 # -- pools, model sets and the live catalog -------------------------------------------------

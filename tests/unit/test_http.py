@@ -230,6 +230,49 @@ def test_listing_health_and_openapi() -> None:
     run(scenario())
 
 
+def test_the_predict_routes_answer_below_a_route_prefix_post_only_and_are_documented() -> None:
+    async def scenario() -> dict[str, httpx.Response]:
+        app = create_http_app(_server(), 4096)
+        transport = httpx.ASGITransport(app=app, root_path="/raysrv")
+        async with httpx.AsyncClient(transport=transport, base_url="http://raysrv") as c:
+            return {
+                "app": await c.post("/raysrv/v1/one/predict", json={"input": [1, 2, 3, 4]}),
+                "model": await c.post("/raysrv/v1/models/a/predict", json={"input": [1, 1, 1, 1]}),
+                "get": await c.get("/raysrv/v1/one/predict"),
+                "unknown model": await c.post("/raysrv/v1/models/z/predict", content=b"{oops"),
+                "schema": await c.get("/raysrv/openapi.json"),
+            }
+
+    r = run(scenario())
+    assert r["app"].json()["output"]["sum"] == 10.0
+    assert (r["model"].json()["output"]["sum"], r["model"].json()["model"]) == (4.0, "a")
+    assert (r["get"].status_code, r["get"].json()["error"]) == (405, "method_not_allowed")
+    assert r["unknown model"].status_code == 404  # before its body is read
+    paths = r["schema"].json()["paths"]
+    model_body = paths["/v1/models/{model}/predict"]["post"]["requestBody"]["content"]
+    assert "inputs" in model_body["application/json"]["schema"]["properties"]
+    app_answer = paths["/v1/{app}/predict"]["post"]["responses"]["200"]["content"]
+    assert "models" in app_answer["application/json"]["schema"]["properties"]
+
+
+def test_a_client_that_leaves_before_its_body_arrives_gets_no_answer_and_costs_no_work() -> None:
+    logs: dict[str, list[int]] = {"a": [], "b": []}
+    app = create_http_app(_server(logs=logs), 4096)
+    sent: list[dict[str, Any]] = []
+    messages = iter([{"type": "http.request", "body": b'{"input": [1,', "more_body": True}])
+
+    async def receive() -> dict[str, Any]:
+        return next(messages, {"type": "http.disconnect"})
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/one/predict", "headers": []}
+    run(app(scope, receive, send))
+    assert sent == []
+    assert logs["a"] == []
+
+
 def test_one_model_is_described_on_its_own_and_an_unknown_one_is_a_404() -> None:
     async def scenario() -> None:
         async with await _client(_server()) as c:

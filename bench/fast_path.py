@@ -1,0 +1,267 @@
+"""raysrv against plain Ray Serve ``@serve.batch`` on the digits MLP, over HTTP and handles, in
+one of Serve's two modes, and raysrv's inputs per second with many inputs per request.
+
+    python -m bench.fast_path [--serve-proxy] [--seconds 10] [--rounds 3] [--out JSON]
+
+One Ray instance, started with ``raysrv run``'s environment (:data:`raysrv.cli.FAST_PATH`:
+HAProxy ingress, gRPC handles, user code on the replica's main thread), or with Serve's
+defaults under ``--serve-proxy``. Three applications serve the digits example's MLP (ONNX, one
+replica, one intra-op thread, batches of up to 32, no cache, every input distinct):
+
+* ``baseline``: ``@serve.batch(max_batch_size=32, batch_wait_timeout_s=0.001)``, the pattern of
+  Serve's batching guide (``bench.baseline``);
+* ``raysrv``: the model on a worker actor (``placement: workers``), ``fixed`` batches cut as
+  soon as the worker frees;
+* ``raysrv-colocated``: the same model on a worker thread of the ingress's process.
+
+Each round measures every system in turn, in an order that alternates from round to round,
+one system under load at a time: ``wrk`` (one thread) with 32 connections and with one, and the
+driver's handle calls with 32 and with one in flight; for raysrv, ``wrk`` with 32 connections
+again on bodies of ``--per-request`` inputs (``{"inputs": [...]}``). An input counts when its
+answer holds an output (wrk counts them in each 200 answer, ``wrk_saturation(count=...)``), so
+inputs a request answers with an error do not count. Prints a table of the medians over the
+rounds and each system's ratios to the baseline; writes every point to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.loadgen import HandleClient, RunResult, closed_loop, make_inputs, wrk_saturation
+from raysrv.cli import FAST_PATH
+
+__all__ = ["bodies", "main"]
+
+HOST = "127.0.0.1"
+APP = "digits"
+OUTPUT = '"output"'  # one per answered input, in every system's answers
+SYSTEMS = ("baseline", "raysrv", "raysrv-colocated")
+MAX_BATCH = 32
+
+
+def spec(path: Path, placement: str) -> dict[str, Any]:
+    """raysrv serving the MLP alone: ``fixed`` batches of up to 32, no cache."""
+    model = {
+        "name": "mlp",
+        "runtime": "onnx",
+        "source": str(path),
+        "placement": placement,
+        "resources": {"num_cpus": 1, "threads": 1},
+        "batching": {"policy": "fixed", "params": {"max_batch_size": MAX_BATCH, "timeout_ms": 0}},
+        "slo_ms": 1000,
+        "input": {"shape": [64], "dtype": "float32"},
+    }
+    return {
+        "models": [model],
+        "apps": [{"name": APP, "models": ["mlp"], "cache_size": 0}],
+        "ingress": {"num_cpus": 0},
+    }
+
+
+def bodies(inputs: list[np.ndarray], per_request: int) -> list[bytes]:
+    """JSON bodies of ``per_request`` inputs each (``input`` for one, ``inputs`` for more)."""
+    rounded = [np.round(x.astype(np.float64), 4).tolist() for x in inputs]
+    if per_request == 1:
+        return [json.dumps({"input": x}).encode() for x in rounded]
+    count = len(rounded) // per_request
+    groups = [rounded[k * per_request : (k + 1) * per_request] for k in range(count)]
+    return [json.dumps({"inputs": g}).encode() for g in groups]
+
+
+def start(serve_proxy: bool) -> tuple[int, Path]:
+    """Ray and Serve in the chosen mode, the three applications; the HTTP port and model."""
+    if not serve_proxy:
+        os.environ.update(FAST_PATH)  # read as Serve is imported and as Ray starts
+    os.environ["RAY_worker_niceness"] = "0"  # noqa: SIM112 - Ray's name; client and servers alike
+    import ray
+    from ray import serve
+    from ray.serve.schema import LoggingConfig
+
+    from bench.baseline import build_baseline
+    from examples.digits.build import build_all
+    from raysrv.app import build_app
+
+    path = build_all(Path("examples/digits/models"))["mlp"]
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        port = int(sock.getsockname()[1])
+    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="WARNING")
+    quiet = LoggingConfig(enable_access_log=False, log_level="WARNING")
+    serve.start(http_options={"host": HOST, "port": port}, logging_config=quiet)
+    base = build_baseline(str(path), (64,), MAX_BATCH, 0.001)
+    serve.run(base, name="baseline", route_prefix="/baseline", logging_config=quiet)
+    for name, placement in (("raysrv", "workers"), ("raysrv-colocated", "colocated")):
+        app = build_app(spec(path, placement))
+        serve.run(app, name=name, route_prefix=f"/{name}", logging_config=quiet)
+    return port, path
+
+
+def targets(port: int) -> dict[str, tuple[str, Callable[[Any], Any]]]:
+    """Each system's predict URL and handle call (inside the running event loop)."""
+    from ray import serve
+
+    base = serve.get_app_handle("baseline")
+    out: dict[str, tuple[str, Callable[[Any], Any]]] = {
+        "baseline": (f"http://{HOST}:{port}/baseline", base.predict.remote)
+    }
+    for name in SYSTEMS[1:]:
+        handle = serve.get_app_handle(name)
+        url = f"http://{HOST}:{port}/{name}/v1/{APP}/predict"
+        out[name] = (url, lambda x, h=handle: h.predict.remote(APP, x))
+    return out
+
+
+def _row(system: str, kind: str, k: int, result: RunResult, per_request: int = 1) -> dict:
+    counted = result.extra.get("counted")
+    inputs = counted if counted is not None else result.ok * per_request
+    row = {
+        "round": k,
+        "system": system,
+        "point": kind,
+        "inputs_per_s": inputs / result.duration_s if result.duration_s else 0.0,
+        "requests_per_s": result.throughput_rps,
+        "p50_ms": result.p50_ms,
+        "p99_ms": result.p99_ms,
+        "refused": result.rejected,
+        "errors": result.errors,
+    }
+    print(
+        f"  round {k} {system:<17} {kind:<12} {row['inputs_per_s']:7.0f} inputs/s  "
+        f"p50 {row['p50_ms']:6.2f} ms  p99 {row['p99_ms']:6.1f} ms  "
+        f"refused {row['refused']}  errors {row['errors']}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return row
+
+
+class Rounds:
+    """The points of one system in one round (see the module's docstring)."""
+
+    def __init__(self, args: argparse.Namespace, port: int) -> None:
+        self.args = args
+        self.inputs = make_inputs(args.per_request * 64, (64,), seed=1)
+        self.single = bodies(self.inputs, 1)
+        self.many = bodies(self.inputs, args.per_request)
+        self.targets = targets(port)
+
+    def points(self, system: str) -> dict[str, Callable[[], Awaitable[RunResult]]]:
+        url, call = self.targets[system]
+        handle = HandleClient(call, self.inputs)
+        s = self.args.seconds
+        points = {
+            "http-32": lambda: wrk_saturation(url, self.single, 32, s, count=OUTPUT),
+            "http-1": lambda: wrk_saturation(url, self.single, 1, s, count=OUTPUT),
+            "handle-32": lambda: closed_loop(handle, 32, s),
+            "handle-1": lambda: closed_loop(handle, 1, s),
+        }
+        if system != "baseline":
+            points["http-32-many"] = lambda: wrk_saturation(url, self.many, 32, s, count=OUTPUT)
+        return points
+
+    async def run(self) -> list[dict[str, Any]]:
+        for system in SYSTEMS:  # warm-up, discarded
+            await wrk_saturation(self.targets[system][0], self.single, 32, 3.0)
+            await closed_loop(HandleClient(self.targets[system][1], self.inputs), 32, 3.0)
+        rows = []
+        for k in range(self.args.rounds):
+            order = SYSTEMS if k % 2 == 0 else SYSTEMS[::-1]
+            for system in order:
+                for kind, point in self.points(system).items():
+                    per_request = self.args.per_request if kind.endswith("many") else 1
+                    rows.append(_row(system, kind, k, await point(), per_request))
+                    await asyncio.sleep(0.5)
+        return rows
+
+
+async def _measure(args: argparse.Namespace, port: int) -> list[dict[str, Any]]:
+    return await Rounds(args, port).run()  # handles made inside the loop that calls them
+
+
+def _median(rows: list[dict], system: str, point: str, field: str) -> float:
+    values = [r[field] for r in rows if r["system"] == system and r["point"] == point]
+    return statistics.median(values) if values else float("nan")
+
+
+def table(rows: list[dict[str, Any]], per_request: int) -> str:
+    """Medians over the rounds, each system's ratio to the baseline, the formats' ratio."""
+    lines = [
+        "| system | HTTP, 32 connections, inputs/s | HTTP, 1 connection, p50 ms | handles, 32 "
+        f"in flight, inputs/s | handles, 1 in flight, p50 ms | HTTP, {per_request} inputs a "
+        "request, inputs/s |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for system in SYSTEMS:
+        cells = [
+            _median(rows, system, "http-32", "inputs_per_s"),
+            _median(rows, system, "http-1", "p50_ms"),
+            _median(rows, system, "handle-32", "inputs_per_s"),
+            _median(rows, system, "handle-1", "p50_ms"),
+            _median(rows, system, "http-32-many", "inputs_per_s"),
+        ]
+        shown = [f"{c:.0f}" if i in (0, 2, 4) else f"{c:.2f}" for i, c in enumerate(cells)]
+        lines.append(f"| {system} | " + " | ".join(s.replace("nan", "") for s in shown) + " |")
+    lines.append("")
+    for system in SYSTEMS[1:]:
+        ratios = {
+            point: _median(rows, system, point, field) / _median(rows, "baseline", point, field)
+            for point, field in (
+                ("http-32", "inputs_per_s"),
+                ("http-1", "p50_ms"),
+                ("handle-32", "inputs_per_s"),
+                ("handle-1", "p50_ms"),
+            )
+        }
+        many = _median(rows, system, "http-32-many", "inputs_per_s") / _median(
+            rows, system, "http-32", "inputs_per_s"
+        )
+        lines.append(
+            f"{system} over baseline: HTTP inputs/s {ratios['http-32']:.2f}x, HTTP p50 "
+            f"{ratios['http-1']:.2f}x, handle inputs/s {ratios['handle-32']:.2f}x, handle p50 "
+            f"{ratios['handle-1']:.2f}x; {per_request} inputs a request over 1: {many:.1f}x"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--serve-proxy", action="store_true", help="Serve's default mode")
+    parser.add_argument("--seconds", type=float, default=10.0, help="per point")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--per-request", type=int, default=32, help="inputs in a many-body")
+    parser.add_argument("--out", type=Path, default=Path("bench/out/fast_path.json"))
+    args = parser.parse_args(argv)
+    started = time.time()
+    port, _ = start(args.serve_proxy)
+    try:
+        rows = asyncio.run(_measure(args, port))
+    finally:
+        import ray
+
+        ray.shutdown()  # a local cluster: its Serve goes with it (its handles' loop is closed)
+    print(table(rows, args.per_request))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    report = {
+        "command": ["python", "-m", "bench.fast_path", *(argv or sys.argv[1:])],
+        "mode": "serve-proxy" if args.serve_proxy else "fast-path",
+        "wall_s": round(time.time() - started, 1),
+        "rows": rows,
+    }
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
