@@ -50,7 +50,7 @@ from raysrv.errors import (
 from raysrv.metrics import Metrics
 from raysrv.state import MemoryStore, StateStore
 
-__all__ = ["DESCRIBE_CHUNK", "Server", "coerce_input", "counted_bodies"]
+__all__ = ["DESCRIBE_CHUNK", "Server", "coerce_input", "coerce_inputs", "counted_bodies"]
 
 
 def coerce_input(value: Any, spec: InputSpec) -> np.ndarray:
@@ -69,6 +69,32 @@ def coerce_input(value: Any, spec: InputSpec) -> np.ndarray:
     if array.dtype.kind == "f" and not np.isfinite(array).all():
         raise BadRequest("input holds NaN or infinite values")
     return np.ascontiguousarray(array, dtype=target)
+
+
+def coerce_inputs(values: list[Any], spec: InputSpec) -> list[np.ndarray | BadRequest]:
+    """Each of ``values`` as :func:`coerce_input` makes it, or the :class:`BadRequest` it
+    raised. When every value is a number array of the model's shape, one conversion of them
+    all: the rows of one array."""
+    try:
+        array = np.asarray(values)
+    except (ValueError, TypeError):
+        array = None
+    if (
+        array is not None
+        and array.shape == (len(values), *spec.shape)
+        and array.dtype.kind in "biuf"
+        and np.can_cast(array.dtype, np.dtype(spec.dtype), casting="same_kind")
+        and (array.dtype.kind != "f" or np.isfinite(array).all())
+    ):
+        return list(np.ascontiguousarray(array, dtype=spec.dtype))
+    return [_coerced_or_error(value, spec) for value in values]
+
+
+def _coerced_or_error(value: Any, spec: InputSpec) -> np.ndarray | BadRequest:
+    try:
+        return coerce_input(value, spec)
+    except BadRequest as exc:
+        return exc
 
 
 TRIP_WINDOW = 200  # replies (or queries with ``sent_at``) behind the trip-back estimate
@@ -90,9 +116,16 @@ def _transit_told(ask: _Ask) -> Iterator[None]:
     except RaysrvError as exc:
         if ask.transit_s is None:
             raise
-        told = copy.copy(exc)
-        told.transit_ms = _ms(ask.transit_s)
-        raise told from exc
+        raise _told(exc, ask) from exc
+
+
+def _told(exc: RaysrvError, ask: _Ask) -> RaysrvError:
+    """A copy of ``exc`` carrying the query's trip to the ingress (``exc`` without one)."""
+    if ask.transit_s is None:
+        return exc
+    told = copy.copy(exc)
+    told.transit_ms = _ms(ask.transit_s)
+    return told
 
 
 async def _each(
@@ -107,18 +140,33 @@ async def _each(
     return done  # type: ignore[return-value]
 
 
+async def _each_input(
+    inputs: list[np.ndarray | BadRequest],
+    answer: Callable[[np.ndarray], Awaitable[dict[str, Any]]],
+    ask: _Ask,
+) -> list[dict[str, Any] | RaysrvError]:
+    """:func:`_each` over the coerced ``inputs``: those that could not be read keep their error
+    in their place."""
+    good = [x for x in inputs if not isinstance(x, BadRequest)]
+    answers = iter(await _each(answer(x) for x in good))
+    return [_told(x, ask) if isinstance(x, BadRequest) else next(answers) for x in inputs]
+
+
 def counted_bodies(
     entries: list[dict[str, Any] | RaysrvError], metrics: Metrics, where: str, seconds: float
 ) -> list[dict[str, Any]]:
     """The results of a request of many inputs, in order: each an answer or an error body,
-    each counted under ``where`` as one query that took ``seconds`` (the request's time)."""
+    each counted under ``where`` as one query; the request's time, ``seconds``, is one
+    observation of the latency, as a request of one input is."""
     bodies = []
+    latency: float | None = seconds
     for entry in entries:
         if isinstance(entry, RaysrvError):
             metrics.error(where, entry)
             bodies.append(entry.to_json())
         else:
-            metrics.request(where, 200, seconds)
+            metrics.request(where, 200, latency)
+            latency = None
             bodies.append(entry)
     return bodies
 
@@ -392,7 +440,14 @@ class Server:
         target = self._app(app)
         batch = self._inputs(inputs)
         origin, ask = self._ask(start, slo_ms, best_effort, priority, sent_at, http)
-        return await _each(self._predict(target, x, context, start, origin, ask) for x in batch)
+        context = "" if context is None else str(context)
+        with _transit_told(ask):
+            state = await self._state(target, context)
+        return await _each_input(
+            coerce_inputs(batch, target.input),
+            lambda x: self._answer(target, x, context, state, start, origin, ask),
+            ask,
+        )
 
     def _inputs(self, inputs: Any) -> list[Any]:
         """``inputs`` if a list of 1 to ``ingress.max_inputs`` inputs, else the error."""
@@ -412,11 +467,29 @@ class Server:
         origin: float,
         ask: _Ask,
     ) -> dict[str, Any]:
-        app = target.spec.name
         with _transit_told(ask):
             x = coerce_input(input, target.input)
             context = "" if context is None else str(context)
-            state = await self._store.get_state(app, context) or target.selection.init()
+            state = await self._state(target, context)
+        return await self._answer(target, x, context, state, start, origin, ask)
+
+    async def _state(self, target: _App, context: str) -> Any:
+        """The app's selection state for ``context`` (the policy's initial one if none)."""
+        return await self._store.get_state(target.spec.name, context) or target.selection.init()
+
+    async def _answer(
+        self,
+        target: _App,
+        x: np.ndarray,
+        context: str,
+        state: Any,
+        start: float,
+        origin: float,
+        ask: _Ask,
+    ) -> dict[str, Any]:
+        """The answer to one coerced input, selected from ``state``."""
+        app = target.spec.name
+        with _transit_told(ask):
             chosen = target.selection.select(state, x)
             predictions, cache_hit = await self._ask_models(target, chosen, x, origin, ask)
             output, confidence = target.selection.combine(state, x, predictions)
@@ -499,13 +572,24 @@ class Server:
         pool = self.pool_of(model)
         batch = self._inputs(inputs)
         origin, ask = self._ask(start, slo_ms, best_effort, priority, sent_at, http)
-        return await _each(self._predict_model(model, pool, x, start, origin, ask) for x in batch)
+        return await _each_input(
+            coerce_inputs(batch, self._models[model].input),
+            lambda x: self._run_model(model, pool, x, start, origin, ask),
+            ask,
+        )
 
     async def _predict_model(
         self, model: str, pool: Pool, input: Any, start: float, origin: float, ask: _Ask
     ) -> dict[str, Any]:
         with _transit_told(ask):
             x = coerce_input(input, self._models[model].input)
+        return await self._run_model(model, pool, x, start, origin, ask)
+
+    async def _run_model(
+        self, model: str, pool: Pool, x: np.ndarray, start: float, origin: float, ask: _Ask
+    ) -> dict[str, Any]:
+        """One model's answer to one coerced input."""
+        with _transit_told(ask):
             deadline = origin + (ask.slo_ms or self._slo_ms[model]) / 1000.0 - ask.trip_back_s
             answer = pool.submit(model, x, deadline, ask.priority, self._trip(ask))
             output = await self._by_deadline(answer, deadline, model)

@@ -440,3 +440,25 @@ def test_multiplexeds_queries_over_http_name_their_model_in_serves_header() -> N
     ]
     assert received[0][1] == {"input": x.tolist()}
     assert statuses == [200, 503]
+
+
+def test_the_ingress_profile_sorts_samples_by_where_their_innermost_frame_runs() -> None:
+    from bench.ingress_profile import shares
+
+    collapsed = [
+        "run (raysrv/_http.py:300);predict (raysrv/_server.py:421) 3",
+        "run (raysrv/_http.py:300);observe (/x/site-packages/ray/util/metrics.py:299) 1",
+        "t (threading.py:1002);run (/x/site-packages/onnxruntime/capi/session.py:406) 4",
+        "t (threading.py:1002);_worker (/usr/lib/concurrent/futures/thread.py:81) 1",
+        "h (/x/site-packages/ray/serve/_private/replica.py:3267) 1",
+        "submit (batching/scheduler.py:236) 2",
+        "",
+    ]
+    assert shares(collapsed) == {
+        "onnxruntime (the model's runs)": 4 / 12,
+        "raysrv: _server": 3 / 12,
+        "raysrv.batching: scheduler": 2 / 12,
+        "Ray's metrics": 1 / 12,
+        "threads waiting for work": 1 / 12,
+        "Ray Serve": 1 / 12,
+    }

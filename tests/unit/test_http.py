@@ -13,9 +13,17 @@ import pytest
 
 import raysrv._http
 from raysrv._http import create_http_app
-from raysrv._server import DESCRIBE_CHUNK, TRIP_WINDOW, TRIPS_KNOWN, Server, TripBack
+from raysrv._server import (
+    DESCRIBE_CHUNK,
+    TRIP_WINDOW,
+    TRIPS_KNOWN,
+    Server,
+    TripBack,
+    coerce_input,
+    coerce_inputs,
+)
 from raysrv.config import LiveConfig, RaysrvSpec
-from raysrv.errors import RaysrvError
+from raysrv.errors import BadRequest, RaysrvError
 from raysrv.testing import EchoModel, LocalWorkers, fake_workers, model_spec, spec
 
 SPEC = RaysrvSpec.model_validate(
@@ -189,6 +197,28 @@ def test_many_inputs_are_answered_together_in_order_each_with_its_answer_or_erro
     assert (third["output"]["sum"], third["model"]) == (26.0, "a")
     assert repeat["output"]["sum"] == 10.0
     assert ran_in_all == 4  # no cache on the model route
+
+
+@pytest.mark.parametrize(
+    "inputs",
+    [
+        [[1, 2, 3, 4], [5, 6, 7, 8.5], [0, 0, 0, 0]],  # one conversion of them all
+        [[1, 2, 3, 4], [1, 2, 3], ["a", "b", "c", "d"], [1, 2, 3, float("nan")], [9, 9, 9, 9]],
+        [[1, 2, 3, 4], [[1, 2], [3, 4]], {"x": 1}, [1, 2, 3, 4]],
+    ],
+)
+def test_many_inputs_are_read_exactly_as_each_would_be_alone(inputs: list[Any]) -> None:
+    shape = SPEC.models[0].input
+    together = coerce_inputs(inputs, shape)
+    assert len(together) == len(inputs)
+    for value, got in zip(inputs, together, strict=True):
+        if isinstance(got, BadRequest):
+            with pytest.raises(BadRequest) as alone_error:
+                coerce_input(value, shape)
+            assert str(got) == str(alone_error.value)
+            continue
+        alone = coerce_input(value, shape)
+        assert (got.dtype, got.shape, got.tolist()) == (alone.dtype, alone.shape, alone.tolist())
 
 
 def test_overload_is_refused_quickly_with_503_and_retry_after() -> None:
