@@ -908,7 +908,14 @@ def _result(run: _PoolRun, times: np.ndarray, names: list[str], due: np.ndarray)
     cold[list(run.cold)] = True
     missing = set(range(n)) - run.done.keys() - run.refused.keys()
     if missing:
-        raise RuntimeError(f"{len(missing)} queries were never answered nor refused")
+        first = min(missing)
+        models = sorted({names[q] for q in missing})
+        raise RuntimeError(
+            f"{len(missing)} queries were never answered nor refused, of models {models[:5]}, "
+            f"the first query {first} arriving {times[first] - times[0]:.3f} s in, due "
+            f"{due[first] - times[first]:.3f} s later; still queued: "
+            f"{ {m: run.scheduler.queue_length(m) for m in models[:5]} }"
+        )
     done = np.full(n, np.nan)
     for q, t in run.done.items():
         done[q] = t

@@ -17,7 +17,8 @@ replica, one intra-op thread, batches of up to 32, no cache, every input distinc
 Each round measures every system in turn, in an order that alternates from round to round,
 one system under load at a time: ``wrk`` (one thread) with 32 connections and with one, and the
 driver's handle calls with 32 and with one in flight; for raysrv, ``wrk`` with 32 connections
-again on bodies of ``--per-request`` inputs (``{"inputs": [...]}``). An input counts when its
+again on bodies of ``--per-request`` inputs, as JSON (``{"inputs": [...]}``) and as one raw
+float32 tensor (``application/octet-stream``). An input counts when its
 answer holds an output (wrk counts them in each 200 answer, ``wrk_saturation(count=...)``), so
 inputs a request answers with an error do not count. Prints a table of the medians over the
 rounds and each system's ratios to the baseline; writes every point to ``--out``.
@@ -49,6 +50,7 @@ APP = "digits"
 OUTPUT = '"output"'  # one per answered input, in every system's answers
 SYSTEMS = ("baseline", "raysrv", "raysrv-colocated")
 MAX_BATCH = 32
+MANY = ("http-32-many", "http-32-raw")  # the points of many inputs a request
 
 
 def spec(path: Path, placement: str) -> dict[str, Any]:
@@ -78,6 +80,21 @@ def bodies(inputs: list[np.ndarray], per_request: int) -> list[bytes]:
     count = len(rounded) // per_request
     groups = [rounded[k * per_request : (k + 1) * per_request] for k in range(count)]
     return [json.dumps({"inputs": g}).encode() for g in groups]
+
+
+def raw_bodies(inputs: list[np.ndarray], per_request: int) -> list[bytes]:
+    """Bodies of ``per_request`` inputs each as one raw float32 tensor (:data:`RAW_HEADERS`)."""
+    count = len(inputs) // per_request
+    stacked = np.stack(inputs[: count * per_request]).astype(np.float32)
+    return [rows.tobytes() for rows in stacked.reshape(count, per_request, -1)]
+
+
+def raw_headers(per_request: int) -> dict[str, str]:
+    return {
+        "Content-Type": "application/octet-stream",
+        "X-Raysrv-Shape": f"{per_request},64",
+        "X-Raysrv-Dtype": "float32",
+    }
 
 
 def start(serve_proxy: bool) -> tuple[int, Path]:
@@ -155,6 +172,7 @@ class Rounds:
         self.inputs = make_inputs(args.per_request * 64, (64,), seed=1)
         self.single = bodies(self.inputs, 1)
         self.many = bodies(self.inputs, args.per_request)
+        self.raw = raw_bodies(self.inputs, args.per_request)
         self.targets = targets(port)
 
     def points(self, system: str) -> dict[str, Callable[[], Awaitable[RunResult]]]:
@@ -169,6 +187,10 @@ class Rounds:
         }
         if system != "baseline":
             points["http-32-many"] = lambda: wrk_saturation(url, self.many, 32, s, count=OUTPUT)
+            raw = raw_headers(self.args.per_request)
+            points["http-32-raw"] = lambda: wrk_saturation(
+                url, self.raw, 32, s, count=OUTPUT, headers=raw
+            )
         return points
 
     async def run(self) -> list[dict[str, Any]]:
@@ -180,7 +202,7 @@ class Rounds:
             order = SYSTEMS if k % 2 == 0 else SYSTEMS[::-1]
             for system in order:
                 for kind, point in self.points(system).items():
-                    per_request = self.args.per_request if kind.endswith("many") else 1
+                    per_request = self.args.per_request if kind in MANY else 1
                     rows.append(_row(system, kind, k, await point(), per_request))
                     await asyncio.sleep(0.5)
         return rows
@@ -200,8 +222,8 @@ def table(rows: list[dict[str, Any]], per_request: int) -> str:
     lines = [
         "| system | HTTP, 32 connections, inputs/s | HTTP, 1 connection, p50 ms | handles, 32 "
         f"in flight, inputs/s | handles, 1 in flight, p50 ms | HTTP, {per_request} inputs a "
-        "request, inputs/s |",
-        "|---|---:|---:|---:|---:|---:|",
+        "request, inputs/s | the same, raw float32, inputs/s |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for system in SYSTEMS:
         cells = [
@@ -210,8 +232,9 @@ def table(rows: list[dict[str, Any]], per_request: int) -> str:
             _median(rows, system, "handle-32", "inputs_per_s"),
             _median(rows, system, "handle-1", "p50_ms"),
             _median(rows, system, "http-32-many", "inputs_per_s"),
+            _median(rows, system, "http-32-raw", "inputs_per_s"),
         ]
-        shown = [f"{c:.0f}" if i in (0, 2, 4) else f"{c:.2f}" for i, c in enumerate(cells)]
+        shown = [f"{c:.0f}" if i in (0, 2, 4, 5) else f"{c:.2f}" for i, c in enumerate(cells)]
         lines.append(f"| {system} | " + " | ".join(s.replace("nan", "") for s in shown) + " |")
     lines.append("")
     for system in SYSTEMS[1:]:
@@ -224,13 +247,14 @@ def table(rows: list[dict[str, Any]], per_request: int) -> str:
                 ("handle-1", "p50_ms"),
             )
         }
-        many = _median(rows, system, "http-32-many", "inputs_per_s") / _median(
-            rows, system, "http-32", "inputs_per_s"
-        )
+        single = _median(rows, system, "http-32", "inputs_per_s")
+        many = _median(rows, system, "http-32-many", "inputs_per_s") / single
+        raw = _median(rows, system, "http-32-raw", "inputs_per_s") / single
         lines.append(
             f"{system} over baseline: HTTP inputs/s {ratios['http-32']:.2f}x, HTTP p50 "
             f"{ratios['http-1']:.2f}x, handle inputs/s {ratios['handle-32']:.2f}x, handle p50 "
-            f"{ratios['handle-1']:.2f}x; {per_request} inputs a request over 1: {many:.1f}x"
+            f"{ratios['handle-1']:.2f}x; {per_request} inputs a request over 1: {many:.1f}x, "
+            f"raw float32 {raw:.1f}x"
         )
     return "\n".join(lines)
 

@@ -407,7 +407,7 @@ async def closed_loop(
 
 _LUA = """\
 wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
+%s
 local bodies = {
 %s
 }
@@ -442,11 +442,27 @@ end
 """
 
 
-def wrk_script(bodies: Sequence[bytes], count: str | None = None) -> str:
-    """A wrk Lua script cycling through ``bodies`` (JSON never contains the ``]==]`` closer);
-    with ``count`` (a Lua pattern), it also sums its matches in the 200 answers."""
-    script = _LUA % ",\n".join(f"[==[{b.decode()}]==]" for b in bodies)
+def wrk_script(
+    bodies: Sequence[bytes], count: str | None = None, headers: dict[str, str] | None = None
+) -> str:
+    """A wrk Lua script cycling through ``bodies`` sent with ``headers`` (a JSON content type if
+    None); with ``count`` (a Lua pattern), it also sums its matches in the 200 answers."""
+    headers = headers or {"Content-Type": "application/json"}
+    lines = "\n".join(f'wrk.headers["{k}"] = "{v}"' for k, v in headers.items())
+    script = _LUA % (lines, ",\n".join(_lua_string(b) for b in bodies))
     return script if count is None else script + _COUNT_LUA % f"[==[{count}]==]"
+
+
+def _lua_string(body: bytes) -> str:
+    """``body`` as a Lua literal: a long string for printable text such as JSON (without the
+    ``]==]`` closer), else escaped byte by byte: a long string would change line ends."""
+    try:
+        text = body.decode()
+    except UnicodeDecodeError:
+        text = None
+    if text is not None and text.isprintable() and "]==]" not in text:
+        return f"[==[{text}]==]"
+    return '"' + "".join(f"\\{b}" for b in body) + '"'
 
 
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}
@@ -490,13 +506,14 @@ async def wrk_saturation(
     threads: int = 1,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     count: str | None = None,
+    headers: dict[str, str] | None = None,
 ) -> RunResult:
     """Run ``wrk`` against ``url`` with the given POST bodies; throughput counts 2xx answers
     only (percentiles are wrk's, over every answer). With ``count`` (a Lua pattern), the
     matches in the 200 answers are summed too (``extra["counted"]``)."""
     with tempfile.TemporaryDirectory(prefix="raysrv-wrk-") as tmp:
         script = Path(tmp) / "post.lua"
-        script.write_text(wrk_script(bodies, count))
+        script.write_text(wrk_script(bodies, count, headers))
         args = [f"-t{threads}", f"-c{connections}", f"-d{max(1, round(duration_s))}s"]
         args += ["--latency", f"--timeout={max(1, round(timeout_s))}s", "-s", str(script), url]
         proc = await asyncio.create_subprocess_exec(

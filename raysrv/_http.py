@@ -13,11 +13,14 @@ import json
 import math
 import time
 from typing import Any
+from urllib.parse import parse_qsl
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from raysrv._model_spec import DTYPES
 from raysrv._server import DESCRIBE_CHUNK, Server, counted_bodies
 from raysrv.errors import (
     BadRequest,
@@ -133,10 +136,16 @@ def _predict_operation(
 ) -> dict[str, Any]:
     json_of = {"application/json": {"schema": response.model_json_schema()}}
     error = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+    body = _body_schema(request)
+    body["requestBody"]["content"]["application/octet-stream"] = {
+        "schema": {"type": "string", "format": "binary"},
+        "description": "One raw tensor in C order: its shape in x-raysrv-shape, its dtype in "
+        "x-raysrv-dtype, the options as query parameters.",
+    }
     return {
         "summary": summary,
         "parameters": [{"name": name, "in": "path", "required": True, "schema": STRING}],
-        **_body_schema(request),
+        **body,
         "responses": {
             "200": {"description": "The answer; with inputs: {results: [...]}", "content": json_of},
             "default": {
@@ -303,11 +312,39 @@ class PredictRoutes:
             body = await _receive_body(scope, receive, self._limit, self._server, route)
             if body is None:
                 return  # the client left before its body arrived: nobody to answer
-            status, payload = await self._answer(kind, name, _parse_json(body), start)
+            binary = _header(scope, b"content-type").startswith(BINARY)
+            data = self._binary(scope, body, kind, name) if binary else _parse_json(body)
+            status, payload = await self._answer(kind, name, data, start)
         except RaysrvError as exc:
             self._metrics.error(where, exc)
             status, payload = exc.status, exc
         await _send_json(send, status, payload)
+
+    def _binary(self, scope: dict[str, Any], body: bytes, kind: str, name: str) -> dict[str, Any]:
+        """A raw tensor body (:data:`BINARY`) as the fields of a JSON one: the body's shape in
+        ``x-raysrv-shape``, its dtype in ``x-raysrv-dtype`` (the model's if absent); one input
+        if the shape is the model's, else ``inputs``, one per row. Options in the query."""
+        spec = self._server.input_spec(**{kind: name})
+        dtype = _header(scope, b"x-raysrv-dtype").decode(errors="replace") or spec.dtype
+        if dtype not in DTYPES:
+            raise BadRequest(f"x-raysrv-dtype must be one of {list(DTYPES)}, got {dtype[:40]!r}")
+        shape = _shape(_header(scope, b"x-raysrv-shape"))
+        if len(shape) not in (len(spec.shape), len(spec.shape) + 1):
+            raise BadRequest(
+                f"x-raysrv-shape {list(shape)} is neither one input {list(spec.shape)} nor "
+                f"inputs of it"
+            )
+        size = math.prod(shape) * np.dtype(dtype).itemsize
+        if len(body) != size:
+            raise BadRequest(
+                f"a body of shape {list(shape)} and {dtype} holds {size} bytes, got {len(body)}"
+            )
+        array = np.frombuffer(body, dtype=dtype).reshape(shape)
+        many = len(shape) > len(spec.shape)
+        return {
+            ("inputs" if many else "input"): list(array) if many else array,
+            **_query_options(scope),
+        }
 
     async def _answer(self, kind: str, name: str, data: dict[str, Any], start: float) -> Any:
         server, where = self._server, name if kind == "app" else MODELS
@@ -322,6 +359,50 @@ class PredictRoutes:
         result = await call(name, value, **options)
         self._metrics.request(where, 200, time.monotonic() - start)
         return 200, result
+
+
+BINARY = b"application/octet-stream"  # a raw tensor body, C order (PredictRoutes._binary)
+MAX_DIMS = 8  # of an x-raysrv-shape
+
+
+def _header(scope: dict[str, Any], name: bytes) -> bytes:
+    """The value of the request's header ``name`` (lower case), empty if absent."""
+    return next((value for key, value in scope["headers"] if key == name), b"")
+
+
+def _shape(value: bytes) -> tuple[int, ...]:
+    """An ``x-raysrv-shape`` header (``32,64``) as a shape, else a 400 that says why."""
+    parts = value.decode(errors="replace").split(",")
+    if not value or len(parts) > MAX_DIMS or not all(p.strip().isdigit() for p in parts):
+        raise BadRequest(
+            f"x-raysrv-shape must be up to {MAX_DIMS} whole numbers, e.g. 32,64; got {value[:40]!r}"
+        )
+    return tuple(int(p) for p in parts)
+
+
+def _query_options(scope: dict[str, Any]) -> dict[str, Any]:
+    """A raw tensor request's options, from its query string: numbers as numbers, ``true`` and
+    ``false`` as booleans, the rest (a context key) as strings; checked as a JSON body's."""
+    options: dict[str, Any] = {}
+    for key, value in parse_qsl(scope.get("query_string", b"").decode(errors="replace")):
+        if key in ("input", "inputs"):
+            raise BadRequest(f"a raw tensor request's {key} is its body, not a query parameter")
+        if key in ("slo_ms", "sent_at"):
+            options[key] = _number(value)
+        elif key == "priority":
+            options[key] = int(value) if value.isdigit() else value
+        elif key == "best_effort":
+            options[key] = {"true": True, "false": False}.get(value, value)
+        else:
+            options[key] = value
+    return options
+
+
+def _number(value: str) -> float | str:
+    try:
+        return float(value)
+    except ValueError:
+        return value  # refused with its field's message
 
 
 def _predict_route(scope: dict[str, Any]) -> tuple[str, str] | None:

@@ -386,6 +386,13 @@ class Server:
         """The request field that holds ``app``'s context key."""
         return self._app(app).spec.context_field
 
+    def input_spec(self, app: str | None = None, model: str | None = None) -> InputSpec:
+        """The shape and dtype of one input of ``app`` (else of ``model``)."""
+        if app is not None:
+            return self._app(app).input
+        self.pool_of(model)  # type: ignore[arg-type]  # 404 for an unknown model
+        return self._models[model].input  # type: ignore[index]
+
     def _app(self, name: str) -> _App:
         app = self.apps.get(name)
         if app is None:

@@ -462,3 +462,13 @@ def test_the_ingress_profile_sorts_samples_by_where_their_innermost_frame_runs()
         "threads waiting for work": 1 / 12,
         "Ray Serve": 1 / 12,
     }
+
+
+def test_wrk_scripts_carry_json_as_it_is_and_binary_bodies_byte_by_byte() -> None:
+    from bench.loadgen import wrk_script
+
+    script = wrk_script([b'{"input": [1]}', b"\x00\n\xff]"], headers={"X-A": "b"})
+    assert '[==[{"input": [1]}]==]' in script
+    assert '"\\0\\10\\255\\93"' in script
+    assert 'wrk.headers["X-A"] = "b"' in script
+    assert "application/json" in wrk_script([b"{}"])

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 import raysrv._http
@@ -219,6 +220,62 @@ def test_many_inputs_are_read_exactly_as_each_would_be_alone(inputs: list[Any]) 
             continue
         alone = coerce_input(value, shape)
         assert (got.dtype, got.shape, got.tolist()) == (alone.dtype, alone.shape, alone.tolist())
+
+
+def _raw(array: np.ndarray, shape: str | None = None) -> dict[str, Any]:
+    """A raw tensor request's body and headers."""
+    headers = {
+        "content-type": "application/octet-stream",
+        "x-raysrv-shape": shape or ",".join(map(str, array.shape)),
+        "x-raysrv-dtype": str(array.dtype),
+    }
+    return {"content": array.tobytes(), "headers": headers}
+
+
+def test_raw_tensor_bodies_are_answered_as_their_json_twins() -> None:
+    rows = np.array([[1, 2, 3, 4], [5, 6, 7, 8], [0, 0, 1, 0]], dtype=np.float64)
+
+    async def scenario() -> dict[str, httpx.Response]:
+        async with await _client(_server()) as c:
+            return {
+                "one": await c.post("/v1/one/predict?slo_ms=5000", **_raw(rows[0])),
+                # model b queues at most 2
+                "many": await c.post("/v1/ab/predict?user=u1&priority=1", **_raw(rows[:2])),
+                "model": await c.post("/v1/models/a/predict", **_raw(rows[1:].astype("int32"))),
+            }
+
+    r = run(scenario())
+    assert r["one"].json()["output"]["sum"] == 10.0
+    assert r["one"].json()["models"] == ["a"]
+    many = r["many"].json()["results"]
+    assert [a["output"]["sum"] for a in many] == [10.0, 26.0]
+    assert {a["models"][0] for a in many} == {"b"}  # the split app read its context field
+    assert [a["output"]["sum"] for a in r["model"].json()["results"]] == [26.0, 1.0]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "query", "fragment"),
+    [
+        (_raw(np.zeros(4, np.float32), shape="4,2"), "", "holds 32 bytes, got 16"),
+        (_raw(np.zeros(4, np.float32), shape="four"), "", "x-raysrv-shape must be"),
+        (_raw(np.zeros((1, 1, 4), np.float32)), "", "neither one input [4] nor inputs"),
+        (_raw(np.zeros(4, np.complex64)), "", "x-raysrv-dtype must be one of"),
+        (_raw(np.zeros(4, np.float32)), "?slo_ms=soon", "slo_ms must be a positive number"),
+        (_raw(np.zeros(4, np.float32)), "?colour=red", "unknown fields ['colour']"),
+        (_raw(np.zeros(4, np.float32)), "?input=1", "input is its body"),
+        (_raw(np.array([1, 2, 3, np.nan], np.float32)), "", "NaN"),
+    ],
+)
+def test_a_malformed_raw_tensor_request_gets_a_400_that_says_why(
+    kwargs: dict[str, Any], query: str, fragment: str
+) -> None:
+    async def scenario() -> httpx.Response:
+        async with await _client(_server()) as c:
+            return await c.post(f"/v1/one/predict{query}", **kwargs)
+
+    bad = run(scenario())
+    assert bad.status_code == 400
+    assert fragment in bad.json()["message"]
 
 
 def test_overload_is_refused_quickly_with_503_and_retry_after() -> None:
