@@ -30,7 +30,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -102,21 +101,17 @@ def start(serve_proxy: bool) -> tuple[int, Path]:
     if not serve_proxy:
         os.environ.update(FAST_PATH)  # read as Serve is imported and as Ray starts
     os.environ["RAY_worker_niceness"] = "0"  # noqa: SIM112 - Ray's name; client and servers alike
-    import ray
     from ray import serve
     from ray.serve.schema import LoggingConfig
 
     from bench.baseline import build_baseline
+    from bench.validate_live import start_ray
     from examples.digits.build import build_all
     from raysrv.app import build_app
 
     path = build_all(Path("examples/digits/models"))["mlp"]
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        port = int(sock.getsockname()[1])
-    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="WARNING")
+    port = start_ray()
     quiet = LoggingConfig(enable_access_log=False, log_level="WARNING")
-    serve.start(http_options={"host": HOST, "port": port}, logging_config=quiet)
     base = build_baseline(str(path), (64,), MAX_BATCH, 0.001)
     serve.run(base, name="baseline", route_prefix="/baseline", logging_config=quiet)
     for name, placement in (("raysrv", "workers"), ("raysrv-colocated", "colocated")):

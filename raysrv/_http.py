@@ -179,14 +179,9 @@ def _document_predict_routes(api: FastAPI) -> None:
 
 
 async def _read_json(request: Request, limit: int) -> dict[str, Any]:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"body of {declared} bytes exceeds the limit of {limit} bytes")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise PayloadTooLarge(f"body exceeds the limit of {limit} bytes")
+    body = await _receive_body(request.scope, request.receive, limit)
+    if body is None:
+        raise BadRequest("the client left before its body arrived")
     return _parse_json(body)
 
 
@@ -310,7 +305,9 @@ class PredictRoutes:
         try:
             if scope["method"] != "POST":
                 raise MethodNotAllowed(f"{scope['method']} on a predict route; use POST")
-            body = await _receive_body(scope, receive, self._limit, self._server, route)
+            if kind == "model":
+                self._server.pool_of(name)  # 404 before the body is read
+            body = await _receive_body(scope, receive, self._limit)
             if body is None:
                 return  # the client left before its body arrived: nobody to answer
             binary = _header(scope, b"content-type").startswith(BINARY)
@@ -325,7 +322,7 @@ class PredictRoutes:
         """A raw tensor body (:data:`BINARY`) as the fields of a JSON one: the body's shape in
         ``x-raysrv-shape``, its dtype in ``x-raysrv-dtype`` (the model's if absent); one input
         if the shape is the model's, else ``inputs``, one per row. Options in the query."""
-        spec = self._server.input_spec(**{kind: name})
+        spec = self._server.input_spec(kind, name)
         dtype = _header(scope, b"x-raysrv-dtype").decode(errors="replace") or spec.dtype
         if dtype not in DTYPES:
             raise BadRequest(f"x-raysrv-dtype must be one of {list(DTYPES)}, got {dtype[:40]!r}")
@@ -341,11 +338,8 @@ class PredictRoutes:
                 f"a body of shape {list(shape)} and {dtype} holds {size} bytes, got {len(body)}"
             )
         array = np.frombuffer(body, dtype=dtype).reshape(shape)
-        many = len(shape) > len(spec.shape)
-        return {
-            ("inputs" if many else "input"): list(array) if many else array,
-            **_query_options(scope),
-        }
+        many = len(shape) > len(spec.shape)  # then one input a row
+        return {("inputs" if many else "input"): array, **_query_options(scope)}
 
     async def _answer(self, kind: str, name: str, data: dict[str, Any], start: float) -> Any:
         server, where = self._server, name if kind == "app" else MODELS
@@ -420,14 +414,9 @@ def _predict_route(scope: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-async def _receive_body(
-    scope: dict[str, Any], receive: Any, limit: int, server: Server, route: tuple[str, str]
-) -> bytes | None:
+async def _receive_body(scope: dict[str, Any], receive: Any, limit: int) -> bytes | None:
     """The request's body, at most ``limit`` bytes (413 past it, before reading it where the
-    client declared its length); None if the client disconnected first. A model route's
-    unknown model is a 404 before the body is read."""
-    if route[0] == "model":
-        server.pool_of(route[1])
+    client declared its length); None if the client disconnected first."""
     for key, value in scope["headers"]:
         if key == b"content-length" and value.isdigit() and int(value) > limit:
             declared = value.decode()

@@ -71,7 +71,7 @@ def coerce_input(value: Any, spec: InputSpec) -> np.ndarray:
     return np.ascontiguousarray(array, dtype=target)
 
 
-def coerce_inputs(values: list[Any], spec: InputSpec) -> list[np.ndarray | BadRequest]:
+def coerce_inputs(values: list[Any] | np.ndarray, spec: InputSpec) -> list[np.ndarray | BadRequest]:
     """Each of ``values`` as :func:`coerce_input` makes it, or the :class:`BadRequest` it
     raised. When every value is a number array of the model's shape, one conversion of them
     all: the rows of one array."""
@@ -386,12 +386,12 @@ class Server:
         """The request field that holds ``app``'s context key."""
         return self._app(app).spec.context_field
 
-    def input_spec(self, app: str | None = None, model: str | None = None) -> InputSpec:
-        """The shape and dtype of one input of ``app`` (else of ``model``)."""
-        if app is not None:
-            return self._app(app).input
-        self.pool_of(model)  # type: ignore[arg-type]  # 404 for an unknown model
-        return self._models[model].input  # type: ignore[index]
+    def input_spec(self, kind: str, name: str) -> InputSpec:
+        """The shape and dtype of one input of the app (``kind`` "app") or model ``name``."""
+        if kind == "app":
+            return self._app(name).input
+        self.pool_of(name)  # 404 for an unknown model
+        return self._models[name].input
 
     def _app(self, name: str) -> _App:
         app = self.apps.get(name)
@@ -456,9 +456,11 @@ class Server:
             ask,
         )
 
-    def _inputs(self, inputs: Any) -> list[Any]:
-        """``inputs`` if a list of 1 to ``ingress.max_inputs`` inputs, else the error."""
-        if not isinstance(inputs, list) or not inputs:
+    def _inputs(self, inputs: Any) -> list[Any] | np.ndarray:
+        """``inputs`` if a list (or an array, one input a row) of 1 to ``ingress.max_inputs``
+        inputs, else the error."""
+        rows = isinstance(inputs, np.ndarray) and inputs.ndim > 0
+        if not (isinstance(inputs, list) or rows) or not len(inputs):
             raise BadRequest("inputs must be a non-empty list of inputs")
         limit = self.spec.ingress.max_inputs
         if len(inputs) > limit:
