@@ -20,7 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from raysrv._model_spec import DTYPES
+from raysrv._model_spec import NUMERIC
 from raysrv._server import DESCRIBE_CHUNK, Server, counted_bodies
 from raysrv.errors import (
     BadRequest,
@@ -48,7 +48,9 @@ class ModelPredictRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     input: Any = Field(
-        None, description="One input of the model's shape and dtype, as nested lists."
+        None,
+        description="One input: of the model's shape and dtype, as nested lists; a string; "
+        'or bytes as {"b64": "<base64>"}.',
     )
     inputs: list[Any] | None = Field(
         None,
@@ -70,7 +72,11 @@ class ModelPredictRequest(BaseModel):
 class PredictRequest(ModelPredictRequest):
     """Body of ``POST /v1/{app}/predict`` (the context field is named by the app's config)."""
 
-    input: Any = Field(None, description="One input of the app's shape and dtype, as nested lists.")
+    input: Any = Field(
+        None,
+        description="One input: of the app's shape and dtype, as nested lists; a string; or "
+        'bytes as {"b64": "<base64>"}.',
+    )
     context: str | None = Field(None, description="Context key for per-user model selection.")
 
 
@@ -140,7 +146,8 @@ def _predict_operation(
     body["requestBody"]["content"]["application/octet-stream"] = {
         "schema": {"type": "string", "format": "binary"},
         "description": "One raw tensor in C order: its shape in x-raysrv-shape, its dtype in "
-        "x-raysrv-dtype, the options as query parameters.",
+        "x-raysrv-dtype; or, for a model of bytes inputs, the one input. The options as query "
+        "parameters.",
     }
     return {
         "summary": summary,
@@ -319,13 +326,18 @@ class PredictRoutes:
         await _send_json(send, status, payload)
 
     def _binary(self, scope: dict[str, Any], body: bytes, kind: str, name: str) -> dict[str, Any]:
-        """A raw tensor body (:data:`BINARY`) as the fields of a JSON one: the body's shape in
-        ``x-raysrv-shape``, its dtype in ``x-raysrv-dtype`` (the model's if absent); one input
-        if the shape is the model's, else ``inputs``, one per row. Options in the query."""
+        """A raw body (:data:`BINARY`) as the fields of a JSON one: for a model of bytes inputs
+        the one input; else a tensor, its shape in ``x-raysrv-shape``, its dtype in
+        ``x-raysrv-dtype`` (the model's if absent), one input if the shape is the model's,
+        else ``inputs``, one per row. Options in the query."""
         spec = self._server.input_spec(kind, name)
+        if spec.dtype == "bytes":  # the body is the one input
+            return {"input": body, **_query_options(scope)}
+        if spec.text:
+            raise BadRequest(f"{name!r} takes {spec.dtype} inputs: send them as JSON")
         dtype = _header(scope, b"x-raysrv-dtype").decode(errors="replace") or spec.dtype
-        if dtype not in DTYPES:
-            raise BadRequest(f"x-raysrv-dtype must be one of {list(DTYPES)}, got {dtype[:40]!r}")
+        if dtype not in NUMERIC:
+            raise BadRequest(f"x-raysrv-dtype must be one of {list(NUMERIC)}, got {dtype[:40]!r}")
         shape = _shape(_header(scope, b"x-raysrv-shape"))
         if len(shape) not in (len(spec.shape), len(spec.shape) + 1):
             raise BadRequest(
@@ -356,7 +368,7 @@ class PredictRoutes:
         return 200, result
 
 
-BINARY = b"application/octet-stream"  # a raw tensor body, C order (PredictRoutes._binary)
+BINARY = b"application/octet-stream"  # a raw tensor or bytes body (PredictRoutes._binary)
 MAX_DIMS = 8  # of an x-raysrv-shape
 
 

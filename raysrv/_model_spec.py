@@ -11,13 +11,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from raysrv import batching
 
 __all__ = [
+    "DTYPES",
     "MIB",
+    "NUMERIC",
+    "TEXT",
     "BatchingSpec",
+    "Input",
     "InputSpec",
     "ModelSetSpec",
     "ModelSpec",
@@ -36,7 +41,11 @@ _PLACEMENT = (
     "ingress process, which saves a call to another process per batch but shares the "
     "ingress's process and interpreter (for cheap models on few cores)."
 )
-DTYPES = ("float32", "float64", "float16", "int64", "int32", "int8", "uint8", "bool")
+NUMERIC = ("float32", "float64", "float16", "int64", "int32", "int8", "uint8", "bool")
+TEXT = ("string", "bytes")  # one value of variable length a query, for python-runtime models
+DTYPES = NUMERIC + TEXT
+MAX_LENGTH = 65536  # a string input's characters, or a bytes input's bytes, by default
+Input = np.ndarray | str | bytes  # one query's input, as InputSpec reads it
 
 
 class _Strict(BaseModel):
@@ -62,8 +71,25 @@ def _check_params(kind: str, resolve: Any, name: str, params: dict[str, Any]) ->
 
 
 class InputSpec(_Strict):
-    shape: tuple[int, ...] = Field(description="Shape of one input, without the batch dimension.")
+    """One query's input: a tensor of a fixed ``shape`` and numeric ``dtype``, or one string
+    or bytes value of at most ``max_length`` (characters or bytes), whose models see a list."""
+
+    shape: tuple[int, ...] = Field(
+        (), description="Shape of one input, without the batch dimension; none for string or bytes."
+    )
     dtype: Literal[DTYPES] = Field("float32", description="Element type of the input.")  # type: ignore[valid-type]
+    max_length: int = Field(
+        MAX_LENGTH,
+        ge=1,
+        le=1 << 30,
+        description="string: characters, bytes: bytes of one input at most; longer ones are "
+        "refused with 413.",
+    )
+    example: str = Field(
+        "",
+        description="string or bytes (this text's UTF-8): the input that profiling runs and "
+        "LOADs warm up with; give one of typical length.",
+    )
 
     @field_validator("shape")
     @classmethod
@@ -71,6 +97,35 @@ class InputSpec(_Strict):
         if any(d <= 0 for d in shape):
             raise ValueError(f"every dimension must be > 0, got {list(shape)}")
         return shape
+
+    @model_validator(mode="after")
+    def _fits_its_dtype(self) -> InputSpec:
+        given = self.model_fields_set
+        if self.text and self.shape:
+            raise ValueError(f"a {self.dtype} input has no shape, got {list(self.shape)}")
+        if not self.text and "shape" not in given:
+            raise ValueError(f"an input of dtype {self.dtype} needs its shape")
+        fields = type(self).model_fields
+        extra = [k for k in ("max_length", "example") if getattr(self, k) != fields[k].default]
+        if not self.text and extra:
+            raise ValueError(f"{extra} belong to string and bytes inputs, not {self.dtype}")
+        size = len(self.example.encode() if self.dtype == "bytes" else self.example)
+        if size > self.max_length:
+            raise ValueError(f"example's length {size} is more than max_length {self.max_length}")
+        return self
+
+    @property
+    def text(self) -> bool:
+        """Whether one input is a string or bytes value rather than a tensor."""
+        return self.dtype in TEXT
+
+    def batch(self, size: int) -> np.ndarray | list[str] | list[bytes]:
+        """A batch of ``size`` inputs for profiling and warm-up: zeros, or the ``example``."""
+        if self.dtype == "string":
+            return [self.example] * size
+        if self.dtype == "bytes":
+            return [self.example.encode()] * size
+        return np.zeros((size, *self.shape), dtype=self.dtype)
 
 
 class ResourcesSpec(_Strict):
@@ -150,7 +205,7 @@ class ModelTemplate(_Strict):
         description="Batches a replica may hold at once (1 executing, the rest on their way); "
         "2 sends the next batch so it arrives as the replica frees up, 1 waits until it is idle.",
     )
-    input: InputSpec = Field(description="Shape and dtype of one input.")
+    input: InputSpec = Field(description="What one query's input is: shape and dtype.")
     warm_up: bool = Field(
         True,
         description="Run a batch of one as the last step of every LOAD, so that the first "
@@ -165,6 +220,15 @@ class ModelTemplate(_Strict):
             raise ValueError("device 'gpu' needs resources.num_gpus > 0 (got 0)")
         if self.device == "cpu" and self.resources.num_gpus > 0:
             raise ValueError(f"device 'cpu' with resources.num_gpus={self.resources.num_gpus}")
+        return self
+
+    @model_validator(mode="after")
+    def _text_for_python_models(self) -> ModelTemplate:
+        if self.input.text and self.runtime != "python":
+            raise ValueError(
+                f"input.dtype {self.input.dtype!r} needs runtime 'python' (got "
+                f"{self.runtime!r}, whose models take numeric tensors)"
+            )
         return self
 
     @model_validator(mode="after")

@@ -49,7 +49,7 @@ from raysrv.batching.actions import (
 )
 from raysrv.batching.profile import SortedWindow
 from raysrv.batching.scheduler import PoolScheduler
-from raysrv.config import ModelSpec, ResolvedPool
+from raysrv.config import Input, InputSpec, ModelSpec, ResolvedPool
 from raysrv.errors import ModelFailed, NotFound, Overloaded, RaysrvError, Rejected
 from raysrv.metrics import Metrics
 
@@ -87,7 +87,7 @@ logger = logging.getLogger(__name__)
 @dataclass(slots=True)
 class _Entry:
     model: str
-    x: np.ndarray
+    x: Input
     future: asyncio.Future[Any]
     cold: bool
     arrival: float
@@ -193,7 +193,7 @@ class Pool:
     def submit(
         self,
         model: str,
-        x: np.ndarray,
+        x: Input,
         deadline: float = math.inf,
         priority: int = 0,
         trip: tuple[float, float] | None = None,
@@ -360,7 +360,7 @@ class Pool:
                 if action.model in self.scheduler:  # sampled before each batch
                     length = self.scheduler.queue_length(action.model)
                     self._metrics.queue_length(action.model, length)
-                inputs = np.stack([e.x for e in entries])
+                inputs = _batch([e.x for e in entries])
                 calls.append(Call("infer", action.model, earliest, latest, inputs=inputs))
             elif isinstance(action, Load):
                 spec = self._specs[action.model]
@@ -543,11 +543,10 @@ class Pool:
                 runs.observe_unload(unloaded.duration)
 
     async def _profile_sizes(self, name: str, worker: int, sizes: tuple[int, ...]) -> None:
-        shape = self._specs[name]["input"]
-        x = np.zeros(shape["shape"], dtype=shape["dtype"])
+        example = InputSpec.model_validate(self._specs[name]["input"])
         runs = self.scheduler.runs(name)
         for size in sizes:
-            batch = np.stack([x] * size)
+            batch = example.batch(size)
             for run in range(1 + PROFILE_RUNS):
                 report = await self._one(worker, Call("infer", name, inputs=batch))
                 _expect(report, f"a batch of {size} of {name}")
@@ -685,3 +684,9 @@ def _quantiles_ms(window: SortedWindow) -> dict[str, float | None]:
 def _expect(report: Report, what: str) -> None:
     if report.status != "ok":
         raise RuntimeError(f"{what}: {report.status} {report.error}")
+
+
+def _batch(inputs: list[Input]) -> np.ndarray | list[Any]:
+    """A batch's inputs as its model takes them: tensors stacked into one array, strings and
+    bytes as a list."""
+    return np.stack(inputs) if isinstance(inputs[0], np.ndarray) else inputs

@@ -11,6 +11,7 @@ is a batch or a LOAD, never a single query.
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import math
 import time
@@ -32,6 +33,7 @@ from raysrv.cache import JoinExpired, PredictionCache, cache_key
 from raysrv.config import (
     AppLive,
     AppSpec,
+    Input,
     InputSpec,
     LiveConfig,
     ModelLive,
@@ -53,8 +55,12 @@ from raysrv.state import MemoryStore, StateStore
 __all__ = ["DESCRIBE_CHUNK", "Server", "coerce_input", "coerce_inputs", "counted_bodies"]
 
 
-def coerce_input(value: Any, spec: InputSpec) -> np.ndarray:
-    """``value`` as an array of the model's shape and dtype, or :class:`BadRequest` saying why."""
+def coerce_input(value: Any, spec: InputSpec) -> Input:
+    """``value`` as an input of the model's kind, or the :class:`RaysrvError` (400, or 413 for
+    an over-long string or bytes) saying why: an array of its shape and dtype, a ``str``, or
+    ``bytes`` (sent as such by a handle or as a raw body, as ``{"b64": ...}`` in JSON)."""
+    if spec.text:
+        return _text(value, spec)
     try:
         array = np.asarray(value)
     except (ValueError, TypeError) as exc:
@@ -71,10 +77,41 @@ def coerce_input(value: Any, spec: InputSpec) -> np.ndarray:
     return np.ascontiguousarray(array, dtype=target)
 
 
-def coerce_inputs(values: list[Any] | np.ndarray, spec: InputSpec) -> list[np.ndarray | BadRequest]:
-    """Each of ``values`` as :func:`coerce_input` makes it, or the :class:`BadRequest` it
-    raised. When every value is a number array of the model's shape, one conversion of them
-    all: the rows of one array."""
+def _text(value: Any, spec: InputSpec) -> str | bytes:
+    if spec.dtype == "string":
+        if not isinstance(value, str):
+            raise BadRequest(f"input must be a string, got {type(value).__name__}")
+        unit = "characters"
+    else:
+        value = _bytes(value)
+        unit = "bytes"
+    if len(value) > spec.max_length:
+        raise PayloadTooLarge(
+            f"input of {len(value)} {unit} exceeds the model's input.max_length {spec.max_length}"
+        )
+    return value
+
+
+def _bytes(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, dict) and list(value) == ["b64"] and isinstance(value["b64"], str):
+        try:
+            return base64.b64decode(value["b64"], validate=True)
+        except ValueError as exc:  # binascii.Error is one
+            raise BadRequest(f"input.b64 is not base64: {exc}") from None
+    raise BadRequest(
+        'a bytes input is {"b64": "<base64>"} in JSON, or the whole body as '
+        f"application/octet-stream; got {type(value).__name__}"
+    )
+
+
+def coerce_inputs(values: list[Any] | np.ndarray, spec: InputSpec) -> list[Input | RaysrvError]:
+    """Each of ``values`` as :func:`coerce_input` makes it, or the error it raised. When
+    every value is a number array of the model's shape, one conversion of them all: the rows
+    of one array."""
+    if spec.text:
+        return [_coerced_or_error(value, spec) for value in values]
     try:
         array = np.asarray(values)
     except (ValueError, TypeError):
@@ -90,10 +127,10 @@ def coerce_inputs(values: list[Any] | np.ndarray, spec: InputSpec) -> list[np.nd
     return [_coerced_or_error(value, spec) for value in values]
 
 
-def _coerced_or_error(value: Any, spec: InputSpec) -> np.ndarray | BadRequest:
+def _coerced_or_error(value: Any, spec: InputSpec) -> Input | RaysrvError:
     try:
         return coerce_input(value, spec)
-    except BadRequest as exc:
+    except RaysrvError as exc:
         return exc
 
 
@@ -141,15 +178,15 @@ async def _each(
 
 
 async def _each_input(
-    inputs: list[np.ndarray | BadRequest],
-    answer: Callable[[np.ndarray], Awaitable[dict[str, Any]]],
+    inputs: list[Input | RaysrvError],
+    answer: Callable[[Input], Awaitable[dict[str, Any]]],
     ask: _Ask,
 ) -> list[dict[str, Any] | RaysrvError]:
     """:func:`_each` over the coerced ``inputs``: those that could not be read keep their error
     in their place."""
-    good = [x for x in inputs if not isinstance(x, BadRequest)]
+    good = [x for x in inputs if not isinstance(x, RaysrvError)]
     answers = iter(await _each(answer(x) for x in good))
-    return [_told(x, ask) if isinstance(x, BadRequest) else next(answers) for x in inputs]
+    return [_told(x, ask) if isinstance(x, RaysrvError) else next(answers) for x in inputs]
 
 
 def counted_bodies(
@@ -489,7 +526,7 @@ class Server:
     async def _answer(
         self,
         target: _App,
-        x: np.ndarray,
+        x: Input,
         context: str,
         state: Any,
         start: float,
@@ -595,7 +632,7 @@ class Server:
         return await self._run_model(model, pool, x, start, origin, ask)
 
     async def _run_model(
-        self, model: str, pool: Pool, x: np.ndarray, start: float, origin: float, ask: _Ask
+        self, model: str, pool: Pool, x: Input, start: float, origin: float, ask: _Ask
     ) -> dict[str, Any]:
         """One model's answer to one coerced input."""
         with _transit_told(ask):
@@ -610,7 +647,7 @@ class Server:
             }
 
     async def _ask_models(
-        self, app: _App, chosen: list[str], x: np.ndarray, origin: float, ask: _Ask
+        self, app: _App, chosen: list[str], x: Input, origin: float, ask: _Ask
     ) -> tuple[dict[str, Any], bool]:
         """The predictions of the chosen models that arrive by the deadline, and whether all
         came from the cache.
@@ -642,7 +679,7 @@ class Server:
         return {m: value for m, (value, _) in arrived.items()}, all(h for _, h in arrived.values())
 
     async def _predict_one(
-        self, app: _App, model: str, x: np.ndarray, origin: float, ask: _Ask
+        self, app: _App, model: str, x: Input, origin: float, ask: _Ask
     ) -> tuple[Any, bool]:
         self._metrics.selection(app.spec.name, model)
         slo_s = (ask.slo_ms or app.slo_ms or self._slo_ms[model]) / 1000.0
@@ -726,7 +763,9 @@ class Server:
         record = await self._store.get_prediction(query_id)
         if record is None or record["app"] != app:
             raise NotFound(f"no answered query {query_id!r} in app {app!r} (unknown or expired)")
-        x = np.asarray(record["input"], dtype=target.input.dtype)
+        x = record["input"]
+        if not target.input.text:
+            x = np.asarray(x, dtype=target.input.dtype)
         selection, predictions = target.selection, record["predictions"]
         try:
             await self._store.update_state(  # atomic: concurrent feedback loses no update (§5.3)

@@ -105,7 +105,7 @@ class Call:
     model: str
     earliest: float = 0.0
     latest: float = math.inf
-    inputs: np.ndarray | None = None
+    inputs: np.ndarray | list[Any] | None = None
     spec: dict[str, Any] | None = None
 
 
@@ -288,7 +288,7 @@ class PoolWorker:
             del runtime
             return self._no_room(model, weight)
         if model.warm_up:
-            runtime.predict_batch(np.zeros((1, *model.input.shape), dtype=model.input.dtype))
+            runtime.predict_batch(model.input.batch(1))
         duration = time.perf_counter() - start
         grown, grown_there = rss_bytes() - before, _growth(on_device, device_bytes())
         self._models[model.name] = _Loaded(runtime, weight, grown, grown_there)
@@ -319,7 +319,9 @@ class PoolWorker:
         self._models.pop(name, None)
         return Report("ok", time.perf_counter() - start)
 
-    def infer(self, name: str, inputs: np.ndarray, earliest: float, latest: float) -> Report:
+    def infer(
+        self, name: str, inputs: np.ndarray | list[Any], earliest: float, latest: float
+    ) -> Report:
         """INFER: one stacked batch of a held model, within the window; outputs and run time."""
         loaded = self._models.get(name)
         if loaded is None:

@@ -1,8 +1,9 @@
 """The prediction cache of Clipper (NSDI'17, §4.2): CLOCK eviction, request / fetch.
 
 Keys are ``(model, version, input bytes)`` (:func:`cache_key`), so a new model version never
-serves an old answer. :class:`ClockCache` is the pure store; :class:`PredictionCache` adds
-Clipper's non-blocking API on top for asyncio callers:
+serves an old answer; a string or bytes input, of variable length, is keyed by a digest of its
+bytes, so that a key's size does not grow with the input's. :class:`ClockCache` is the pure
+store; :class:`PredictionCache` adds Clipper's non-blocking API on top for asyncio callers:
 
 * ``request(key, compute)`` returns whether the entry is present and, if it is neither present
   nor being computed, starts ``compute()`` and remembers it as pending, so that concurrent
@@ -21,6 +22,7 @@ operation, an approximation of LRU.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 import time
 from collections.abc import Awaitable, Callable, Hashable
@@ -48,9 +50,14 @@ class _Flight:
 
 
 def cache_key(
-    model: str, version: str, x: np.ndarray
+    model: str, version: str, x: np.ndarray | str | bytes
 ) -> tuple[str, str, str, tuple[int, ...], bytes]:
-    """The cache key of input ``x`` for one model version (dtype and shape are part of it)."""
+    """The cache key of input ``x`` for one model version (dtype and shape are part of it; a
+    string or bytes input's key holds the BLAKE2b digest of its bytes, UTF-8 for a string)."""
+    if isinstance(x, str):
+        return model, version, "string", (), hashlib.blake2b(x.encode()).digest()
+    if isinstance(x, bytes):
+        return model, version, "bytes", (), hashlib.blake2b(x).digest()
     return model, version, x.dtype.str, x.shape, x.tobytes()
 
 

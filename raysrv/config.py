@@ -27,6 +27,7 @@ from raysrv._model_spec import (
     _NAME,
     MIB,
     BatchingSpec,
+    Input,
     InputSpec,
     ModelSetSpec,
     ModelSpec,
@@ -48,6 +49,7 @@ __all__ = [
     "BatchingSpec",
     "CatalogSpec",
     "IngressSpec",
+    "Input",
     "InputSpec",
     "LiveConfig",
     "ModelLive",
@@ -245,11 +247,16 @@ def check_apps(apps: list[AppSpec], models: list[ModelSpec]) -> None:
             raise ValueError(
                 f"app {app.name!r} names unknown models {unknown}; known: {sorted(by_name)[:20]}"
             )
-        inputs = {(by_name[m].input.shape, by_name[m].input.dtype) for m in app.models}
+        inputs = {_input_kind(by_name[m].input) for m in app.models}
         if len(inputs) > 1:
             raise ValueError(
                 f"app {app.name!r} mixes models with different inputs {sorted(inputs)}"
             )
+
+
+def _input_kind(spec: InputSpec) -> tuple[Any, ...]:
+    """What an app's models must agree on of their input: all but the profiling example."""
+    return (spec.shape, spec.dtype) + ((spec.max_length,) if spec.text else ())
 
 
 class ModelLive(_Strict):

@@ -125,7 +125,8 @@ class TorchRuntime(Runtime):
 
 
 class PythonRuntime(Runtime):
-    """Any importable class whose instances implement ``predict_batch(inputs) -> outputs``."""
+    """Any importable class whose instances implement ``predict_batch(inputs) -> outputs``:
+    ``inputs`` a stacked array, or for string and bytes inputs a list of ``str`` or ``bytes``."""
 
     def __init__(self, source: str, **init_kwargs: Any) -> None:
         self.model = import_object(source)(**init_kwargs)
@@ -135,7 +136,27 @@ class PythonRuntime(Runtime):
             self.weight_bytes = self.model.weight_bytes  # what its weights take, if it says
 
     def predict_batch(self, inputs: Sequence[Any]) -> list[Any]:
-        return list(self.model.predict_batch(inputs))
+        return [_plain(output) for output in self.model.predict_batch(inputs)]
+
+
+def _plain(value: Any) -> Any:
+    """A python model's output as JSON holds it: numpy arrays as lists and numpy numbers as
+    numbers; any other type than JSON's raises ``TypeError``, which fails the batch (500)."""
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    if isinstance(value, np.ndarray | np.generic):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {_key(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    raise TypeError(f"a python model's output must be what JSON holds, got {type(value).__name__}")
+
+
+def _key(key: Any) -> str:
+    if not isinstance(key, str):
+        raise TypeError(f"an output's keys must be strings, got {type(key).__name__}")
+    return key
 
 
 def load_runtime(spec: ModelSpec) -> Runtime:

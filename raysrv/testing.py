@@ -81,6 +81,31 @@ class EchoModel:
         ]
 
 
+class TextModel:
+    """Answers ``{"length", "words", "first", "batch_size", "batch"}`` per input, a ``str`` or
+    ``bytes``: its length, its whitespace-separated words and its first character or byte,
+    the numbers as numpy's, as a model built on numpy returns them."""
+
+    def __init__(self) -> None:
+        self.batches = 0
+
+    def predict_batch(self, inputs: Sequence[str | bytes]) -> list[dict[str, Any]]:
+        if not isinstance(inputs, list) or not all(isinstance(x, str | bytes) for x in inputs):
+            raise TypeError(f"expected a list of str or bytes, got {type(inputs).__name__}")
+        self.batches += 1
+        lengths = np.array([len(x) for x in inputs])
+        return [
+            {
+                "length": length,
+                "words": len(x.split()),
+                "first": x[:1] if isinstance(x, str) else list(x[:1]),
+                "batch_size": np.int64(len(inputs)),
+                "batch": self.batches,
+            }
+            for x, length in zip(inputs, lengths, strict=True)
+        ]
+
+
 class LabelModel:
     """Answers ``{"label": label}`` for every input after ``delay_s`` per batch: a classifier
     whose answer (and speed) a test chooses."""

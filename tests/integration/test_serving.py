@@ -261,3 +261,37 @@ def test_an_ensemble_on_serve_answers_by_its_deadline_without_its_straggler(
     assert answer["confidence"] == pytest.approx(0.5)
     ack = handle.feedback.remote("vote", answer["query_id"], 1).result(timeout_s=60)
     assert ack["accepted"] is True
+
+
+def test_strings_and_bytes_reach_python_models_over_http_and_handles(
+    serve_session: RayCluster,
+) -> None:
+    """A string model on a worker actor (its batches cross to another process as lists of
+    ``str``) and a bytes model in the ingress's process."""
+    words = model_spec(
+        "words", source="raysrv.testing:TextModel", input={"dtype": "string", "max_length": 64}
+    )
+    blobs = {
+        **words,
+        "name": "blobs",
+        "placement": "colocated",
+        "input": {"dtype": "bytes", "max_length": 64, "example": "abc"},
+    }
+    app = build_app(spec([words, blobs], [{"name": "words", "models": ["words"]}]))
+    handle = serve.run(app, name="text", route_prefix="/text")
+    url = f"{serve_session.http}/text/v1"
+    many = httpx.post(f"{url}/words/predict", json={"inputs": ["a b c", "é"]}, timeout=60)
+    raw = httpx.post(
+        f"{url}/models/blobs/predict",
+        content=b"\x00\xffz",
+        headers={"content-type": "application/octet-stream"},
+        timeout=60,
+    )
+    too_long = httpx.post(f"{url}/words/predict", json={"input": "w" * 65}, timeout=60)
+    by_handle = handle.predict_model.remote("blobs", b"\x01 two").result(timeout_s=60)
+    assert [a["output"]["words"] for a in many.json()["results"]] == [3, 1]
+    assert [a["output"]["first"] for a in many.json()["results"]] == ["a", "é"]
+    assert raw.json()["output"]["first"] == [0]
+    assert raw.json()["output"]["length"] == 3
+    assert too_long.status_code == 413
+    assert (by_handle["output"]["length"], by_handle["output"]["words"]) == (5, 2)
