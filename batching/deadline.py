@@ -9,15 +9,20 @@ batches of 8 in 204 ms and of 10 in 183 ms (p50), and a maximum planned every fu
 time. One step:
 
   (1) Refuse, before any work is spent, the latency-sensitive queries that cannot finish in time
-      even alone on a replica free now: deadline < now + p99(1), their last strategy's
-      required start passed ("cannot meet deadline"; Appendix B drops "strategies ... if their
-      required start time has passed"). A query that could make it on a free replica but
-      not behind the work predicted in flight on every replica waits: that work may end
-      early, and it is refused once its required start passes. With ``refuse_behind_work``
-      it is refused at once instead (deadline < earliest predicted start + p99(1)), sooner
-      for its caller; on four alternating runs of the many-model trace neither kept more
-      within the SLO beyond the runs' spread (``bench/RESULTS_ARCHIVE.md``, "the trace run
-      after run, before run 9").
+      behind the work predicted in flight and the queries queued ahead of them
+      ("cannot meet deadline"; Appendix B drops "strategies ... if their required start
+      time has passed"; clockwork §4.4 cancels an action that cannot complete in time
+      rather than run it late). The plan takes the queries by deadline, from the head of the
+      queue, into the largest batch that ends before the head's deadline on the replica
+      predicted to free first, as step (2) would; a query that fits no batch of the plan is
+      refused, and the plan goes on without it (:meth:`DeadlinePolicy._behind_queue`). So
+      the queue never holds more than the replicas can serve within the deadlines, capacity
+      × SLO, and under overload a query is refused as it arrives rather than once its
+      required start has passed, most of its SLO later (``bench/RESULTS.md``, "Overload").
+      With ``refuse_behind_queue: false``, a query that could make it alone on a free
+      replica waits (the work ahead may end early) and is refused once its required start
+      passes, deadline < now + p99(1); with ``refuse_behind_work`` as well, at once if it
+      cannot finish behind the work in flight (deadline < earliest predicted start + p99(1)).
   (2) With a free replica, order the latency-sensitive queries by deadline. Each (query, batch
       size b) is a strategy whose required start time is the query's deadline - p99(b)
       (Appendix B): the batch is that query and the next b-1 by deadline, so it finishes before
@@ -113,10 +118,11 @@ Cost per step: O(n log n) in the queue length (the sort), plus O(s log n) over t
 
 from __future__ import annotations
 
+import heapq
 import math
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Literal
 
@@ -225,6 +231,14 @@ class DeadlineParams(PolicyParams):
         "run-time estimate and the overrun each cover their own tail) or its planned run (the "
         "estimate plus the overrun is then the overrun_quantile of the time from a batch's "
         "planned start to its answer).",
+    )
+    refuse_behind_queue: bool = Field(
+        True,
+        description="Refuse a query as soon as it could not finish behind the work predicted "
+        "in flight and the queries queued ahead of it, planned in batches of up to the "
+        "largest size on the replica that frees first: refusals come at arrival, and the "
+        "queue holds no more than the replicas serve within the deadlines. False: "
+        "refuse_behind_work decides.",
     )
     refuse_behind_work: bool = Field(
         False,
@@ -404,10 +418,15 @@ class DeadlinePolicy(BatchingPolicy):
     def _wait(self, urgent: Sequence[QueuedQuery], now: float) -> Wait:
         """Wait for a replica to take the urgent queries, at the latest until just past the
         first one's required start, when step (1) refuses it (at the required start itself it
-        could still make it, on a replica freed then)."""
+        could still make it, on a replica freed then). With ``refuse_behind_queue``, of the
+        batch size planned shortest, which need not be 1 (a batch of 2 measured faster than
+        one of 1): past it every plan of step (1) refuses it."""
         if not urgent:
             return Wait()
-        last = min(q.deadline for q in urgent) - self.estimate(1)
+        shortest = self.estimate(1)
+        if self.params.refuse_behind_queue:
+            shortest = min(self.estimate(k) for k in _sizes_up_to(self._sizes, len(urgent)))
+        last = min(q.deadline for q in urgent) - shortest
         return Wait(math.nextafter(max(last, now), math.inf))
 
     def _probe(
@@ -440,11 +459,45 @@ class DeadlinePolicy(BatchingPolicy):
     def _doomed(self, urgent: Sequence[QueuedQuery], view: BatcherView) -> tuple[int, ...]:
         if not urgent or not view.replicas:
             return ()
+        if self.params.refuse_behind_queue:
+            return self._behind_queue(urgent, view)
         earliest = view.now
         if self.params.refuse_behind_work:
             earliest = min(self._start(r, view.now) for r in view.replicas)
         finish = earliest + self.estimate(1)
         return tuple(q.query_id for q in urgent if q.deadline < finish)
+
+    def _behind_queue(self, urgent: Sequence[QueuedQuery], view: BatcherView) -> tuple[int, ...]:
+        """The queries that fit no batch of the plan of step (1) (:meth:`_unplanned`). A replica
+        whose start is unknown (behind a LOAD never measured) takes no batch of the plan; with
+        none known, a query is refused once its required start has passed."""
+        frees = sorted(t for r in view.replicas if (t := self._start(r, view.now)) < math.inf)
+        if not frees:  # every replica waits on a LOAD of unknown length: as if free now
+            finish = view.now + self.estimate(1)
+            return tuple(q.query_id for q in urgent if q.deadline < finish)
+        return self._unplanned(sorted((q.deadline, q.query_id) for q in urgent), frees)
+
+    def _unplanned(self, planned: list[tuple[float, int]], frees: list[float]) -> tuple[int, ...]:
+        """Of the queries ``planned`` (deadline, id, by deadline), those the plan leaves out. By
+        deadline, from the head: the replica predicted to free first (of ``frees``, their
+        starts, sorted) takes the largest batch that ends before the deadline of the query at
+        the head (the earliest in it), as step (2) would; a head that cannot end in time even
+        alone there is left out, and the plan goes on without it."""
+        doomed = []
+        i = 0
+        while i < len(planned):
+            start, (head, query), left = frees[0], planned[i], len(planned) - i
+            size = next(
+                (k for k in _sizes_up_to(self._sizes, left) if start + self.estimate(k) <= head),
+                0,
+            )
+            if not size:
+                doomed.append(query)
+                i += 1
+                continue
+            heapq.heapreplace(frees, start + self.estimate(size))
+            i += size
+        return tuple(doomed)
 
     def _most_urgent(self, urgent: list[QueuedQuery], slot: ReplicaSlot, now: float) -> Decision:
         """The largest batch this replica can still finish before every deadline in it.
@@ -504,6 +557,16 @@ class DeadlinePolicy(BatchingPolicy):
         shift = ended - mine[2]
         self._inflight[outcome.replica] = deque((n, s + shift, f + shift) for n, s, f in planned)
         return mine[1], mine[2]
+
+
+def _sizes_up_to(sizes: Sequence[int], most: int) -> Iterator[int]:
+    """``sizes`` (largest first) with each capped at ``most``, each once."""
+    last = None
+    for size in sizes:
+        size = min(size, most)
+        if size != last:
+            yield size
+            last = size
 
 
 def strategy_sizes(params: DeadlineParams) -> list[int]:

@@ -390,10 +390,15 @@ async def _watch_stalls(stalls: list[tuple[float, ...]], t0: float) -> None:
 
 
 async def closed_loop(
-    client: Client, concurrency: int, duration_s: float, first: int = 0
+    client: Client,
+    concurrency: int,
+    duration_s: float,
+    first: int = 0,
+    log: RequestLog | None = None,
 ) -> RunResult:
-    """``concurrency`` workers send back to back for ``duration_s`` seconds (then drain)."""
-    log = RequestLog()
+    """``concurrency`` workers send back to back for ``duration_s`` seconds (then drain);
+    each request is also recorded in ``log`` when one is given."""
+    log = log if log is not None else RequestLog()
     ids = itertools.count(first)
     t0 = time.perf_counter()
 

@@ -25,6 +25,7 @@ from raysrv._server import DESCRIBE_CHUNK, Server, counted_bodies
 from raysrv.errors import (
     BadRequest,
     MethodNotAllowed,
+    ModelFailed,
     Overloaded,
     PayloadTooLarge,
     RaysrvError,
@@ -279,6 +280,30 @@ def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
+NOT_JSON = ModelFailed("the answer holds NaN or an infinity, which JSON cannot carry")
+
+
+def _encoded(status: int, payload: Any) -> tuple[int, bytes]:
+    """``payload`` as JSON, with its ``status``. An answer whose output holds NaN or an
+    infinity, which JSON has no numbers for, becomes a 500 error body; in ``{"results"}``
+    that answer's entry alone, so that the other inputs keep theirs."""
+    try:
+        return status, _json(payload).encode()
+    except ValueError:
+        pass
+    if isinstance(payload, dict) and isinstance(payload.get("results"), list):
+        entries = [_json_or_error(entry) for entry in payload["results"]]
+        return status, ('{"results":[' + ",".join(entries) + "]}").encode()
+    return NOT_JSON.status, _json(NOT_JSON.to_json()).encode()
+
+
+def _json_or_error(entry: Any) -> str:
+    try:
+        return _json(entry)
+    except ValueError:
+        return _json(NOT_JSON.to_json())
+
+
 def _error_response(exc: RaysrvError) -> JSONResponse:
     headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Overloaded) else None
     return JSONResponse(exc.to_json(), status_code=exc.status, headers=headers)
@@ -452,7 +477,7 @@ async def _send_json(send: Any, status: int, payload: Any) -> None:
         if isinstance(payload, Overloaded):
             headers.append((b"retry-after", str(payload.retry_after_s).encode()))
         payload = payload.to_json()
-    body = _json(payload).encode()
+    status, body = _encoded(status, payload)
     headers.append((b"content-length", str(len(body)).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -43,8 +43,28 @@ def _queue(deadlines: list[float], priority: int = 0) -> list[QueuedQuery]:
 def test_dispatches_the_largest_batch_that_still_finishes_in_time() -> None:
     policy = _trained()
     queue = _queue([0.0065] * 10)  # a batch of k takes 2 + k ms: k = 4 ends at 6 ms
-    decision = policy.decide(BatcherView(0.0, queue, [ReplicaSlot(0)]))
+    # the six that cannot finish behind those four are refused first, before any work
+    refused = policy.decide(BatcherView(0.0, queue, [ReplicaSlot(0)]))
+    assert refused == Reject((4, 5, 6, 7, 8, 9), "cannot meet deadline")
+    decision = policy.decide(BatcherView(0.0, queue[:4], [ReplicaSlot(0)]))
     assert decision == Dispatch((0, 1, 2, 3), 0)
+    lazy = _trained(refuse_behind_queue=False)  # leaves them queued until their start passes
+    assert lazy.decide(BatcherView(0.0, queue, [ReplicaSlot(0)])) == Dispatch((0, 1, 2, 3), 0)
+
+
+def test_refuses_at_once_what_cannot_finish_behind_the_queries_queued_ahead() -> None:
+    """Two replicas, one busy until 4 ms; batches of k take 2 + k ms, at most 8. Due at 12 ms,
+    the first 8 by deadline run on the free replica (0..10 ms), the next 7 behind the busy
+    one (4..13 ms) would end too late, so 6 go there (4..12 ms): the 15th and 16th fit nowhere
+    and are refused now, while the 17th, due later, still fits behind the free replica's
+    batch (10..13 ms)."""
+    policy = _trained(max_batch_size=8)
+    queue = _queue([0.012] * 16 + [0.0135])
+    replicas = [ReplicaSlot(0), ReplicaSlot(1, busy_until=0.004)]
+    policy.decide(BatcherView(0.0, [QueuedQuery(99, 0.0, 0.5)], [ReplicaSlot(1)]))  # 1 busy
+    assert policy.decide(BatcherView(0.0, queue, replicas)) == Reject(
+        (14, 15), "cannot meet deadline"
+    )
 
 
 def test_orders_by_deadline_not_by_arrival() -> None:
@@ -80,7 +100,7 @@ def test_counts_the_work_already_in_flight_on_the_replica() -> None:
     end early, until its required start (its deadline less its run) passes; then it is
     refused (Appendix B drops strategies whose required start has passed).
     ``refuse_behind_work`` refuses it at once."""
-    policy = _trained()
+    policy = _trained(refuse_behind_queue=False)
     queue = _queue([0.010])  # a batch of one takes 3 ms: required start 7 ms
     busy_until_8ms = [ReplicaSlot(0, busy_until=0.008)]  # free to take one more, pipelined
     waiting = policy.decide(BatcherView(0.0, queue, busy_until_8ms))
@@ -92,11 +112,11 @@ def test_counts_the_work_already_in_flight_on_the_replica() -> None:
     assert policy.decide(BatcherView(0.0075, queue, busy_until_8ms)) == Reject(
         (0,), "cannot meet deadline"
     )
-    eager = _trained(refuse_behind_work=True)
-    assert eager.decide(BatcherView(0.0, queue, busy_until_8ms)) == Reject(
-        (0,), "cannot meet deadline"
-    )
-    assert eager.decide(BatcherView(0.0, queue, [ReplicaSlot(0)])) == Dispatch((0,), 0)
+    for eager in (_trained(refuse_behind_queue=False, refuse_behind_work=True), _trained()):
+        assert eager.decide(BatcherView(0.0, queue, busy_until_8ms)) == Reject(
+            (0,), "cannot meet deadline"
+        )
+        assert eager.decide(BatcherView(0.0, queue, [ReplicaSlot(0)])) == Dispatch((0,), 0)
 
 
 def test_plans_behind_its_own_batch_in_flight_re_anchored_on_each_answer() -> None:
@@ -105,10 +125,12 @@ def test_plans_behind_its_own_batch_in_flight_re_anchored_on_each_answer() -> No
     assert first == Dispatch((0, 1, 2, 3), 0)  # planned to run 0..6 ms
     # The batcher's running average says the replica frees at 3 ms and lets another batch go;
     # the policy still expects it busy until 6 ms, so one query (3 ms) due at 8 ms cannot make
-    # it behind that batch: it waits, until its required start at 5 ms.
+    # it behind that batch: it is refused.
     pipelined = [ReplicaSlot(0, busy_until=0.003)]
     urgent = [QueuedQuery(9, 0.001, 0.008)]
-    assert policy.decide(BatcherView(0.001, urgent, pipelined)) == Wait(pytest.approx(0.005))
+    assert policy.decide(BatcherView(0.001, urgent, pipelined)) == Reject(
+        (9,), "cannot meet deadline"
+    )
     second = policy.decide(BatcherView(0.001, _queue([0.5] * 2), pipelined))
     assert second == Dispatch((0, 1), 0)
     assert second.expected_start == 0.006  # behind the first, by the policy's own plan
@@ -211,7 +233,8 @@ def test_estimates_that_refuse_everything_are_measured_again_on_an_idle_replica(
     for k in range(LOCKED_OUT - 1):  # stale, but not yet this many refusals in a row
         query = [QueuedQuery(k, now, now + 0.04)]
         assert policy.decide(BatcherView(now, query, idle)) == Reject((k,), "cannot meet deadline")
-    queue = [QueuedQuery(100, now, now + 0.02), QueuedQuery(101, now, now + 0.04)]
+    # due before a batch of two would end (4 ms), so neither fits a batch
+    queue = [QueuedQuery(100, now, now + 0.003), QueuedQuery(101, now, now + 0.04)]
     probe = policy.decide(BatcherView(now, queue, idle))
     assert probe == Dispatch((101,), 0)
     assert isinstance(probe, Dispatch)
@@ -291,9 +314,11 @@ def test_adds_the_overrun_once_to_a_plan_not_to_each_batch_in_flight_ahead_of_it
     assert first == Dispatch((0, 1, 2, 3), 0)  # planned to run 0..6 ms, back by 10 ms
     pipelined = [ReplicaSlot(0, busy_until=0.003)]
     # One query behind it: starts at 6 ms, runs 3 ms, plus the 4 ms overrun once: 13 ms. Due
-    # at 12.5 ms, it waits for the replica, at most until its required start, 5.5 ms.
+    # at 12.5 ms, it is refused.
     too_soon = [QueuedQuery(9, 0.001, 0.0125)]
-    assert policy.decide(BatcherView(0.001, too_soon, pipelined)) == Wait(pytest.approx(0.0055))
+    assert policy.decide(BatcherView(0.001, too_soon, pipelined)) == Reject(
+        (9,), "cannot meet deadline"
+    )
     behind = policy.decide(BatcherView(0.001, [QueuedQuery(10, 0.001, 0.0135)], pipelined))
     assert behind == Dispatch((10,), 0)
     assert behind.expected_start == pytest.approx(0.006)

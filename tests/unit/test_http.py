@@ -253,6 +253,25 @@ def test_raw_tensor_bodies_are_answered_as_their_json_twins() -> None:
     assert [a["output"]["sum"] for a in r["model"].json()["results"]] == [26.0, 1.0]
 
 
+def test_an_output_json_cannot_carry_is_a_500_body_for_its_input_alone() -> None:
+    overflow = [3e38, 3e38, 0, 0]  # float32's sum of it is an infinity
+
+    async def scenario() -> tuple[httpx.Response, httpx.Response]:
+        async with await _client(_server()) as c:
+            one = await c.post("/v1/models/a/predict", json={"input": overflow})
+            many = await c.post("/v1/one/predict", json={"inputs": [[1, 2, 3, 4], overflow]})
+            return one, many
+
+    one, many = run(scenario())
+    assert one.status_code == 500
+    assert one.json()["error"] == "model_failed"
+    assert "NaN or an infinity" in one.json()["message"]
+    assert many.status_code == 200
+    good, bad = many.json()["results"]
+    assert good["output"]["sum"] == 10.0
+    assert (bad["status"], bad["error"]) == (500, "model_failed")
+
+
 @pytest.mark.parametrize(
     ("kwargs", "query", "fragment"),
     [

@@ -1,0 +1,314 @@
+"""raysrv and plain Ray Serve under overload over HTTP: one answer per request, quick
+refusals, goodput held at capacity, and how soon answers are normal again.
+
+    python -m bench.overload [--serve-proxy] [--factor 3] [--seconds 20] [--slo-ms 200]
+        [--passes 2000] [--systems raysrv baseline] [--out JSON]
+
+One Ray instance, started with ``raysrv run``'s environment (:data:`raysrv.cli.FAST_PATH`:
+HAProxy ingress, gRPC handles, user code on the replica's main thread), or with Serve's
+defaults under ``--serve-proxy``. Both systems serve one :mod:`bench.zoo` model (the digits
+input, its square layer run ``--passes`` times with weights that keep the activations' size,
+``steady``: a batch of 4 takes about 30 ms and one of 16 about 120 ms on one onnxruntime
+thread, so that the load generator, a Python process on the same 2 cores, can offer three
+times the capacity) from one replica of one CPU:
+
+* ``raysrv``: the model on a worker actor, the ``deadline`` policy, batches of at most
+  ``MAX_BATCH``; each query carries its SLO (``slo_ms``) and when it was scheduled
+  (``sent_at``), so that time spent in front of the ingress counts;
+* ``baseline``: ``@serve.batch(MAX_BATCH, 5 ms)`` (:mod:`bench.baseline`), with admission
+  tuned for the SLO the way Serve offers: ``max_ongoing_requests`` as many full batches as
+  run one after another within the SLO at the capacity measured
+  (:func:`bench.baseline.admitted`), ``max_queued_requests`` 1, beyond which Serve refuses
+  (503).
+
+For each system in turn: its capacity, the answers per second of a closed loop of
+``MAX_BATCH`` in flight for ``CAPACITY_S`` (one full batch at a time, well within the SLO; a
+deeper loop has raysrv refuse what it cannot answer within the SLO, and its callers, resending
+at once, take the cores from the model); then one open loop of Poisson arrivals, ``BEFORE_S`` at
+half the capacity, ``--seconds`` at ``--factor`` times it and ``AFTER_S`` at half again,
+every request its own input. Reported from the client's side, latency from each request's
+scheduled time: requests with no answer (none within ``TIMEOUT_S``, or the connection
+failed), statuses, goodput within the SLO during the overload as a share of the capacity,
+answers late (after the SLO), refusals (429/503) and their latency p50 and p99, and the
+recovery: from the overload's end, when the requests start to be normal, every one answered
+within the SLO over each later ``WINDOW_S`` of scheduled times (:func:`recovery_s`).
+Writes every request's scheduled time, latency and status to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from bench.loadgen import (
+    REJECTED,
+    HttpClient,
+    RequestLog,
+    closed_loop,
+    poisson_offsets,
+    refusal_reason,
+    replay,
+    scheduled_at,
+)
+from raysrv.cli import FAST_PATH
+
+__all__ = ["main", "recovery_s", "summarize"]
+
+HOST = "127.0.0.1"
+MAX_BATCH = 16
+CAPACITY_S = 10.0
+BEFORE_S = 5.0
+AFTER_S = 10.0
+WINDOW_S = 0.25
+TIMEOUT_S = 30.0
+INPUTS = 4096
+SYSTEMS = ("raysrv", "baseline")
+
+
+def raysrv_spec(path: Path, slo_ms: float) -> dict[str, Any]:
+    model = {
+        "name": "zoo",
+        "runtime": "onnx",
+        "source": str(path),
+        "resources": {"num_cpus": 1, "threads": 1},
+        "batching": {"policy": "deadline", "params": {"max_batch_size": MAX_BATCH}},
+        "slo_ms": slo_ms,
+        "input": {"shape": [64], "dtype": "float32"},
+    }
+    return {
+        "models": [model],
+        "apps": [{"name": "zoo", "models": ["zoo"], "cache_size": 0}],
+        "ingress": {"num_cpus": 0},
+    }
+
+
+class TimedClient(HttpClient):
+    """POSTs each request's own input with the SLO and ``sent_at``, its scheduled time."""
+
+    def __init__(self, url: str, inputs: list[list[float]], slo_ms: float) -> None:
+        super().__init__(url, [], connections=2048, timeout_s=TIMEOUT_S)
+        self._inputs = [json.dumps(x) for x in inputs]
+        self._slo = slo_ms
+        self.errors: list[tuple[str, float]] = []  # each error's reason and seconds taken
+
+    async def send(self, i: int) -> int:
+        x = self._inputs[i % len(self._inputs)]
+        sent_at = scheduled_at()
+        body = f'{{"input":{x},"slo_ms":{self._slo},"sent_at":{sent_at:.6f}}}'
+        try:
+            async with self._session.post(self.url, data=body.encode()) as response:
+                answer = await response.read()
+                if response.status != 200:
+                    self.errors.append((_reason(answer), time.time() - sent_at))
+                return response.status
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+            return 0
+
+
+def _reason(body: bytes) -> str:
+    try:
+        return refusal_reason(json.loads(body)["message"])
+    except (ValueError, KeyError, TypeError):
+        return body[:60].decode(errors="replace")  # Serve's own refusals are plain text
+
+
+def start(serve_proxy: bool) -> int:
+    if not serve_proxy:
+        os.environ.update(FAST_PATH)  # read as Serve is imported and as Ray starts
+    os.environ["RAY_worker_niceness"] = "0"  # noqa: SIM112 - Ray's name; client and servers alike
+    # a deleted application's direct ingress drains for 30 s by default
+    os.environ["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] = "2"
+    from bench.validate_live import start_ray
+
+    return start_ray()
+
+
+def deploy(system: str, path: Path, slo_ms: float, capacity: float | None) -> str:
+    """Deploy ``system`` (the baseline untuned without a ``capacity``); its URL."""
+    from ray import serve
+    from ray.serve.schema import LoggingConfig
+
+    from bench.baseline import admitted, build_baseline
+    from raysrv.app import build_app
+
+    quiet = LoggingConfig(enable_access_log=False, log_level="WARNING")
+    if system == "raysrv":
+        app = build_app(raysrv_spec(path, slo_ms))
+        serve.run(app, name=system, route_prefix=f"/{system}", logging_config=quiet)
+        return f"/{system}/v1/zoo/predict"
+    bound = {}
+    if capacity is not None:
+        ongoing = admitted(capacity, slo_ms / 1000.0, MAX_BATCH)
+        bound = {"max_ongoing_requests": ongoing, "max_queued_requests": 1}
+    app = build_baseline(str(path), (64,), MAX_BATCH, 0.005, **bound)
+    serve.run(app, name=system, route_prefix=f"/{system}", logging_config=quiet)
+    return f"/{system}"
+
+
+def recovery_s(
+    scheduled: np.ndarray, good: np.ndarray, start: float, end: float, window: float = WINDOW_S
+) -> float:
+    """Seconds from ``start`` until the requests are normal: the start of the first window of
+    ``window`` seconds (of scheduled times, up to ``end``) from which on every window's
+    requests were all ``good``; ``end - start`` if the last one was not."""
+    edges = np.arange(start, end, window)
+    bad = [not good[(scheduled >= a) & (scheduled < a + window)].all() for a in edges]
+    last_bad = max((k for k, b in enumerate(bad) if b), default=-1)
+    return min((last_bad + 1) * window, end - start)
+
+
+def summarize(
+    log: RequestLog, slo_s: float, capacity: float, over: tuple[float, float], end: float
+) -> dict[str, Any]:
+    """The overload's figures from one open loop's ``log`` (``over``: the overload's start and
+    end, ``end`` the loop's, in scheduled seconds)."""
+    scheduled = np.asarray(log.scheduled)
+    latency = np.asarray(log.done) - scheduled
+    status = np.asarray(log.status)
+    good = (status == 200) & (latency <= slo_s)
+    during = (scheduled >= over[0]) & (scheduled < over[1])
+    refused = np.isin(status, list(REJECTED))
+    statuses = {str(s): int((status == s).sum()) for s in np.unique(status)}
+    refusals = latency[during & refused] * 1e3
+    answered = latency[during & (status == 200)] * 1e3
+    return {
+        "requests": len(status),
+        "no_answer": int((status == 0).sum()),
+        "statuses": statuses,
+        "offered_per_s": float(during.sum() / (over[1] - over[0])),
+        "goodput_per_s": float((good & during).sum() / (over[1] - over[0])),
+        "goodput_share": float((good & during).sum() / (over[1] - over[0]) / capacity),
+        "late": int(((status == 200) & (latency > slo_s)).sum()),
+        "refused": int((during & refused).sum()),
+        "refusal_p50_ms": _pct(refusals, 50),
+        "refusal_p99_ms": _pct(refusals, 99),
+        "answer_p50_ms": _pct(answered, 50),
+        "answer_p99_ms": _pct(answered, 99),
+        "recovery_s": recovery_s(scheduled, good, over[1], end),
+    }
+
+
+def _by_reason(errors: list[tuple[str, float]]) -> dict[str, dict[str, float]]:
+    """Per reason: how many errors, and the p50 and p99 of their latency (ms)."""
+    reasons: dict[str, list[float]] = {}
+    for reason, seconds in errors:
+        reasons.setdefault(reason, []).append(seconds * 1e3)
+    return {
+        r: {"count": len(v), "p50_ms": _pct(np.array(v), 50), "p99_ms": _pct(np.array(v), 99)}
+        for r, v in reasons.items()
+    }
+
+
+def _pct(values: np.ndarray, q: float) -> float:
+    return float(np.percentile(values, q)) if values.size else math.nan
+
+
+async def _one(system: str, port: int, args: argparse.Namespace, path: Path) -> dict[str, Any]:
+    from bench.zoo import digits_like
+
+    rng = np.random.default_rng(7)
+    inputs = digits_like(rng, INPUTS).tolist()
+    url = f"http://{HOST}:{port}" + deploy(system, path, args.slo_ms, None)
+    slo_s = args.slo_ms / 1000.0
+    async with TimedClient(url, inputs, args.slo_ms) as client:
+        await closed_loop(client, MAX_BATCH, 3.0)  # warm-up
+        log = RequestLog()
+        await closed_loop(client, MAX_BATCH, CAPACITY_S, log=log)
+    capacity = float(np.sum(np.asarray(log.status) == 200) / CAPACITY_S)
+    statuses = dict(zip(*np.unique(log.status, return_counts=True), strict=True))
+    print(f"{system}: capacity {capacity:.0f} answers/s {statuses}", file=sys.stderr)
+    if not capacity:
+        raise RuntimeError(f"{system} answered nothing at {url}")
+    if system == "baseline":
+        url = f"http://{HOST}:{port}" + deploy(system, path, args.slo_ms, capacity)
+    low, high = 0.5 * capacity, args.factor * capacity
+    gen = np.random.default_rng(11)
+    over = (BEFORE_S, BEFORE_S + args.seconds)
+    end = over[1] + AFTER_S
+    offsets = np.concatenate(
+        [
+            poisson_offsets(low, gen, BEFORE_S),
+            over[0] + poisson_offsets(high, gen, args.seconds),
+            over[1] + poisson_offsets(low, gen, AFTER_S),
+        ]
+    )
+    async with TimedClient(url, inputs, args.slo_ms) as client:
+        log = await replay(client, offsets)
+    figures = summarize(log, slo_s, capacity, over, end)
+    figures |= {"system": system, "capacity_per_s": capacity, "errors": _by_reason(client.errors)}
+    print(f"{system}: {figures}", file=sys.stderr, flush=True)
+    figures["log"] = {
+        "scheduled": log.scheduled,
+        "latency": (np.asarray(log.done) - np.asarray(log.scheduled)).tolist(),
+        "status": log.status,
+    }
+    from ray import serve
+
+    serve.delete(system)
+    return figures
+
+
+def table(points: list[dict[str, Any]], factor: float, slo_ms: float) -> str:
+    lines = [
+        f"| system | capacity/s | offered/s at {factor:g}x | goodput/s | share of capacity | "
+        "late | refused | refusal p50 ms | refusal p99 ms | answer p99 ms | no answer | "
+        "normal again after s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p in points:
+        lines.append(
+            f"| {p['system']} | {p['capacity_per_s']:.0f} | {p['offered_per_s']:.0f} | "
+            f"{p['goodput_per_s']:.0f} | {p['goodput_share']:.0%} | {p['late']} | "
+            f"{p['refused']} | {p['refusal_p50_ms']:.1f} | {p['refusal_p99_ms']:.1f} | "
+            f"{p['answer_p99_ms']:.0f} | {p['no_answer']} | {p['recovery_s']:.2f} |"
+        )
+    lines.append(
+        f"\nSLO {slo_ms:g} ms; statuses: "
+        + "; ".join(f"{p['system']} {p['statuses']}" for p in points)
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--serve-proxy", action="store_true", help="Serve's default mode")
+    parser.add_argument("--factor", type=float, default=3.0, help="the overload's multiple")
+    parser.add_argument("--seconds", type=float, default=20.0, help="of overload")
+    parser.add_argument("--slo-ms", type=float, default=200.0)
+    parser.add_argument("--passes", type=int, default=2000, help="of the zoo model's layer")
+    parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    parser.add_argument("--out", type=Path, default=Path("bench/out/overload.json"))
+    args = parser.parse_args(argv)
+    from bench.zoo import build_zoo
+
+    (path,) = build_zoo(Path("bench/out/overload-zoo"), 1, passes=args.passes, steady=True)
+    port = start(args.serve_proxy)
+    try:
+        points = [asyncio.run(_one(s, port, args, path)) for s in args.systems]
+    finally:
+        import ray
+
+        ray.shutdown()
+    print(table(points, args.factor, args.slo_ms))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    report = {
+        "command": ["python", "-m", "bench.overload", *(argv or sys.argv[1:])],
+        "mode": "serve-proxy" if args.serve_proxy else "fast-path",
+        "points": points,
+    }
+    args.out.write_text(json.dumps(report) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
