@@ -1,0 +1,37 @@
+"""The overload benchmark's figures from a request log: goodput, refusals and the time until
+the answers are normal again."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench.loadgen import RequestLog
+from bench.overload import recovery_s, summarize
+
+
+def test_answers_are_normal_again_from_the_first_window_after_which_all_are_good() -> None:
+    scheduled = np.arange(0.0, 4.0, 0.05)  # 20 requests a second from 0 to 4 s
+    good = np.ones(scheduled.size, bool)
+    good[(scheduled >= 1.0) & (scheduled < 1.1)] = False  # bad just after the overload
+    good[(scheduled >= 1.6) & (scheduled < 1.65)] = False  # and once more, later
+    assert recovery_s(scheduled, good, 1.0, 4.0) == pytest.approx(0.75)  # from 1.75 s on
+    assert recovery_s(scheduled, np.ones(scheduled.size, bool), 1.0, 4.0) == 0.0
+    never = good.copy()
+    never[-1] = False
+    assert recovery_s(scheduled, never, 1.0, 4.0) == pytest.approx(3.0)
+
+
+def test_the_overloads_figures_count_its_own_requests_only() -> None:
+    log = RequestLog(
+        scheduled=[0.5, 1.0, 1.2, 1.4, 1.6, 2.5],
+        done=[0.6, 1.05, 1.6, 1.41, 1.62, 2.55],
+        status=[200, 200, 200, 429, 503, 200],
+    )
+    figures = summarize(log, slo_s=0.2, capacity=2.0, over=(1.0, 2.0), end=3.0)
+    assert figures["offered_per_s"] == 4.0  # four scheduled within [1, 2)
+    assert figures["goodput_per_s"] == 1.0  # 1.2's answer took 0.4 s: late
+    assert figures["goodput_share"] == 0.5
+    assert (figures["late"], figures["refused"], figures["no_answer"]) == (1, 2, 0)
+    assert figures["refusal_p50_ms"] == pytest.approx(15.0)
+    assert figures["statuses"] == {"200": 4, "429": 1, "503": 1}
