@@ -2,7 +2,7 @@
 refusals, goodput held at capacity, and how soon answers are normal again.
 
     python -m bench.overload [--serve-proxy] [--factor 3] [--seconds 20] [--slo-ms 200]
-        [--passes 2000] [--systems raysrv baseline] [--out JSON]
+        [--passes 2000] [--systems raysrv baseline] [--bound-raysrv] [--out JSON]
 
 One Ray instance, started with ``raysrv run``'s environment (:data:`raysrv.cli.FAST_PATH`:
 HAProxy ingress, gRPC handles, user code on the replica's main thread), or with Serve's
@@ -134,7 +134,9 @@ def start(serve_proxy: bool) -> int:
 
 
 def deploy(system: str, path: Path, slo_ms: float, capacity: float | None) -> str:
-    """Deploy ``system`` (the baseline untuned without a ``capacity``); its URL."""
+    """Deploy ``system`` (untuned without a ``capacity``); its URL. With one, Serve's bounds
+    in front of the baseline's replica, or of raysrv's ingress (``--bound-raysrv``), are set
+    from it and the SLO."""
     from ray import serve
     from ray.serve.schema import LoggingConfig
 
@@ -142,14 +144,15 @@ def deploy(system: str, path: Path, slo_ms: float, capacity: float | None) -> st
     from raysrv.app import build_app
 
     quiet = LoggingConfig(enable_access_log=False, log_level="WARNING")
-    if system == "raysrv":
-        app = build_app(raysrv_spec(path, slo_ms))
-        serve.run(app, name=system, route_prefix=f"/{system}", logging_config=quiet)
-        return f"/{system}/v1/zoo/predict"
     bound = {}
     if capacity is not None:
         ongoing = admitted(capacity, slo_ms / 1000.0, MAX_BATCH)
         bound = {"max_ongoing_requests": ongoing, "max_queued_requests": 1}
+    if system == "raysrv":
+        spec = raysrv_spec(path, slo_ms)
+        spec["ingress"].update(bound)
+        serve.run(build_app(spec), name=system, route_prefix=f"/{system}", logging_config=quiet)
+        return f"/{system}/v1/zoo/predict"
     app = build_baseline(str(path), (64,), MAX_BATCH, 0.005, **bound)
     serve.run(app, name=system, route_prefix=f"/{system}", logging_config=quiet)
     return f"/{system}"
@@ -229,7 +232,7 @@ async def _one(system: str, port: int, args: argparse.Namespace, path: Path) -> 
     print(f"{system}: capacity {capacity:.0f} answers/s {statuses}", file=sys.stderr)
     if not capacity:
         raise RuntimeError(f"{system} answered nothing at {url}")
-    if system == "baseline":
+    if system == "baseline" or args.bound_raysrv:
         url = f"http://{HOST}:{port}" + deploy(system, path, args.slo_ms, capacity)
     low, high = 0.5 * capacity, args.factor * capacity
     gen = np.random.default_rng(11)
@@ -286,6 +289,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0, help="of overload")
     parser.add_argument("--slo-ms", type=float, default=200.0)
     parser.add_argument("--passes", type=int, default=2000, help="of the zoo model's layer")
+    parser.add_argument(
+        "--bound-raysrv",
+        action="store_true",
+        help="raysrv's ingress bounded by Serve as the baseline is (from capacity and SLO)",
+    )
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
     parser.add_argument("--out", type=Path, default=Path("bench/out/overload.json"))
     args = parser.parse_args(argv)
