@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from raysrv._model_spec import NUMERIC
+from raysrv._oip import add_oip_routes
 from raysrv._server import DESCRIBE_CHUNK, Server, counted_bodies
 from raysrv.errors import (
     BadRequest,
@@ -516,6 +517,7 @@ def create_http_app(
         return JSONResponse(await server.plan(model))
 
     _model_routes(api, server, max_body_bytes, metrics)
+    add_oip_routes(api, server, lambda request: _read_json(request, max_body_bytes), metrics)
 
     @api.get("/healthz")
     async def healthz() -> JSONResponse:
