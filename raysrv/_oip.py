@@ -67,8 +67,7 @@ def _rows(tensor: dict[str, Any], spec: InputSpec) -> Any:
             raise BadRequest(f"BYTES data must be a list of {shape[0]} strings")
         return data if spec.dtype == "string" else [_utf8(x) for x in data]
     if DATATYPES.get(datatype) != spec.dtype:
-        want = next(k for k, v in DATATYPES.items() if v == spec.dtype)
-        raise BadRequest(f"this model takes {want} inputs, got datatype {datatype!r}")
+        raise BadRequest(f"this model takes {_datatype_of(spec)} inputs, got {datatype!r}")
     if not shape or shape[1:] != list(spec.shape):
         raise BadRequest(f"the input's shape must be [N, {', '.join(map(str, spec.shape))}]")
     try:
@@ -110,6 +109,11 @@ def write_infer(
     return response
 
 
+def _datatype_of(spec: InputSpec) -> str:
+    """The protocol's tensor type of a model's input."""
+    return "BYTES" if spec.text else next(k for k, v in DATATYPES.items() if v == spec.dtype)
+
+
 def _datatype(array: np.ndarray) -> str:
     kind = array.dtype.kind
     return {"b": "BOOL", "i": "INT64", "u": "INT64", "f": "FP64"}.get(kind, "BYTES")
@@ -131,11 +135,8 @@ def add_oip_routes(api: FastAPI, server: Server, read_json: Any, metrics: Metric
     @api.get("/v2/models/{model}")
     async def metadata(model: str) -> JSONResponse:
         spec = server.input_spec("model", model)
-        datatype = (
-            "BYTES" if spec.text else next(k for k, v in DATATYPES.items() if v == spec.dtype)
-        )
         shape = [-1] if spec.text else [-1, *spec.shape]
-        tensor = {"name": "input", "datatype": datatype, "shape": shape}
+        tensor = {"name": "input", "datatype": _datatype_of(spec), "shape": shape}
         return JSONResponse({"name": model, "platform": "raysrv", "inputs": [tensor]})
 
     @api.post("/v2/models/{model}/infer")
