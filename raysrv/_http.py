@@ -253,19 +253,9 @@ def _parse_predict(
     context = data.get(context_field) if context_field is not None else None
     if context is not None and not isinstance(context, (str, int)):
         raise BadRequest(f"{context_field} must be a string, got {type(context).__name__}")
-    slo_ms = data.get("slo_ms")
-    if slo_ms is not None and (
-        isinstance(slo_ms, bool)
-        or not isinstance(slo_ms, (int, float))
-        or not 0 < slo_ms < math.inf
-    ):
-        raise BadRequest(f"slo_ms must be a positive number, got {slo_ms!r}")
-    best_effort = data.get("best_effort", False)
-    if not isinstance(best_effort, bool):
-        raise BadRequest(f"best_effort must be true or false, got {best_effort!r}")
-    options = {
-        "slo_ms": slo_ms,
-        "best_effort": best_effort,
+    options = {  # checked by the server, as a handle call's are
+        "slo_ms": data.get("slo_ms"),
+        "best_effort": data.get("best_effort", False),
         "priority": data.get("priority", 0),
         "sent_at": data.get("sent_at"),
         "http": True,

@@ -566,18 +566,22 @@ class Server:
         sent_at: float | None,
         http: bool = False,
     ) -> tuple[float, _Ask]:
-        """Where a query's SLO starts (``origin``) and what it asks, or :class:`BadRequest`."""
+        """Where a query's SLO starts (``origin``) and what it asks, or :class:`BadRequest`:
+        every API's options are checked here, once."""
+        numeric = isinstance(slo_ms, (int, float)) and not isinstance(slo_ms, bool)
+        if slo_ms is not None and not (numeric and 0 < slo_ms < math.inf):
+            raise BadRequest(f"slo_ms must be a positive number, got {slo_ms!r}")
+        if not isinstance(best_effort, bool):
+            raise BadRequest(f"best_effort must be true or false, got {best_effort!r}")
+        if isinstance(priority, bool) or priority not in (0, 1):
+            raise BadRequest(
+                f"priority must be 0 (latency-sensitive) or 1 (batch), got {priority!r}"
+            )
         trip = _in_transit(sent_at)
         trip_back = 0.0
         if sent_at is not None:
             self._trips.add(trip)
             trip_back = self.trip_back(http)
-        if slo_ms is not None and not (isinstance(slo_ms, (int, float)) and 0 < slo_ms < math.inf):
-            raise BadRequest(f"slo_ms must be a positive number, got {slo_ms!r}")
-        if isinstance(priority, bool) or priority not in (0, 1):
-            raise BadRequest(
-                f"priority must be 0 (latency-sensitive) or 1 (batch), got {priority!r}"
-            )
         if best_effort:
             slo_ms = math.inf
         transit = trip if sent_at is not None else None

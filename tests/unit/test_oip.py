@@ -94,6 +94,18 @@ def test_health_and_metadata_describe_the_model() -> None:
             400,
             "parameters may be",
         ),
+        (
+            "/v2/models/a/infer",
+            {**_tensor([1, 4], "FP32", [0] * 4), "parameters": {"best_effort": "yes"}},
+            400,
+            "best_effort must be true or false",
+        ),
+        (
+            "/v2/models/a/infer",
+            {**_tensor([1, 4], "FP32", [0] * 4), "parameters": {"slo_ms": True}},
+            400,
+            "slo_ms must be a positive number",
+        ),
         ("/v2/models/t/infer", _tensor([1], "BYTES", [3]), 400, "input must be a string"),
         ("/v2/models/t/infer", _tensor([2], "BYTES", ["x"]), 400, "a list of 2 strings"),
         ("/v2/models/nope/infer", _tensor([1, 4], "FP32", [0] * 4), 404, "unknown model"),
