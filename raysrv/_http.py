@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from raysrv._model_spec import NUMERIC
 from raysrv._oip import add_oip_routes
-from raysrv._server import DESCRIBE_CHUNK, Server, counted_bodies
+from raysrv._server import DESCRIBE_CHUNK, Server, counted_bodies, json_object
 from raysrv.errors import (
     BadRequest,
     MethodNotAllowed,
@@ -187,22 +187,15 @@ def _document_predict_routes(api: FastAPI) -> None:
     api.openapi = openapi  # type: ignore[method-assign]
 
 
-async def _read_json(request: Request, limit: int) -> dict[str, Any]:
+async def _read_body(request: Request, limit: int) -> bytes:
     body = await _receive_body(request.scope, request.receive, limit)
     if body is None:
         raise BadRequest("the client left before its body arrived")
-    return _parse_json(body)
+    return body
 
 
-def _parse_json(body: bytes | bytearray) -> dict[str, Any]:
-    """A request's body as a JSON object, else a 400 that says why."""
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise BadRequest(f"body must be a JSON object, got {type(data).__name__}")
-    return data
+async def _read_json(request: Request, limit: int) -> dict[str, Any]:
+    return json_object(await _read_body(request, limit))
 
 
 TIMELINE_CHUNK = 2000  # values of a timeline column rendered between turns of the event loop
@@ -334,7 +327,7 @@ class PredictRoutes:
             if body is None:
                 return  # the client left before its body arrived: nobody to answer
             binary = _header(scope, b"content-type").startswith(BINARY)
-            data = self._binary(scope, body, kind, name) if binary else _parse_json(body)
+            data = self._binary(scope, body, kind, name) if binary else json_object(body)
             status, payload = await self._answer(kind, name, data, start)
         except RaysrvError as exc:
             self._metrics.error(where, exc)
@@ -507,7 +500,7 @@ def create_http_app(
         return JSONResponse(await server.plan(model))
 
     _model_routes(api, server, max_body_bytes, metrics)
-    add_oip_routes(api, server, lambda request: _read_json(request, max_body_bytes), metrics)
+    add_oip_routes(api, server, lambda request: _read_body(request, max_body_bytes), metrics)
 
     @api.get("/healthz")
     async def healthz() -> JSONResponse:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
+import json
 import math
 import time
 import uuid
@@ -52,7 +53,25 @@ from raysrv.errors import (
 from raysrv.metrics import Metrics
 from raysrv.state import MemoryStore, StateStore
 
-__all__ = ["DESCRIBE_CHUNK", "Server", "coerce_input", "coerce_inputs", "counted_bodies"]
+__all__ = [
+    "DESCRIBE_CHUNK",
+    "Server",
+    "coerce_input",
+    "coerce_inputs",
+    "counted_bodies",
+    "json_object",
+]
+
+
+def json_object(body: bytes | bytearray) -> dict[str, Any]:
+    """A request's body as a JSON object, else a 400 that says why."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadRequest(f"body must be a JSON object, got {type(data).__name__}")
+    return data
 
 
 def coerce_input(value: Any, spec: InputSpec) -> Input:

@@ -18,7 +18,7 @@ from raysrv.app import build_app
 from raysrv.errors import BadRequest, raise_for_error
 from raysrv.testing import model_spec, spec
 from tests.integration.conftest import RayCluster
-from tests.unit.test_runtimes import _onnx_matmul
+from tests.unit.test_runtimes import WEIGHTS, _onnx_matmul
 
 
 def _two_model_spec(onnx_path: Path, **ingress: Any) -> dict[str, Any]:
@@ -295,3 +295,29 @@ def test_strings_and_bytes_reach_python_models_over_http_and_handles(
     assert raw.json()["output"]["length"] == 3
     assert too_long.status_code == 413
     assert (by_handle["output"]["length"], by_handle["output"]["words"]) == (5, 2)
+
+
+def test_tritons_own_client_infers_through_serves_ingress(
+    raysrv_app: Any, serve_session: RayCluster
+) -> None:
+    """The Open Inference Protocol as Triton's HTTP client speaks it: tensors as bytes by
+    default, or as JSON numbers when asked."""
+    import tritonclient.http as triton
+
+    client = triton.InferenceServerClient(url=f"127.0.0.1:{serve_session.http_port}/raysrv")
+    try:
+        assert client.is_server_live()
+        assert client.get_model_metadata("fast")["inputs"][0]["shape"] == [-1, 4]
+        x = np.arange(12, dtype=np.float32).reshape(3, 4)
+        for binary in (True, False):
+            tensor = triton.InferInput("input", [3, 4], "FP32")
+            tensor.set_data_from_numpy(x, binary_data=binary)
+            asked = None if binary else [triton.InferRequestedOutput("output", binary_data=False)]
+            result = client.infer("fast", [tensor], outputs=asked)
+            np.testing.assert_allclose(result.as_numpy("output"), x @ WEIGHTS, rtol=1e-6)
+        wrong = triton.InferInput("input", [1, 3], "FP32")
+        wrong.set_data_from_numpy(np.zeros((1, 3), np.float32))
+        with pytest.raises(triton.InferenceServerException, match=r"must be \[N, 4\]"):
+            client.infer("fast", [wrong])
+    finally:
+        client.close()

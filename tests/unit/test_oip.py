@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import struct
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 from raysrv._http import create_http_app
@@ -25,7 +28,9 @@ SPEC = RaysrvSpec.model_validate(
 )
 
 
-def _post(path: str, body: Any) -> httpx.Response:
+def _post(path: str, body: Any, raw: bytes | None = None, **headers: str | bytes) -> httpx.Response:
+    """GET ``path`` (no ``body``), or POST ``body`` as JSON, or ``raw`` with ``headers``."""
+
     async def scenario() -> httpx.Response:
         workers = {
             "a": fake_workers(EchoModel()),
@@ -34,6 +39,8 @@ def _post(path: str, body: Any) -> httpx.Response:
         app = create_http_app(Server(SPEC, workers), 4096)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://raysrv") as c:
+            if raw is not None:
+                return await c.post(path, content=raw, headers=headers)
             if body is None:
                 return await c.get(path)
             return await c.post(path, json=body)
@@ -117,3 +124,135 @@ def test_an_infer_request_that_does_not_fit_gets_a_4xx_that_says_why(
     answer = _post(path, body)
     assert answer.status_code == status
     assert fragment in answer.json()["error"]
+
+
+def _binary(header: dict[str, Any], data: bytes) -> tuple[bytes, dict[str, str]]:
+    """A request of the binary tensor data extension: the JSON header, then ``data``."""
+    text = json.dumps(header).encode()
+    return text + data, {"Inference-Header-Content-Length": str(len(text))}
+
+
+def _binary_tensor(shape: list[int], datatype: str, size: int, **extra: Any) -> dict[str, Any]:
+    tensor = {"name": "input", "shape": shape, "datatype": datatype}
+    return {"inputs": [{**tensor, "parameters": {"binary_data_size": size}}], **extra}
+
+
+def _split(answer: httpx.Response) -> tuple[dict[str, Any], bytes]:
+    length = int(answer.headers["Inference-Header-Content-Length"])
+    return json.loads(answer.content[:length]), answer.content[length:]
+
+
+def test_a_binary_input_reads_as_little_endian_rows_and_outputs_come_as_asked() -> None:
+    rows = np.arange(8, dtype="<f4").reshape(2, 4)
+    raw, headers = _binary(_binary_tensor([2, 4], "FP32", rows.nbytes), rows.tobytes())
+    answer = _post("/v2/models/a/infer", None, raw, **headers)
+    assert answer.status_code == 200
+    assert "inference-header-content-length" not in answer.headers
+    outputs = {o["name"]: o for o in answer.json()["outputs"]}
+    assert outputs["sum"]["data"] == [6.0, 22.0]
+
+    asked = _binary_tensor([2, 4], "FP32", rows.nbytes, parameters={"binary_data_output": True})
+    raw, headers = _binary(asked, rows.tobytes())
+    answer = _post("/v2/models/a/infer", None, raw, **headers)
+    assert answer.headers["content-type"] == "application/octet-stream"
+    header, data = _split(answer)
+    sizes = [o["parameters"]["binary_data_size"] for o in header["outputs"]]
+    assert sum(sizes) == len(data)
+    assert all("data" not in o for o in header["outputs"])
+    at, decoded = 0, {}
+    for output, size in zip(header["outputs"], sizes, strict=True):
+        dtype = {"FP64": "<f8", "INT64": "<i8"}[output["datatype"]]
+        decoded[output["name"]] = np.frombuffer(data[at : at + size], dtype).tolist()
+        at += size
+    assert decoded["sum"] == [6.0, 22.0]
+    assert decoded["batch_size"] == [2, 2]
+
+
+def test_outputs_are_chosen_by_name_each_as_json_or_bytes() -> None:
+    body = {
+        **_tensor([1, 4], "FP32", [1, 2, 3, 4]),
+        "outputs": [{"name": "sum", "parameters": {"binary_data": True}}, {"name": "batch"}],
+    }
+    header, data = _split(_post("/v2/models/a/infer", body))
+    assert [o["name"] for o in header["outputs"]] == ["sum", "batch"]
+    assert np.frombuffer(data, "<f8").tolist() == [10.0]
+    assert isinstance(header["outputs"][1]["data"][0], int)
+    body["outputs"] = [{"name": "colour"}]
+    answer = _post("/v2/models/a/infer", body)
+    assert answer.status_code == 400
+    assert "no outputs ['colour']" in answer.json()["error"]
+
+
+def test_binary_bytes_elements_reach_a_string_model_and_come_back_length_first() -> None:
+    words = ["two words", "é"]
+    data = b"".join(struct.pack("<I", len(w.encode())) + w.encode() for w in words)
+    raw, headers = _binary(
+        _binary_tensor([2], "BYTES", len(data), parameters={"binary_data_output": True}), data
+    )
+    header, answer = _split(_post("/v2/models/t/infer", None, raw, **headers))
+    first = next(o for o in header["outputs"] if o["name"] == "first")
+    at = sum(
+        o["parameters"]["binary_data_size"]
+        for o in header["outputs"][: header["outputs"].index(first)]
+    )
+    blob = answer[at : at + first["parameters"]["binary_data_size"]]
+    assert blob == struct.pack("<I", 1) + b"t" + struct.pack("<I", 2) + "é".encode()
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered")
+def test_an_answer_json_cannot_carry_fails_as_json_and_comes_whole_as_bytes() -> None:
+    body = _tensor([1, 4], "FP32", [3e38, 3e38, 0, 0])  # float32's sum of it is an infinity
+    answer = _post("/v2/models/a/infer", body)
+    assert answer.status_code == 500
+    assert "binary_data_output" in answer.json()["error"]
+    body["parameters"] = {"binary_data_output": True}
+    header, data = _split(_post("/v2/models/a/infer", body))
+    assert header["outputs"][0]["name"] == "sum"
+    assert np.isinf(np.frombuffer(data[:8], "<f8")[0])
+
+
+FOUR = np.zeros(4, "<f4").tobytes()
+
+
+@pytest.mark.parametrize(
+    ("header", "data", "length", "fragment"),
+    [
+        (_binary_tensor([1, 4], "FP32", 16), FOUR, "x", "must be a byte count"),
+        (_binary_tensor([1, 4], "FP32", 16), FOUR, "99999", "must be a byte count"),
+        (_binary_tensor([1, 4], "FP32", 16), FOUR, "9" * 5000, "must be a byte count"),
+        (_binary_tensor([1, 4], "FP32", 16), FOUR, "²".encode(), "must be a byte count"),
+        (_binary_tensor([1, 4], "FP32", 12), FOUR, None, "declares 12 bytes"),
+        (_binary_tensor([2, 4], "FP32", 16), FOUR, None, "do not fill the input's shape"),
+        (_tensor([1, 4], "FP32", [0] * 4), FOUR, None, "no input declares them"),
+        (_binary_tensor([1, 4], "FP32", -1), FOUR, None, "must be a byte count"),
+        (
+            _binary_tensor([2], "BYTES", 16),
+            struct.pack("<I", 99) + b"x" * 12,
+            None,
+            "BYTES elements",
+        ),
+        (
+            _binary_tensor([1], "BYTES", 8),
+            struct.pack("<I", 2) + b"\xff\xfe" + b"ab",
+            None,
+            "BYTES elements",
+        ),
+    ],
+)
+def test_a_binary_request_that_does_not_fit_gets_a_400_that_says_why(
+    header: dict[str, Any], data: bytes, length: str | bytes | None, fragment: str
+) -> None:
+    raw, headers = _binary(header, data)
+    if length is not None:
+        headers["Inference-Header-Content-Length"] = length
+    model = "t" if header["inputs"][0]["datatype"] == "BYTES" else "a"
+    answer = _post(f"/v2/models/{model}/infer", None, raw, **headers)
+    assert answer.status_code == 400
+    assert fragment in answer.json()["error"]
+
+
+def test_a_compressed_body_is_refused_with_a_400() -> None:
+    raw = json.dumps(_tensor([1, 4], "FP32", [0] * 4)).encode()
+    answer = _post("/v2/models/a/infer", None, raw, **{"Content-Encoding": "gzip"})
+    assert answer.status_code == 400
+    assert "compressed" in answer.json()["error"]
