@@ -133,10 +133,19 @@ def start(serve_proxy: bool) -> int:
     return start_ray()
 
 
-def deploy(system: str, path: Path, slo_ms: float, capacity: float | None) -> str:
+def deploy(
+    system: str,
+    path: Path,
+    slo_ms: float,
+    capacity: float | None,
+    ongoing: int | None = None,
+    queued: int = 1,
+    model: dict[str, Any] | None = None,
+) -> str:
     """Deploy ``system`` (untuned without a ``capacity``); its URL. With one, Serve's bounds
     in front of the baseline's replica, or of raysrv's ingress (``--bound-raysrv``), are set
-    from it and the SLO."""
+    from it and the SLO (``max_ongoing_requests`` to ``ongoing`` where one is given), and
+    ``max_queued_requests`` to ``queued``; raysrv's model with the fields of ``model`` set."""
     from ray import serve
     from ray.serve.schema import LoggingConfig
 
@@ -146,11 +155,12 @@ def deploy(system: str, path: Path, slo_ms: float, capacity: float | None) -> st
     quiet = LoggingConfig(enable_access_log=False, log_level="WARNING")
     bound = {}
     if capacity is not None:
-        ongoing = admitted(capacity, slo_ms / 1000.0, MAX_BATCH)
-        bound = {"max_ongoing_requests": ongoing, "max_queued_requests": 1}
+        ongoing = ongoing or admitted(capacity, slo_ms / 1000.0, MAX_BATCH)
+        bound = {"max_ongoing_requests": ongoing, "max_queued_requests": queued}
     if system == "raysrv":
         spec = raysrv_spec(path, slo_ms)
         spec["ingress"].update(bound)
+        spec["models"][0].update(model or {})
         serve.run(build_app(spec), name=system, route_prefix=f"/{system}", logging_config=quiet)
         return f"/{system}/v1/zoo/predict"
     app = build_baseline(str(path), (64,), MAX_BATCH, 0.005, **bound)

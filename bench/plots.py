@@ -122,3 +122,23 @@ def _save(fig: Any, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def peers_bars(
+    points: Sequence[Mapping[str, Any]], loads: Sequence[str], slo_ms: float, path: Path
+) -> Path:
+    """Per system (one bar group each), the share of each load's queries answered within the
+    SLO."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(1.3 * len(points) + 2, 3.4))
+    width = 0.8 / len(loads)
+    x = np.arange(len(points))
+    for k, load in enumerate(loads):
+        shares = [100.0 * p[load]["within_share"] for p in points]
+        bars = ax.bar(x + (k - (len(loads) - 1) / 2) * width, shares, width, label=load)
+        ax.bar_label(bars, fmt="%.0f", fontsize=7)
+    ax.set_xticks(x, [p["system"] for p in points], fontsize=8)
+    ax.set_ylabel(f"% of queries within {slo_ms:g} ms")
+    ax.set_ylim(0, 105)
+    ax.legend(fontsize=7)
+    return _save(fig, path)

@@ -1,0 +1,61 @@
+"""The peers benchmark's request bodies and figures from a request log."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from bench.loadgen import RequestLog
+from bench.peers import LOADS, goodput, latencies, request_body, table
+
+
+def test_each_system_gets_the_input_in_its_own_body() -> None:
+    x = json.dumps([1.0, 2.0])
+    assert json.loads(request_body("raysrv-proxy", 200.0)(x, 12.5)) == {
+        "input": [1.0, 2.0],
+        "slo_ms": 200,
+        "sent_at": 12.5,
+    }
+    assert json.loads(request_body("bentoml", 200.0)(x, 12.5)) == {"input": [[1.0, 2.0]]}
+    for system in ("litserve", "serve", "serve-proxy"):
+        assert json.loads(request_body(system, 200.0)(x, 12.5)) == {"input": [1.0, 2.0]}
+
+
+def _log() -> RequestLog:
+    return RequestLog(
+        scheduled=[0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7],
+        done=[0.05, 0.35, 0.25, 0.31, 0.45, 30.6, 0.8, 0.9],
+        status=[200, 200, 200, 429, 503, 0, 500, 504],
+    )
+
+
+def test_a_points_goodput_counts_answers_within_the_slo_only() -> None:
+    figures = goodput(_log(), slo_s=0.2, seconds=2.0)
+    assert figures["offered"] == 8
+    assert figures["within_share"] == pytest.approx(2 / 8)  # 0.1's answer took 0.25 s
+    assert figures["goodput_per_s"] == 1.0
+    assert (figures["late"], figures["refused"], figures["no_answer"]) == (1, 2, 1)
+    assert (figures["timed_out"], figures["other_errors"]) == (1, 1)
+
+
+def test_latency_is_the_answers_only() -> None:
+    figures = latencies(_log())
+    assert figures["p50_ms"] == pytest.approx(50.0)  # of 50, 250 and 50 ms
+    assert figures["statuses"] == {"0": 1, "200": 3, "429": 1, "500": 1, "503": 1, "504": 1}
+    assert math.isnan(latencies(RequestLog(scheduled=[0.0], done=[1.0], status=[503]))["p50_ms"])
+
+
+def test_the_table_has_a_row_per_system_and_the_loads_columns() -> None:
+    point = {
+        "system": "raysrv",
+        "capacity_per_s": 130.0,
+        "saturation_per_s": 120.4,
+        "half_load": {"p50_ms": 55.0, "p99_ms": 134.0},
+        **{name: goodput(_log(), 0.2, 2.0) for name in LOADS},
+    }
+    lines = table([point, {**point, "system": "serve"}], 200.0).splitlines()
+    assert lines[2].startswith("| raysrv | 120 | 55.0 | 134.0 | 25.00% | 1 | 2 / 1 |")
+    assert lines[3].startswith("| serve |")
+    assert lines[0].count("|") == lines[2].count("|")
