@@ -8,6 +8,7 @@ profiles the models whose batching policy asks before it takes traffic.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable
 from pathlib import Path
@@ -18,11 +19,19 @@ from ray import serve
 from raysrv._heap import settle
 from raysrv._http import MODELS, create_http_app
 from raysrv._server import Server, counted_bodies
-from raysrv._workers import ColocatedWorkers, RayWorkers, Workers
+from raysrv._workers import (
+    AUTO_COLOCATE_MS,
+    ColocatedWorkers,
+    RayWorkers,
+    Workers,
+    choose_placement,
+)
 from raysrv.config import LiveConfig, RaysrvSpec, ResolvedPool
 from raysrv.errors import RaysrvError
 from raysrv.metrics import ServeMetrics
 from raysrv.state import make_store
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["Ingress"]
 
@@ -196,8 +205,16 @@ class Ingress:
 
 
 async def _workers(pool: ResolvedPool, scope: str) -> Workers:
-    """The pool's workers: threads of this process where it is colocated (their dedicated
-    models loaded off the event loop), else Ray actors."""
-    if pool.placement == "colocated":
-        return await asyncio.to_thread(ColocatedWorkers, pool)
-    return RayWorkers(pool, scope)
+    """The pool's workers: threads of this process where it is colocated, or ``auto`` chose
+    that (its dedicated models loaded and timed off the event loop), else Ray actors."""
+    placement, medians = pool.placement, None
+    if placement == "auto":
+        placement, medians = await asyncio.to_thread(choose_placement, pool)
+        logger.info("pool %s placed on %s (batch of one, ms: %s)", pool.name, placement, medians)
+    if placement == "colocated":
+        workers: Workers = await asyncio.to_thread(ColocatedWorkers, pool)
+    else:
+        workers = RayWorkers(pool, scope)
+    if medians is not None:
+        workers.auto = {"batch_of_one_ms": medians, "colocate_within_ms": AUTO_COLOCATE_MS}
+    return workers

@@ -35,11 +35,14 @@ __all__ = [
 ]
 
 _NAME = r"^[a-z][a-z0-9_-]{0,62}$"
-Placement = Literal["workers", "colocated"]
+Placement = Literal["workers", "colocated", "auto"]
 _PLACEMENT = (
     "Where the workers run: 'workers', each its own Ray actor; 'colocated', threads of the "
     "ingress process, which saves a call to another process per batch but shares the "
-    "ingress's process and interpreter (for cheap models on few cores)."
+    "ingress's process and interpreter (for cheap models on few cores); 'auto', colocated "
+    "where a batch of one of each of the pool's dedicated onnx or torch models runs in at "
+    "most the CPU a call between processes costs, timed in the ingress as it starts (a CPU "
+    "pool only), else workers."
 )
 NUMERIC = ("float32", "float64", "float16", "int64", "int32", "int8", "uint8", "bool")
 TEXT = ("string", "bytes")  # one value of variable length a query, for python-runtime models

@@ -5,7 +5,9 @@ directly: a direct actor call costs about 0.9 ms here against 3 to 6 ms for a Se
 (``python -m bench.hops``, figures in bench/RESULTS.md), and the scheduler must pick the worker
 itself, which a Serve handle's router does not allow. A pool with ``placement: colocated``
 has its workers in the ingress's process instead (:class:`ColocatedWorkers`): the same
-executors, order, windows and capacity, without the call.
+executors, order, windows and capacity, without the call. With ``placement: auto`` the
+ingress times a batch of one of each dedicated model as it starts and colocates the pool where
+every one runs within ``AUTO_COLOCATE_MS`` (:func:`choose_placement`).
 
 A worker has two executors, each one thread that runs its actions one at a time in the order
 the ingress sent them (Clockwork, OSDI'20, §4.4: "a dedicated executor for each action type"):
@@ -46,6 +48,7 @@ import json
 import math
 import os
 import resource
+import statistics
 import sys
 import threading
 import time
@@ -58,6 +61,7 @@ from typing import Any
 import numpy as np
 
 from raysrv._heap import settle
+from raysrv._model_spec import Placement
 from raysrv.config import ModelSpec, ResolvedPool
 from raysrv.metrics import LATENCY_BOUNDARIES_MS
 from raysrv.runtimes import Runtime, load_runtime
@@ -372,10 +376,47 @@ def _in_window(earliest: float, latest: float) -> bool:
     return True
 
 
+# ``placement: auto`` colocates a pool whose dedicated models run a batch of one within this:
+# about the CPU one call to a worker actor and back costs at its two ends (a direct actor
+# call 0.9 ms, bench.hops; one connection's p50 2.76 ms on a worker actor against 1.12 ms
+# colocated, bench.fast_path's fp5), so that the call would at least double such a batch.
+AUTO_COLOCATE_MS = 2.0
+AUTO_RUNS = 7  # timed runs of a batch of one per model, after one untimed
+
+
+def choose_placement(pool: ResolvedPool) -> tuple[Placement, dict[str, float]]:
+    """Where an ``auto`` pool's workers run, and the median ms of a batch of one of each of
+    its dedicated models timed here (none where the pool's kind decides): colocated if every
+    one is within ``AUTO_COLOCATE_MS``; workers for a GPU pool, a shared pool (what it will
+    load is not known yet) and python-runtime models, which hold the interpreter while they
+    run."""
+    models = pool.pinned
+    if pool.device != "cpu" or not models or any(m.runtime == "python" for m in models):
+        return "workers", {}
+    medians = {}
+    for model in models:
+        runtime = load_runtime(pool.worker_model(model))
+        batch = model.input.batch(1)
+        runtime.predict_batch(batch)
+        times = []
+        for _ in range(AUTO_RUNS):
+            start = time.perf_counter()
+            runtime.predict_batch(batch)
+            times.append(time.perf_counter() - start)
+        medians[model.name] = statistics.median(times) * 1000.0
+        del runtime
+    cheap = max(medians.values()) <= AUTO_COLOCATE_MS
+    return "colocated" if cheap else "workers", medians
+
+
 class Workers:
     """The workers of one pool as the scheduler's driver calls them: :meth:`run` submits a
     worker's calls at once (so they reach it in the order they were made) and returns an
-    awaitable of their reports (:class:`Report`), in order."""
+    awaitable of their reports (:class:`Report`), in order. ``placement``: where they run
+    (None: as the pool's spec says); ``auto``: what ``placement: auto`` measured, if it chose."""
+
+    placement: Placement | None = None
+    auto: dict[str, Any] | None = None
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -420,6 +461,8 @@ class ColocatedWorkers(Workers):
     runtimes that release it while they run (ONNX Runtime, torch) leave free; docs/pools.md,
     "Where workers run", says when it pays."""
 
+    placement = "colocated"
+
     def __init__(self, pool: ResolvedPool, metrics: bool = True) -> None:
         pinned, niceness = _worker_args(pool)
         self.workers = [
@@ -449,6 +492,8 @@ class _RayWorker(PoolWorker):
 
 class RayWorkers(Workers):
     """A pool's workers as Ray actors (see the module docstring)."""
+
+    placement = "workers"
 
     def __init__(self, pool: ResolvedPool, scope: str) -> None:
         import ray

@@ -224,3 +224,41 @@ def test_a_dedicated_pool_colocated_in_the_ingress_serves_its_model(
     assert [list(w["process"]["models"]) for w in pool["workers"]] == [["solo"], ["solo"]]
     assert len({w["process"]["pid"] for w in pool["workers"]}) == 1  # one process: the ingress
     assert not any(":solo:" in name for name in _named_actors())
+
+
+def test_auto_placement_colocates_the_cheap_model_and_keeps_the_slow_one_on_an_actor(
+    serve_session: RayCluster, tmp_path: Path
+) -> None:
+    """``placement: auto`` on two dedicated pools: the zoo model whose square layer runs 2,000
+    times (a batch of one in tens of milliseconds on one thread) on a worker actor, the same
+    model without the passes (tens of microseconds) in the ingress's process."""
+    from ray import serve
+
+    (cheap,) = build_zoo(tmp_path / "cheap", 1)
+    (slow,) = build_zoo(tmp_path / "slow", 1, passes=2000, steady=True)
+    models = [
+        {
+            "name": name,
+            "runtime": "onnx",
+            "source": str(path),
+            "resources": {"num_cpus": 0.25, "threads": 1},
+            "placement": "auto",
+            "slo_ms": 20_000,
+            "input": {"shape": [64], "dtype": "float32"},
+        }
+        for name, path in (("cheap", cheap), ("slow", slow))
+    ]
+    _deploy({"models": models, "ingress": {"num_cpus": 0.1}})
+    handle = serve.get_app_handle("zoo")
+    x = np.random.default_rng(2).random(64).astype(np.float32)
+    for name, path in (("cheap", cheap), ("slow", slow)):
+        answer = handle.predict_model.remote(name, x.tolist()).result(timeout_s=60)
+        assert "error" not in answer, answer
+        np.testing.assert_allclose(answer["output"], _offline(path, x), rtol=1e-5)
+    pools = {p["name"]: p for p in handle.pools.remote().result(timeout_s=30)}
+    assert (pools["cheap"]["placement"], pools["slow"]["placement"]) == ("colocated", "workers")
+    cheap_ms = pools["cheap"]["auto"]["batch_of_one_ms"]["cheap"]
+    slow_ms = pools["slow"]["auto"]["batch_of_one_ms"]["slow"]
+    assert cheap_ms <= pools["cheap"]["auto"]["colocate_within_ms"] < slow_ms
+    assert not any(":cheap:" in name for name in _named_actors())
+    assert any(":slow:" in name for name in _named_actors())

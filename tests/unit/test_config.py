@@ -276,7 +276,8 @@ def test_a_colocated_pools_workers_are_reserved_with_the_ingress() -> None:
         ),
         (
             lambda s: s["pools"][0].update(placement="inline"),
-            "pools[0].placement: Input should be 'workers' or 'colocated' (value: 'inline')",
+            "pools[0].placement: Input should be 'workers', 'colocated' or 'auto' "
+            "(value: 'inline')",
         ),
         (
             lambda s: s["models"][0].update(placement="colocated"),
