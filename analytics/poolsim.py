@@ -511,6 +511,8 @@ class PoolSimResult:
     # why it was refused ("" for those answered)
     timeline: dict[str, list[Any]] = field(default_factory=dict)  # the actions as a live
     # pool's ``timeline`` shows them (its columns that :func:`replayed_weather` reads)
+    refused_after: np.ndarray = field(default_factory=lambda: np.array([]))  # per query: its
+    # refusal - arrival (NaN for those answered)
 
     @property
     def answered(self) -> np.ndarray:
@@ -617,6 +619,7 @@ class _PoolRun:
         self.timeline: list[tuple[Any, ...]] = []  # each action carried out, as _COLUMNS
         self.batch_models: list[str] = []
         self.refused: dict[int, str] = {}
+        self.refused_at: dict[int, float] = {}
         self.done: dict[int, float] = {}
         self.cold: set[int] = set()
 
@@ -671,7 +674,7 @@ class _PoolRun:
             if self.scheduler.submit(name, QueuedQuery(i, t, deadline, priority)):
                 self.cold.add(i)
         except QueueFull:
-            self.refused[i] = "queue_full"
+            self.refused[i], self.refused_at[i] = "queue_full", t
 
     def _step(self, now: float) -> None:
         step: Step = self.scheduler.step(now)
@@ -679,7 +682,7 @@ class _PoolRun:
             self.scheduler.apply_plan(plan.model, plan.policy, plan.job())
         for refusal in step.refusals:
             for q in refusal.query_ids:
-                self.refused[q] = refusal.reason
+                self.refused[q], self.refused_at[q] = refusal.reason, now
         calls: dict[int, tuple[list[Action], list[Action]]] = {}  # per worker: LOADs, INFERs
         for action in step.actions:
             calls.setdefault(action.worker, ([], []))[isinstance(action, Infer)].append(action)
@@ -855,7 +858,7 @@ class _PoolRun:
         elif isinstance(action, Infer):
             reason = result.error or LATE_START
             for q in action.query_ids:
-                self.refused[q] = reason
+                self.refused[q], self.refused_at[q] = reason, result.finished
         self.scheduler.finished(result)
 
 
@@ -927,6 +930,9 @@ def _result(run: _PoolRun, times: np.ndarray, names: list[str], due: np.ndarray)
         why[q] = reason
         reasons[reason] = reasons.get(reason, 0) + 1
     latencies = np.where(rejected, np.nan, done - times)
+    refused_after = np.full(n, np.nan)
+    for q, t in run.refused_at.items():
+        refused_after[q] = t - times[q]
     s = run.scheduler
     return PoolSimResult(
         times,
@@ -945,6 +951,7 @@ def _result(run: _PoolRun, times: np.ndarray, names: list[str], due: np.ndarray)
         reasons,
         why,
         {name: [row[i] for row in run.timeline] for i, name in enumerate(_COLUMNS)},
+        refused_after,
     )
 
 

@@ -59,6 +59,8 @@ class SimResult:
     batch_sizes: np.ndarray
     batch_starts: np.ndarray
     reasons: dict[str, int] = field(default_factory=dict)
+    refused_after: np.ndarray = field(default_factory=lambda: np.array([]))  # per query: its
+    # refusal - arrival (NaN for those answered; empty where the run did not keep it)
 
     @property
     def answered(self) -> np.ndarray:
@@ -315,6 +317,7 @@ def _on_a_pool(
         pool.batch_sizes,
         pool.batch_starts,
         pool.reasons,
+        pool.refused_after,
     )
 
 

@@ -42,6 +42,8 @@ def test_every_query_is_answered_or_rejected_once() -> None:
     assert int(sim.batch_sizes.sum()) + int(sim.rejected.sum()) == arrivals.size
     assert sum(sim.reasons.values()) >= 1
     assert not np.any(sim.late & sim.rejected)
+    assert np.array_equal(np.isfinite(sim.refused_after), sim.rejected)  # each refusal's time
+    assert np.all(sim.refused_after[sim.rejected] >= 0.0)
 
 
 def test_queued_batches_wait_for_a_free_replica() -> None:
