@@ -17,10 +17,12 @@ replica, one intra-op thread, batches of up to 32, no cache, every input distinc
 Each round measures every system in turn, in an order that alternates from round to round,
 one system under load at a time: ``wrk`` (one thread) with 32 connections and with one, and the
 driver's handle calls with 32 and with one in flight; for raysrv, ``wrk`` with 32 connections
-again on bodies of ``--per-request`` inputs, as JSON (``{"inputs": [...]}``) and as one raw
-float32 tensor (``application/octet-stream``). An input counts when its
-answer holds an output (wrk counts them in each 200 answer, ``wrk_saturation(count=...)``), so
-inputs a request answers with an error do not count. Prints a table of the medians over the
+again on bodies of ``--per-request`` inputs, as JSON (``{"inputs": [...]}``), as one raw
+float32 tensor (``application/octet-stream``) and as the Open Inference Protocol's binary
+tensor (``POST /v2/models/mlp/infer``, the outputs asked as bytes too). An input counts when
+its answer holds an output (wrk counts them in each 200 answer, ``wrk_saturation(count=...)``;
+an infer request answers all its rows or fails), so inputs answered with an error do not
+count. Prints a table of the medians over the
 rounds and each system's ratios to the baseline; writes every point to ``--out``.
 """
 
@@ -49,7 +51,7 @@ APP = "digits"
 OUTPUT = '"output"'  # one per answered input, in every system's answers
 SYSTEMS = ("baseline", "raysrv", "raysrv-colocated")
 MAX_BATCH = 32
-MANY = ("http-32-many", "http-32-raw")  # the points of many inputs a request
+MANY = ("http-32-many", "http-32-raw", "http-32-oip")  # the points of many inputs a request
 
 
 def spec(path: Path, placement: str) -> dict[str, Any]:
@@ -86,6 +88,19 @@ def raw_bodies(inputs: list[np.ndarray], per_request: int) -> list[bytes]:
     count = len(inputs) // per_request
     stacked = np.stack(inputs[: count * per_request]).astype(np.float32)
     return [rows.tobytes() for rows in stacked.reshape(count, per_request, -1)]
+
+
+def oip_bodies(inputs: list[np.ndarray], per_request: int) -> tuple[list[bytes], dict[str, str]]:
+    """Infer requests of ``per_request`` rows each in the binary tensor data extension, and
+    the headers they share (every header is the same length)."""
+    tensor = {"name": "input", "shape": [per_request, 64], "datatype": "FP32"}
+    tensor["parameters"] = {"binary_data_size": per_request * 64 * 4}
+    header = json.dumps({"inputs": [tensor], "parameters": {"binary_data_output": True}}).encode()
+    headers = {
+        "Content-Type": "application/octet-stream",
+        "Inference-Header-Content-Length": str(len(header)),
+    }
+    return [header + rows for rows in raw_bodies(inputs, per_request)], headers
 
 
 def raw_headers(per_request: int) -> dict[str, str]:
@@ -168,6 +183,7 @@ class Rounds:
         self.single = bodies(self.inputs, 1)
         self.many = bodies(self.inputs, args.per_request)
         self.raw = raw_bodies(self.inputs, args.per_request)
+        self.oip, self.oip_headers = oip_bodies(self.inputs, args.per_request)
         self.targets = targets(port)
 
     def points(self, system: str) -> dict[str, Callable[[], Awaitable[RunResult]]]:
@@ -185,6 +201,10 @@ class Rounds:
             raw = raw_headers(self.args.per_request)
             points["http-32-raw"] = lambda: wrk_saturation(
                 url, self.raw, 32, s, count=OUTPUT, headers=raw
+            )
+            infer = url.split("/v1/")[0] + "/v2/models/mlp/infer"
+            points["http-32-oip"] = lambda: wrk_saturation(
+                infer, self.oip, 32, s, headers=self.oip_headers
             )
         return points
 
@@ -217,8 +237,9 @@ def table(rows: list[dict[str, Any]], per_request: int) -> str:
     lines = [
         "| system | HTTP, 32 connections, inputs/s | HTTP, 1 connection, p50 ms | handles, 32 "
         f"in flight, inputs/s | handles, 1 in flight, p50 ms | HTTP, {per_request} inputs a "
-        "request, inputs/s | the same, raw float32, inputs/s |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "request, inputs/s | the same, raw float32, inputs/s | the same, Open Inference "
+        "Protocol binary, inputs/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for system in SYSTEMS:
         cells = [
@@ -228,8 +249,9 @@ def table(rows: list[dict[str, Any]], per_request: int) -> str:
             _median(rows, system, "handle-1", "p50_ms"),
             _median(rows, system, "http-32-many", "inputs_per_s"),
             _median(rows, system, "http-32-raw", "inputs_per_s"),
+            _median(rows, system, "http-32-oip", "inputs_per_s"),
         ]
-        shown = [f"{c:.0f}" if i in (0, 2, 4, 5) else f"{c:.2f}" for i, c in enumerate(cells)]
+        shown = [f"{c:.0f}" if i in (0, 2, 4, 5, 6) else f"{c:.2f}" for i, c in enumerate(cells)]
         lines.append(f"| {system} | " + " | ".join(s.replace("nan", "") for s in shown) + " |")
     lines.append("")
     for system in SYSTEMS[1:]:
@@ -245,11 +267,12 @@ def table(rows: list[dict[str, Any]], per_request: int) -> str:
         single = _median(rows, system, "http-32", "inputs_per_s")
         many = _median(rows, system, "http-32-many", "inputs_per_s") / single
         raw = _median(rows, system, "http-32-raw", "inputs_per_s") / single
+        oip = _median(rows, system, "http-32-oip", "inputs_per_s") / single
         lines.append(
             f"{system} over baseline: HTTP inputs/s {ratios['http-32']:.2f}x, HTTP p50 "
             f"{ratios['http-1']:.2f}x, handle inputs/s {ratios['handle-32']:.2f}x, handle p50 "
             f"{ratios['handle-1']:.2f}x; {per_request} inputs a request over 1: {many:.1f}x, "
-            f"raw float32 {raw:.1f}x"
+            f"raw float32 {raw:.1f}x, binary infer {oip:.1f}x"
         )
     return "\n".join(lines)
 

@@ -182,10 +182,13 @@ def goodput(log: RequestLog, slo_s: float, seconds: float) -> dict[str, Any]:
     }
 
 
-async def _batches(client: PointClient, url: str) -> dict[str, Any]:
+async def _batches(url: str) -> dict[str, Any]:
     """raysrv's batch sizes so far, and the median run time of each, in ms (``GET
     /v1/models/zoo`` of the ingress whose predict route is ``url``)."""
-    async with client._session.get(url.split("/v1/")[0] + "/v1/models/zoo") as response:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(url.split("/v1/")[0] + "/v1/models/zoo") as response,
+    ):
         model = await response.json()
     medians = model["batch_seconds"]["p50"]
     return {"counts": model["batch_counts"], "p50_ms": {k: v * 1e3 for k, v in medians.items()}}
@@ -214,7 +217,7 @@ async def measure(
         point["saturation_per_s"] = float((status == 200).sum() / SATURATION_S)
         point["saturation_statuses"] = latencies(saturation)["statuses"]
         if system.startswith("raysrv"):  # how it batched that loop, as the ingress saw it
-            point["saturation_batches"] = await _batches(client, url)
+            point["saturation_batches"] = await _batches(url)
         half = await replay(
             client, poisson_offsets(0.5 * capacity, np.random.default_rng(11), HALF_S)
         )

@@ -22,6 +22,7 @@ SPEC = RaysrvSpec.model_validate(
         [
             model_spec("a"),
             model_spec("t", source="raysrv.testing:TextModel", input={"dtype": "string"}),
+            model_spec("w", input={"shape": [64], "dtype": "float32"}),
         ],
         [{"name": "one", "models": ["a"]}],
     )
@@ -35,6 +36,7 @@ def _post(path: str, body: Any, raw: bytes | None = None, **headers: str | bytes
         workers = {
             "a": fake_workers(EchoModel()),
             "t": fake_workers(PythonRuntime("raysrv.testing:TextModel")),
+            "w": fake_workers(EchoModel()),
         }
         app = create_http_app(Server(SPEC, workers), 4096)
         transport = httpx.ASGITransport(app=app)
@@ -256,3 +258,19 @@ def test_a_compressed_body_is_refused_with_a_400() -> None:
     answer = _post("/v2/models/a/infer", None, raw, **{"Content-Encoding": "gzip"})
     assert answer.status_code == 400
     assert "compressed" in answer.json()["error"]
+
+
+def test_the_fast_path_benchmarks_binary_infer_bodies_read_back_as_their_inputs() -> None:
+    from bench.fast_path import oip_bodies
+
+    inputs = [np.arange(64, dtype=np.float32) + i for i in range(6)]
+    bodies, headers = oip_bodies(inputs, 3)
+    assert len(bodies) == 2
+    for k, raw in enumerate(bodies):
+        answer = _post("/v2/models/w/infer", None, raw, **headers)
+        assert answer.status_code == 200, answer.text
+        header, data = _split(answer)
+        first = header["outputs"][0]
+        assert (first["name"], first["shape"]) == ("sum", [3])
+        sums = np.frombuffer(data[: first["parameters"]["binary_data_size"]], "<f8")
+        assert sums.tolist() == [float(x.sum()) for x in inputs[3 * k : 3 * k + 3]]
