@@ -28,7 +28,7 @@ def ray_cluster() -> Iterator[RayCluster]:
     import ray
     from ray import serve
 
-    cluster = RayCluster(http_port=free_port(), metrics_port=free_port())
+    metrics_port = free_port()
     # On Serve's fast path a handle's router runs on its caller's event loop, and these tests
     # call handles from plain functions: the fast path's run of this tier gives this process's
     # handles a loop of their own (Serve read the variable on import) and keeps the variable
@@ -38,16 +38,33 @@ def ray_cluster() -> Iterator[RayCluster]:
         num_cpus=4,
         include_dashboard=False,
         namespace="serve",
-        _metrics_export_port=cluster.metrics_port,
+        _metrics_export_port=metrics_port,
         logging_level="warning",
         log_to_driver=False,
     )
-    serve.start(http_options={"host": "127.0.0.1", "port": cluster.http_port})
+    cluster = RayCluster(http_port=_serve_started(), metrics_port=metrics_port)
     try:
         yield cluster
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+def _serve_started(tries: int = 3) -> int:
+    """Serve started on a free port; its port. A port free when picked can be taken by one of
+    the processes Ray starts before Serve's proxy binds it: then again on another."""
+    from ray import serve
+
+    for attempt in range(tries):
+        port = free_port()
+        try:
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            return port
+        except Exception as exc:  # Ray wraps the proxy's failure to bind in its own types
+            if "bind" not in str(exc) or attempt == tries - 1:
+                raise
+            serve.shutdown()
+    raise AssertionError("unreachable")
 
 
 @pytest.fixture

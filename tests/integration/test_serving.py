@@ -20,6 +20,8 @@ from raysrv.testing import model_spec, spec
 from tests.integration.conftest import RayCluster
 from tests.unit.test_runtimes import WEIGHTS, _onnx_matmul
 
+ROOT = Path(__file__).parents[2]
+
 
 def _two_model_spec(onnx_path: Path, **ingress: Any) -> dict[str, Any]:
     slow = model_spec("slow", init_kwargs={"delay_s": 0.05})
@@ -321,3 +323,24 @@ def test_tritons_own_client_infers_through_serves_ingress(
             client.infer("fast", [wrong])
     finally:
         client.close()
+
+
+def test_the_text_example_embeds_strings_as_its_model_does_offline(
+    serve_session: RayCluster,
+) -> None:
+    """``examples/text/config.yaml``'s application: a string model on a worker actor."""
+    import yaml
+
+    from examples.text.model import HashedEmbedding
+
+    config = yaml.safe_load((ROOT / "examples/text/config.yaml").read_text())
+    serve.run(build_app(config["applications"][0]["args"]), name="text", route_prefix="/text")
+    texts = ["serving models on ray", "serving models", "é"]
+    url = f"{serve_session.http}/text/v1/embed/predict"
+    answer = httpx.post(url, json={"inputs": texts}, timeout=60)
+    too_long = httpx.post(url, json={"input": "w" * 4097}, timeout=60)
+    offline = HashedEmbedding().predict_batch(texts)
+    for result, expected in zip(answer.json()["results"], offline, strict=True):
+        np.testing.assert_allclose(result["output"]["embedding"], expected["embedding"])
+        assert result["output"]["words"] == expected["words"]
+    assert too_long.status_code == 413
