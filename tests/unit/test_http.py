@@ -867,3 +867,26 @@ def test_a_long_timeline_is_rendered_in_chunks_between_other_work(
     for name, values in kept.items():  # the same values, null for NaN
         assert shown[name] == [None if v != v else v for v in values], name
     assert turns >= 10 * 4  # 10 columns of 10 values, 4 chunks of 3 each
+
+
+def test_an_input_answered_in_time_keeps_its_answer_when_another_of_its_request_is_late() -> None:
+    """Batches of one and an SLO of 0.5 s: of one request's two inputs the first is answered
+    at 0.1 s, the second's batch runs 0.8 s from there. The request's wait ends at the
+    deadline; the first answer, taken up in time, is kept, and the second is dropped (504)."""
+    echo = EchoModel()
+
+    async def slow_second(inputs: np.ndarray) -> tuple[list[Any], float]:
+        seconds = 0.1 if float(inputs.sum()) == 10.0 else 0.8
+        await asyncio.sleep(seconds)
+        return echo.predict_batch(inputs), seconds
+
+    raw = spec(
+        [model_spec("one", batching={"policy": "fixed", "params": {"max_batch_size": 1}})],
+        [{"name": "app", "models": ["one"]}],
+    )
+    server = Server(RaysrvSpec.model_validate(raw), {"one": LocalWorkers(1, run=slow_second)})
+    first, second = run(server.predict_model_many("one", [[1, 2, 3, 4], [5, 6, 7, 8]], 500))
+    assert first["output"]["sum"] == 10.0
+    assert first["latency_ms"] < 500
+    assert isinstance(second, RaysrvError)
+    assert second.status == 504
