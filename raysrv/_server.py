@@ -670,11 +670,7 @@ class Server:
         for answer in answers:
             answer.add_done_callback(lambda a: taken_up.setdefault(a, self._clock()))
         if answers:
-            await (
-                asyncio.wait(answers)
-                if not math.isfinite(deadline)
-                else self._wait_until(deadline, answers, model)
-            )
+            await self._wait_until(deadline, answers, model)
         now = self._clock()
         results: list[dict[str, Any] | RaysrvError] = []
         for entry in entries:
@@ -810,10 +806,11 @@ class Server:
     async def _wait_until(
         self, deadline: float, answers: list[asyncio.Future[Any]], model: str
     ) -> None:
-        """Until every one of ``answers`` is in, or ``deadline``; if the caller leaves first,
-        each is withdrawn from its queue or dropped."""
+        """Until every one of ``answers`` is in, or ``deadline`` (if finite); if the caller
+        leaves first, each is withdrawn from its queue or dropped."""
+        timeout = max(0.0, deadline - self._clock()) if math.isfinite(deadline) else None
         try:
-            await asyncio.wait(answers, timeout=max(0.0, deadline - self._clock()))
+            await asyncio.wait(answers, timeout=timeout)
         except asyncio.CancelledError:  # the caller left: out of the queue, or dropped
             for answer in answers:
                 self._withdraw(model, answer)
