@@ -17,13 +17,14 @@ replica, one intra-op thread, batches of up to 32, no cache, every input distinc
 Each round measures every system in turn, in an order that alternates from round to round,
 one system under load at a time: ``wrk`` (one thread) with 32 connections and with one, and the
 driver's handle calls with 32 and with one in flight; for raysrv, ``wrk`` with 32 connections
-again on bodies of ``--per-request`` inputs, as JSON (``{"inputs": [...]}``), as one raw
-float32 tensor (``application/octet-stream``) and as the Open Inference Protocol's binary
-tensor (``POST /v2/models/mlp/infer``, the outputs asked as bytes too). An input counts when
-its answer holds an output (wrk counts them in each 200 answer, ``wrk_saturation(count=...)``;
-an infer request answers all its rows or fails), so inputs answered with an error do not
-count. Prints a table of the medians over the
-rounds and each system's ratios to the baseline; writes every point to ``--out``.
+on the model's own route (``/v1/models/mlp/predict``, no app's selection or cache), then on the
+app's route with bodies of ``--per-request`` inputs, as JSON (``{"inputs": [...]}``) and as one
+raw float32 tensor (``application/octet-stream``), and as the Open Inference Protocol's binary
+tensor (``POST /v2/models/mlp/infer``, the model's route, the outputs asked as bytes too). An
+input counts when its answer holds an output (wrk counts them in each 200 answer,
+``wrk_saturation(count=...)``; an infer request answers all its rows or fails), so inputs
+answered with an error do not count. Prints a table of the medians over the rounds and each
+system's ratios to the baseline; writes every point to ``--out``.
 """
 
 from __future__ import annotations
@@ -202,7 +203,11 @@ class Rounds:
             points["http-32-raw"] = lambda: wrk_saturation(
                 url, self.raw, 32, s, count=OUTPUT, headers=raw
             )
-            infer = url.split("/v1/")[0] + "/v2/models/mlp/infer"
+            base = url.split("/v1/")[0]
+            points["http-32-model"] = lambda: wrk_saturation(
+                base + "/v1/models/mlp/predict", self.single, 32, s, count=OUTPUT
+            )
+            infer = base + "/v2/models/mlp/infer"
             points["http-32-oip"] = lambda: wrk_saturation(
                 infer, self.oip, 32, s, headers=self.oip_headers
             )
@@ -238,8 +243,8 @@ def table(rows: list[dict[str, Any]], per_request: int) -> str:
         "| system | HTTP, 32 connections, inputs/s | HTTP, 1 connection, p50 ms | handles, 32 "
         f"in flight, inputs/s | handles, 1 in flight, p50 ms | HTTP, {per_request} inputs a "
         "request, inputs/s | the same, raw float32, inputs/s | the same, Open Inference "
-        "Protocol binary, inputs/s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "Protocol binary, inputs/s | HTTP, 32 connections, the model's route, inputs/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for system in SYSTEMS:
         cells = [
@@ -250,8 +255,9 @@ def table(rows: list[dict[str, Any]], per_request: int) -> str:
             _median(rows, system, "http-32-many", "inputs_per_s"),
             _median(rows, system, "http-32-raw", "inputs_per_s"),
             _median(rows, system, "http-32-oip", "inputs_per_s"),
+            _median(rows, system, "http-32-model", "inputs_per_s"),
         ]
-        shown = [f"{c:.0f}" if i in (0, 2, 4, 5, 6) else f"{c:.2f}" for i, c in enumerate(cells)]
+        shown = [f"{c:.0f}" if i in (0, 2, 4, 5, 6, 7) else f"{c:.2f}" for i, c in enumerate(cells)]
         lines.append(f"| {system} | " + " | ".join(s.replace("nan", "") for s in shown) + " |")
     lines.append("")
     for system in SYSTEMS[1:]:
@@ -268,11 +274,15 @@ def table(rows: list[dict[str, Any]], per_request: int) -> str:
         many = _median(rows, system, "http-32-many", "inputs_per_s") / single
         raw = _median(rows, system, "http-32-raw", "inputs_per_s") / single
         oip = _median(rows, system, "http-32-oip", "inputs_per_s") / single
+        model = _median(rows, system, "http-32-oip", "inputs_per_s") / _median(
+            rows, system, "http-32-model", "inputs_per_s"
+        )
         lines.append(
             f"{system} over baseline: HTTP inputs/s {ratios['http-32']:.2f}x, HTTP p50 "
             f"{ratios['http-1']:.2f}x, handle inputs/s {ratios['handle-32']:.2f}x, handle p50 "
             f"{ratios['handle-1']:.2f}x; {per_request} inputs a request over 1: {many:.1f}x, "
-            f"raw float32 {raw:.1f}x, binary infer {oip:.1f}x"
+            f"raw float32 {raw:.1f}x, binary infer {oip:.1f}x ({model:.1f}x single inputs to "
+            "the model's route)"
         )
     return "\n".join(lines)
 
