@@ -184,6 +184,16 @@ def _told(exc: RaysrvError, ask: _Ask) -> RaysrvError:
     return told
 
 
+def _model_answer(model: str, output: Any, seconds: float, ask: _Ask) -> dict[str, Any]:
+    """One model's answer to one query, ``seconds`` after the ingress took it."""
+    return {
+        "output": output,
+        "model": model,
+        "latency_ms": seconds * 1e3,
+        "transit_ms": _ms(ask.transit_s),
+    }
+
+
 async def _each(
     answers: Iterable[Awaitable[dict[str, Any]]],
 ) -> list[dict[str, Any] | RaysrvError]:
@@ -656,13 +666,14 @@ class Server:
         """:meth:`_run_model` for each of one request's coerced inputs, in order, an error in
         place of each that fails. They share one deadline, so one wait covers them all, with
         no task of its own for each (``bench.fast_path``'s requests of 32 inputs)."""
-        deadline = origin + (ask.slo_ms or self._slo_ms[model]) / 1000.0 - ask.trip_back_s
+        deadline, trip = self._model_deadline(model, origin, ask), self._trip(ask)
         entries: list[asyncio.Future[Any] | RaysrvError] = []
         for x in inputs:
+            if isinstance(x, RaysrvError):
+                entries.append(_told(x, ask))
+                continue
             try:
-                if isinstance(x, RaysrvError):
-                    raise x
-                entries.append(pool.submit(model, x, deadline, ask.priority, self._trip(ask)))
+                entries.append(pool.submit(model, x, deadline, ask.priority, trip))
             except RaysrvError as exc:
                 entries.append(_told(exc, ask))
         answers = [e for e in entries if not isinstance(e, RaysrvError)]
@@ -677,19 +688,13 @@ class Server:
             if isinstance(entry, RaysrvError):
                 results.append(entry)
                 continue
+            at = taken_up.get(entry, now)
             try:
-                output = self._settled(entry, deadline, model, taken_up.get(entry, now))
+                output = self._settled(entry, deadline, model, at)
             except RaysrvError as exc:
                 results.append(_told(exc, ask))
                 continue
-            results.append(
-                {
-                    "output": output,
-                    "model": model,
-                    "latency_ms": (taken_up.get(entry, now) - start) * 1e3,
-                    "transit_ms": _ms(ask.transit_s),
-                }
-            )
+            results.append(_model_answer(model, output, at - start, ask))
         return results
 
     async def _predict_model(
@@ -704,15 +709,14 @@ class Server:
     ) -> dict[str, Any]:
         """One model's answer to one coerced input."""
         with _transit_told(ask):
-            deadline = origin + (ask.slo_ms or self._slo_ms[model]) / 1000.0 - ask.trip_back_s
+            deadline = self._model_deadline(model, origin, ask)
             answer = pool.submit(model, x, deadline, ask.priority, self._trip(ask))
             output = await self._by_deadline(answer, deadline, model)
-            return {
-                "output": output,
-                "model": model,
-                "latency_ms": (self._clock() - start) * 1e3,
-                "transit_ms": _ms(ask.transit_s),
-            }
+            return _model_answer(model, output, self._clock() - start, ask)
+
+    def _model_deadline(self, model: str, origin: float, ask: _Ask) -> float:
+        """When a query to ``model`` must be answered by, less the time kept for its way back."""
+        return origin + (ask.slo_ms or self._slo_ms[model]) / 1000.0 - ask.trip_back_s
 
     async def _ask_models(
         self, app: _App, chosen: list[str], x: Input, origin: float, ask: _Ask
