@@ -200,23 +200,25 @@ def wanted_outputs(body: dict[str, Any]) -> dict[str, bool] | bool:
         return every
     if not isinstance(outputs, list) or not outputs:
         raise BadRequest(f"outputs must be a list of outputs by name, got {outputs!r}")
-    wanted = {}
-    for output in outputs:
-        name = output.get("name") if isinstance(output, dict) else None
-        parameters = output.get("parameters") or {} if isinstance(output, dict) else None
-        binary = parameters.get("binary_data", every) if isinstance(parameters, dict) else None
-        if (
-            not isinstance(name, str)
-            or set(output) - {"name", "parameters"}
-            or set(parameters) - {"binary_data"}
-            or not isinstance(binary, bool)
-        ):
-            raise BadRequest(
-                f'an output is {{"name": ..., "parameters": {{"binary_data": true or '
-                f"false}}}}, got {output!r}"
-            )
-        wanted[name] = binary
-    return wanted
+    return dict(_wanted(output, every) for output in outputs)
+
+
+def _wanted(output: Any, every: bool) -> tuple[str, bool]:
+    """One entry of ``outputs``: its name, and whether it is wanted as bytes."""
+    parameters = output.get("parameters") or {} if isinstance(output, dict) else None
+    binary = parameters.get("binary_data", every) if isinstance(parameters, dict) else None
+    fits = (
+        isinstance(binary, bool)  # so ``output`` and its parameters are objects
+        and isinstance(output.get("name"), str)
+        and set(output) <= {"name", "parameters"}
+        and set(parameters) <= {"binary_data"}
+    )
+    if not fits:
+        raise BadRequest(
+            f'an output is {{"name": ..., "parameters": {{"binary_data": true or false}}}}, '
+            f"got {output!r}"
+        )
+    return output["name"], binary
 
 
 def write_infer(

@@ -115,6 +115,18 @@ def test_health_and_metadata_describe_the_model() -> None:
             400,
             "slo_ms must be a positive number",
         ),
+        (
+            "/v2/models/a/infer",
+            {**_tensor([1, 4], "FP32", [0] * 4), "outputs": [{"name": "sum", "parameters": [[1]]}]},
+            400,
+            "an output is",
+        ),
+        (
+            "/v2/models/a/infer",
+            {**_tensor([1, 4], "FP32", [0] * 4), "outputs": [7]},
+            400,
+            "an output is",
+        ),
         ("/v2/models/t/infer", _tensor([1], "BYTES", [3]), 400, "input must be a string"),
         ("/v2/models/t/infer", _tensor([2], "BYTES", ["x"]), 400, "a list of 2 strings"),
         ("/v2/models/nope/infer", _tensor([1, 4], "FP32", [0] * 4), 404, "unknown model"),
