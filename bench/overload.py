@@ -44,6 +44,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,21 +93,33 @@ def raysrv_spec(path: Path, slo_ms: float) -> dict[str, Any]:
     }
 
 
-class TimedClient(HttpClient):
-    """POSTs each request's own input with the SLO and ``sent_at``, its scheduled time."""
+def raysrv_body(slo_ms: float) -> Callable[[str, float], bytes]:
+    """raysrv's body of one input (JSON text) scheduled at a wall-clock time: the input, its
+    SLO and that time as ``sent_at``."""
+    return lambda x, t: f'{{"input":{x},"slo_ms":{slo_ms:g},"sent_at":{t:.6f}}}'.encode()
 
-    def __init__(self, url: str, inputs: list[list[float]], slo_ms: float) -> None:
+
+class TimedClient(HttpClient):
+    """POSTs each request's own input, in the ``body`` made for it as it is sent at its
+    scheduled time (:func:`raysrv_body` by default); keeps each error's reason and latency."""
+
+    def __init__(
+        self,
+        url: str,
+        inputs: list[Any],
+        slo_ms: float,
+        body: Callable[[str, float], bytes] | None = None,
+    ) -> None:
         super().__init__(url, [], connections=2048, timeout_s=TIMEOUT_S)
         self._inputs = [json.dumps(x) for x in inputs]
-        self._slo = slo_ms
+        self._body = body or raysrv_body(slo_ms)
         self.errors: list[tuple[str, float]] = []  # each error's reason and seconds taken
 
     async def send(self, i: int) -> int:
-        x = self._inputs[i % len(self._inputs)]
         sent_at = scheduled_at()
-        body = f'{{"input":{x},"slo_ms":{self._slo},"sent_at":{sent_at:.6f}}}'
+        body = self._body(self._inputs[i % len(self._inputs)], sent_at)
         try:
-            async with self._session.post(self.url, data=body.encode()) as response:
+            async with self._session.post(self.url, data=body) as response:
                 answer = await response.read()
                 if response.status != 200:
                     self.errors.append((_reason(answer), time.time() - sent_at))

@@ -61,15 +61,8 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from bench.loadgen import (
-    REJECTED,
-    HttpClient,
-    RequestLog,
-    closed_loop,
-    poisson_offsets,
-    replay,
-    scheduled_at,
-)
+from bench.loadgen import REJECTED, RequestLog, closed_loop, poisson_offsets, replay
+from bench.overload import TimedClient, raysrv_body
 
 __all__ = ["goodput", "latencies", "main", "model_capacity", "request_body", "table"]
 
@@ -124,28 +117,10 @@ def request_body(system: str, slo_ms: float) -> Callable[[str, float], bytes]:
     """How ``system`` takes one input (JSON text) scheduled at a wall-clock time: raysrv with
     its SLO and that time, BentoML's batchable API as a batch of one row, the others bare."""
     if system.startswith("raysrv"):
-        return lambda x, t: f'{{"input":{x},"slo_ms":{slo_ms:g},"sent_at":{t:.6f}}}'.encode()
+        return raysrv_body(slo_ms)
     if system == "bentoml":
         return lambda x, t: f'{{"input":[{x}]}}'.encode()
     return lambda x, t: f'{{"input":{x}}}'.encode()
-
-
-class PointClient(HttpClient):
-    """POSTs each request's own input, encoded for its system when it is sent."""
-
-    def __init__(self, url: str, body: Callable[[str, float], bytes], inputs: list[Any]) -> None:
-        super().__init__(url, [], connections=2048, timeout_s=TIMEOUT_S)
-        self._body = body
-        self._inputs = [json.dumps(x) for x in inputs]
-
-    async def send(self, i: int) -> int:
-        body = self._body(self._inputs[i % len(self._inputs)], scheduled_at())
-        try:
-            async with self._session.post(self.url, data=body) as response:
-                await response.read()
-                return response.status
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
-            return 0
 
 
 def _arrays(log: RequestLog) -> tuple[np.ndarray, np.ndarray]:
@@ -209,7 +184,8 @@ async def measure(
     inputs = digits_like(np.random.default_rng(7), INPUTS).tolist()
     slo_s = args.slo_ms / 1000.0
     point: dict[str, Any] = {"system": system, "capacity_per_s": capacity, "logs": {}}
-    async with PointClient(url, request_body(system, args.slo_ms), inputs) as client:
+    body = request_body(system, args.slo_ms)
+    async with TimedClient(url, inputs, args.slo_ms, body) as client:
         await closed_loop(client, MAX_BATCH, WARM_S)
         saturation = RequestLog()
         await closed_loop(client, MAX_BATCH, SATURATION_S, log=saturation)
