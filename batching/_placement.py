@@ -158,6 +158,7 @@ class Placement:
         action = Load(w.index, model.name, now, start, latest, model.weight_bytes)
         w.held[model.name] = model.weight_bytes or 0
         w.loading[model.name] = start + predicted
+        w.load_of[model.name] = action
         w.last_used[model.name] = now
         w.peak_bytes = max(w.peak_bytes, w.resident)
         w.loads.sent(action, predicted, now, out.call, start)
@@ -167,6 +168,7 @@ class Placement:
 
     def _unload(self, w: _Worker, name: str, now: float, out: _Out, evicted: bool) -> None:
         w.held.pop(name, None)
+        w.load_of.pop(name, None)
         w.last_used.pop(name, None)
         runs = self._models[name].runs if name in self._models else None
         predicted = 0.0 if runs is None else runs.unload_time(PREDICT_Q) or 0.0

@@ -8,7 +8,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from raysrv.batching.actions import Action, Infer, PlanJob, Refusal, Unload
+from raysrv.batching.actions import Action, Infer, Load, PlanJob, Refusal, Unload
 from raysrv.batching.base import BatchingPolicy, QueuedQuery, ReplicaSlot
 from raysrv.batching.profile import RunTimes
 
@@ -99,6 +99,8 @@ class _Worker:
         self.loads = _Executor(depth)
         self.held: dict[str, int] = {}  # model -> weight bytes, loaded or loading
         self.loading: dict[str, float] = {}  # model -> when its LOAD should end
+        # model -> the LOAD last sent for it here, whose report alone says whether it is here
+        self.load_of: dict[str, Load] = {}
         self.pinned: set[str] = set()
         self.last_used: dict[str, float] = {}
         self.running: collections.Counter[str] = collections.Counter()  # INFERs in flight

@@ -455,9 +455,13 @@ class PoolScheduler(Placement):
 
     def _infer_done(self, w: _Worker, action: Infer, result: ActionResult) -> None:
         w.running[action.model] -= 1
-        if result.error == NOT_LOADED:  # the worker lost it (it restarted): forget it there
+        load = w.load_of.get(action.model)
+        if result.error == NOT_LOADED and (load is None or load.sent <= action.sent):
+            # its LOAD did not run, or the worker lost it (it restarted): forget it there,
+            # unless a LOAD sent since will tell
             w.held.pop(action.model, None)
             w.loading.pop(action.model, None)
+            w.load_of.pop(action.model, None)
         model = self._models.get(action.model)
         if model is None:
             return
@@ -488,18 +492,31 @@ class PoolScheduler(Placement):
             self._returns.add(max(0.0, result.finished - result.ended))
 
     def _load_done(self, w: _Worker, action: Load, result: ActionResult) -> None:
-        w.loading.pop(action.model, None)
+        """A LOAD's report. Only the LOAD last sent for the model to the worker says whether
+        the model is there. The report of one sent before it can come back after it (a batch
+        behind the first found the model missing, and the next query sent another); taken at
+        its word, the scheduler forgot a model the worker then loaded, for good: it never
+        evicted it, and every LOAD it sent there found no room. A LOAD that ran when no LOAD
+        says the model is there (its batch's report came first) is taken at its word: the
+        worker holds it."""
+        current = w.load_of.get(action.model) is action
+        if current:
+            w.loading.pop(action.model, None)
         model = self._models.get(action.model)
         if model is not None:
             model.dirty = True
         if not (result.ran and result.ok):
-            self._load_not_done(w, action, result, model)
+            self._load_not_done(w, action, result, model, current)
             return
         self.loads += 1
         if model is not None:
             model.error = ""
         weight = result.weight_bytes if result.weight_bytes is not None else action.weight_bytes
-        if action.model in w.held:
+        if action.model not in w.load_of and action.model in self._models:
+            w.load_of[action.model] = action
+            w.last_used.setdefault(action.model, result.finished)
+            current = True
+        if current:
             w.held[action.model] = weight or 0
             w.peak_bytes = max(w.peak_bytes, w.resident)
         if model is not None:
@@ -509,11 +526,14 @@ class PoolScheduler(Placement):
                 model.runs.observe_load(result.duration, weight)
 
     def _load_not_done(
-        self, w: _Worker, action: Load, result: ActionResult, model: _Model | None
+        self, w: _Worker, action: Load, result: ActionResult, model: _Model | None, current: bool
     ) -> None:
-        """A LOAD that was not run (late, or no room) or failed: the model is not there."""
-        w.held.pop(action.model, None)
-        w.last_used.pop(action.model, None)
+        """A LOAD that was not run (late, or no room) or failed: the model is not there, unless
+        a LOAD sent since (``current`` is False) will tell."""
+        if current:
+            w.held.pop(action.model, None)
+            w.last_used.pop(action.model, None)
+            w.load_of.pop(action.model, None)
         if result.error == NO_ROOM:  # its memory is not as this scheduler believes
             w.full_until = result.finished + self._backoff
             if model is not None and result.weight_bytes is not None:

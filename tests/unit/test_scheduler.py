@@ -17,6 +17,7 @@ from raysrv.analytics.poolsim import Legs, call_legs, replayed_weather, size_ban
 from raysrv.batching import QueuedQuery
 from raysrv.batching.actions import (
     COLD_DOOMED,
+    NOT_LOADED,
     ActionResult,
     Infer,
     Load,
@@ -422,6 +423,49 @@ def test_a_failed_load_fails_the_queries_waiting_for_it_and_backs_off() -> None:
     assert s.step(0.5).refusals[0].query_ids == (2,)  # backing off: answered at once
     s.submit("m0", _q(3, 1.5))
     assert isinstance(s.step(1.5).actions[0], Load)  # tried again
+
+
+def test_a_load_reported_after_its_model_was_sent_another_does_not_unseat_it() -> None:
+    """A LOAD that came too late to run, whose batch came back ``not_loaded`` first: the next
+    query gets a new LOAD, and the first LOAD's report, back after that one was sent, leaves
+    the model where the new one puts it. Taken at its word, the scheduler forgot a model the
+    worker held, for good: it never evicted it, and every LOAD it sent there found no room."""
+    s = _shared(2, capacity=1)
+    s.runs("m0").observe_load(0.010)
+    s.runs("m0").observe(1, 0.001)
+    s.submit("m0", _q(0, 0.0, deadline=1.0))
+    (late,) = s.step(0.0).actions
+    (infer,) = s.step(0.005).actions  # behind its LOAD, which the worker will not start
+    s.finished(ActionResult(infer, 0.020, ran=False, size=0, error=NOT_LOADED))
+    s.submit("m0", _q(1, 0.021, deadline=1.0))
+    (again,) = s.step(0.021).actions
+    assert isinstance(again, Load)
+    s.finished(ActionResult(late, 0.022, ran=False))  # outside its window: not run
+    (second,) = s.step(0.026).actions
+    s.finished(_done(again, 0.031, 0.010))
+    s.finished(_done(second, 0.032, 0.001))
+    assert s.describe_model("m0")["loaded_on"] == [0]
+    s.submit("m1", _q(2, 1.0, deadline=2.0))  # the worker is full: m0 makes room for m1
+    assert [(type(a).__name__, a.model) for a in s.step(1.0).actions] == [
+        ("Unload", "m0"),
+        ("Load", "m1"),
+    ]
+
+
+def test_a_load_whose_batch_found_no_model_is_taken_at_its_word_when_it_ran() -> None:
+    """The other order: the batch's ``not_loaded`` came back before its LOAD's report, and
+    that LOAD ran after all. The worker holds the model, so the scheduler holds it there."""
+    s = _shared(2, capacity=1)
+    s.runs("m0").observe_load(0.010)
+    s.runs("m0").observe(1, 0.001)
+    s.submit("m0", _q(0, 0.0, deadline=1.0))
+    (load,) = s.step(0.0).actions
+    (infer,) = s.step(0.005).actions
+    s.finished(ActionResult(infer, 0.020, ran=False, size=0, error=NOT_LOADED))
+    assert s.describe_model("m0")["cold"]
+    s.finished(_done(load, 0.021, 0.010))
+    assert s.describe_model("m0")["loaded_on"] == [0]
+    assert s.describe_workers(0.021)[0]["resident_bytes"] == MB
 
 
 def test_a_busy_hot_model_is_loaded_on_a_second_worker() -> None:
