@@ -85,9 +85,11 @@ For each raysrv point, "simulator": the same arrivals through
 model, their spread and the trips it measured (``Bench.simulate``): the same scheduler, on
 simulated workers and hops; "replayed": the same with the runs, LOADs and calls replayed from
 the live pool's timeline rather than drawn (``replay``), so that what differs is the
-scheduling on the live run's weather. Both simulate the lead-in too and count the point's
-queries only. Plots: ``bench/figures/many_models_cdf.png`` and ``many_models_goodput.png``
-(``--replot`` draws them again from a saved run); everything, the request logs included, in
+scheduling on the live run's weather: the median of ``REPLAYS`` replays, all but the first
+with every query nudged by a fraction of a millisecond, and their range (``Bench.replays``).
+Both simulate the lead-in too and count the point's queries only. Plots:
+``bench/figures/many_models_cdf.png`` and ``many_models_goodput.png`` (``--replot`` draws them
+again from a saved run); everything, the request logs included, in
 ``bench/out/many_models.json``.
 """
 

@@ -244,7 +244,11 @@ async def _one(system: str, port: int, args: argparse.Namespace, path: Path) -> 
 
     rng = np.random.default_rng(7)
     inputs = digits_like(rng, INPUTS).tolist()
-    url = f"http://{HOST}:{port}" + deploy(system, path, args.slo_ms, None)
+    model = None
+    if system == "raysrv" and args.param:
+        params = {"max_batch_size": MAX_BATCH, **dict(args.param)}
+        model = {"batching": {"policy": "deadline", "params": params}}
+    url = f"http://{HOST}:{port}" + deploy(system, path, args.slo_ms, None, model=model)
     slo_s = args.slo_ms / 1000.0
     async with TimedClient(url, inputs, args.slo_ms) as client:
         await closed_loop(client, MAX_BATCH, 3.0)  # warm-up
@@ -256,7 +260,7 @@ async def _one(system: str, port: int, args: argparse.Namespace, path: Path) -> 
     if not capacity:
         raise RuntimeError(f"{system} answered nothing at {url}")
     if system == "baseline" or args.bound_raysrv:
-        url = f"http://{HOST}:{port}" + deploy(system, path, args.slo_ms, capacity)
+        url = f"http://{HOST}:{port}" + deploy(system, path, args.slo_ms, capacity, model=model)
     low, high = 0.5 * capacity, args.factor * capacity
     gen = np.random.default_rng(11)
     over = (BEFORE_S, BEFORE_S + args.seconds)
@@ -305,6 +309,11 @@ def table(points: list[dict[str, Any]], factor: float, slo_ms: float) -> str:
     return "\n".join(lines)
 
 
+def _param(item: str) -> tuple[str, Any]:
+    key, _, value = item.partition("=")
+    return key, json.loads(value)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--serve-proxy", action="store_true", help="Serve's default mode")
@@ -318,6 +327,14 @@ def main(argv: list[str] | None = None) -> int:
         help="raysrv's ingress bounded by Serve as the baseline is (from capacity and SLO)",
     )
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    parser.add_argument(
+        "--param",
+        nargs="*",
+        type=_param,
+        default=[],
+        metavar="KEY=JSON",
+        help="a parameter of raysrv's deadline policy, e.g. plan_arrivals=1",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/out/overload.json"))
     args = parser.parse_args(argv)
     from bench.zoo import build_zoo
