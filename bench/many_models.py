@@ -179,8 +179,8 @@ HOT = "hot"  # the hot model's name: the zoo's first model's file, outside the z
 RESAMPLES = 5000  # of the hot model's pairs, for the spread of their median ratio
 SETTLE_S = 5.0  # after a hot-model deployment: the last one's processes end meanwhile
 # The replay runs this many times, each but the first with every query sent a draw of
-# N(0, REPLAY_JITTER_S) apart from when it was: a 0.1 ms nudge moves one replay's attainment
-# by up to a point (bench/RESULTS.md, "The simulator against the live system"), so the
+# N(0, REPLAY_JITTER_S) apart from when it was: such nudges spread one point's five replays
+# over up to 3 points (bench/RESULTS.md, "The simulator against the live system"), so the
 # simulator's figure is the replays' median, with their range.
 REPLAYS, REPLAY_JITTER_S = 5, 1e-4
 # A raysrv point's timeline is fetched this often while it runs: the pool keeps its last
