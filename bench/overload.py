@@ -244,10 +244,7 @@ async def _one(system: str, port: int, args: argparse.Namespace, path: Path) -> 
 
     rng = np.random.default_rng(7)
     inputs = digits_like(rng, INPUTS).tolist()
-    model = None
-    if system == "raysrv" and args.param:
-        params = {"max_batch_size": MAX_BATCH, **dict(args.param)}
-        model = {"batching": {"policy": "deadline", "params": params}}
+    model = policy_params(args.param) if system == "raysrv" else None
     url = f"http://{HOST}:{port}" + deploy(system, path, args.slo_ms, None, model=model)
     slo_s = args.slo_ms / 1000.0
     async with TimedClient(url, inputs, args.slo_ms) as client:
@@ -309,12 +306,21 @@ def table(points: list[dict[str, Any]], factor: float, slo_ms: float) -> str:
     return "\n".join(lines)
 
 
+def policy_params(params: list[tuple[str, Any]]) -> dict[str, Any] | None:
+    """raysrv's model fields for ``--param``'s ``deadline`` parameters (None: its defaults)."""
+    if not params:
+        return None
+    return {
+        "batching": {"policy": "deadline", "params": {"max_batch_size": MAX_BATCH, **dict(params)}}
+    }
+
+
 def _param(item: str) -> tuple[str, Any]:
     key, _, value = item.partition("=")
     return key, json.loads(value)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--serve-proxy", action="store_true", help="Serve's default mode")
     parser.add_argument("--factor", type=float, default=3.0, help="the overload's multiple")
@@ -336,7 +342,11 @@ def main(argv: list[str] | None = None) -> int:
         help="a parameter of raysrv's deadline policy, e.g. plan_arrivals=1",
     )
     parser.add_argument("--out", type=Path, default=Path("bench/out/overload.json"))
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     from bench.zoo import build_zoo
 
     (path,) = build_zoo(Path("bench/out/overload-zoo"), 1, passes=args.passes, steady=True)

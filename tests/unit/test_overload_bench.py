@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from bench.loadgen import RequestLog
-from bench.overload import recovery_s, summarize
+from bench.overload import MAX_BATCH, parser, policy_params, recovery_s, summarize
 
 
 def test_answers_are_normal_again_from_the_first_window_after_which_all_are_good() -> None:
@@ -35,3 +35,19 @@ def test_the_overloads_figures_count_its_own_requests_only() -> None:
     assert (figures["late"], figures["refused"], figures["no_answer"]) == (1, 2, 0)
     assert figures["refusal_p50_ms"] == pytest.approx(15.0)
     assert figures["statuses"] == {"200": 4, "429": 1, "503": 1}
+
+
+def test_param_sets_the_deadline_policys_parameters_of_raysrv_only_when_given() -> None:
+    args = parser().parse_args(["--param", "plan_arrivals=0", "refuse_behind_queue=false"])
+    model = policy_params(args.param)
+    assert model == {
+        "batching": {
+            "policy": "deadline",
+            "params": {
+                "max_batch_size": MAX_BATCH,
+                "plan_arrivals": 0,
+                "refuse_behind_queue": False,
+            },
+        }
+    }
+    assert policy_params(parser().parse_args([]).param) is None  # the model's own defaults
