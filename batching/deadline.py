@@ -412,7 +412,8 @@ class DeadlinePolicy(BatchingPolicy):
         }
 
     def decide(self, view: BatcherView) -> Decision:
-        self._count_arrivals(view.queue)
+        if self.params.refuse_behind_queue and self.params.plan_arrivals > 0.0:
+            self._count_arrivals(view.queue)  # the plan of step (1) counts on their rate
         urgent = [q for q in view.queue if q.priority <= 0]
         past = tuple(q.query_id for q in view.queue if q.priority > 0 and q.deadline < view.now)
         if past:
