@@ -18,7 +18,7 @@ driven from this process with Ray Serve in its throughput-optimized mode
 (``RAY_SERVE_THROUGHPUT_OPTIMIZED=1``: gRPC between handles and replicas, user code on the
 replica's main thread) and HAProxy as its HTTP ingress (``RAY_SERVE_ENABLE_HA_PROXY=1``), the
 best a Ray user could configure (``--default-serve``: Serve's default mode, its Python proxy).
-Queries go over HTTP through HAProxy, one pooled aiohttp session, but for ``multiplexed``'s,
+Queries go over HTTP through HAProxy, on pooled connections, but for ``multiplexed``'s,
 which go through a handle. A handle call costs this process, which shares the 2 cores with
 the servers, about four times the CPU of an HTTP request: on the trace at 80.9 queries a
 second the load generator took 0.40 of a core over handles and 0.10 over HTTP
@@ -76,9 +76,12 @@ Reported per point from the client's side (latency from each query's scheduled a
 attainment (answered within the SLO over offered), goodput, answers within the SLO or refused
 before any work (429/503), late answers (each listed with how long before its SLO it left the
 ingress, how long the client's own loop had just been held and how much of that its thread
-ran, ``late_answers``), 504s (dropped at their
-deadline, work spent), p50 and p99 of answers; from the servers: loads, evictions and cold
-starts per second, and the most weight any worker held (raysrv: the worker's own account and
+ran, ``late_answers``) and, in brackets, how many were late when they reached this machine
+(over HTTP, by the kernel's stamp of their last bytes, ``bench.wire``: an answer that arrived
+in time but was read late, because the client, which shares the 2 cores with the servers, was
+held off them, is late only in the first count), 504s (dropped at their deadline, work
+spent), p50 and p99 of answers; from the servers: loads, evictions and cold starts per second,
+and the most weight any worker held (raysrv: the worker's own account and
 its process's peak memory).
 For each raysrv point, "simulator": the same arrivals through
 :func:`raysrv.analytics.simulate_pool` with the run times and LOAD times the point measured per
@@ -104,11 +107,10 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import numpy as np
 
 from bench.loadgen import (
@@ -128,6 +130,7 @@ from bench.multiplexed import build_multiplexed, replica_stats
 from bench.plots import attainment_panels, goodput_panels
 from bench.traces import MANY_FUNCTIONS, read_functions, replay_functions, zipf_arrivals
 from bench.validate_live import start_ray
+from bench.wire import StampedHttp
 from bench.zoo import DEFAULT_DIR, build_zoo, digits_like, model_size, run_times
 from raysrv._pool import PROFILE_RUNS
 from raysrv.analytics import SimModel, simulate_pool
@@ -200,17 +203,18 @@ CLIENT_NICENESS = 0
 
 
 class HttpCalls:
-    """Queries over HTTP through Serve's HAProxy ingress, one pooled aiohttp session: raysrv's
-    to ``POST /raysrv/v1/models/{model}/predict``, ``multiplexed-http``'s to its route. Each
-    call is a task whose result is the JSON body answered: raysrv's errors carry their status
-    in theirs; any other reply that is not a 200 with a JSON object becomes one that does."""
+    """Queries over HTTP through Serve's HAProxy ingress, on pooled kept-alive connections
+    (:class:`bench.wire.StampedHttp`): raysrv's to ``POST /raysrv/v1/models/{model}/predict``,
+    ``multiplexed-http``'s to its route. Each call is a task whose result is the JSON body
+    answered: raysrv's errors carry their status in theirs; any other reply that is not a 200
+    with a JSON object becomes one that does. Every result gets ``arrived``: the wall time its
+    answer reached this machine, by the kernel's stamp."""
 
     def __init__(self) -> None:
-        self._url = ""  # Serve's, once it has started (``start``)
-        self._session: aiohttp.ClientSession | None = None
+        self._http: StampedHttp | None = None  # once Serve has started (``start``)
 
     def start(self, port: int) -> None:
-        self._url = f"http://127.0.0.1:{port}"
+        self._http = StampedHttp("127.0.0.1", port, HTTP_CONNECTIONS)
 
     def raysrv(self, slo_ms: float) -> Any:
         def call(pair: tuple[str, np.ndarray]) -> asyncio.Task[dict[str, Any]]:
@@ -234,26 +238,20 @@ class HttpCalls:
     async def _post(
         self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None
     ) -> dict[str, Any]:
-        if self._session is None:
-            connector = aiohttp.TCPConnector(limit=HTTP_CONNECTIONS)
-            self._session = aiohttp.ClientSession(connector=connector)
-        data = json.dumps(body)
-        async with self._session.post(self._url + path, data=data, headers=headers) as response:
-            text = await response.text()
+        assert self._http is not None, "start() first"
+        reply = await self._http.post(path, json.dumps(body).encode(), headers)
+        text = reply.body.decode(errors="replace")
         try:
             answer = json.loads(text)
         except ValueError:
             answer = None
-        if response.status == 200 and isinstance(answer, dict):
-            return answer
-        if isinstance(answer, dict) and "error" in answer:
-            return answer
-        return {"error": "http", "message": text[:200], "status": response.status}
+        if not isinstance(answer, dict) or (reply.status != 200 and "error" not in answer):
+            answer = {"error": "http", "message": text[:200], "status": reply.status}
+        return {**answer, "arrived": reply.arrived}
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._http is not None:
+            await self._http.close()
 
 
 @dataclass(frozen=True)
@@ -282,6 +280,9 @@ class Point:
     # the median of ``REPLAYS`` replays, and their lowest and highest
     replayed_low: float = math.nan
     replayed_high: float = math.nan
+    # answers past the SLO as they reached this machine, not as the client's loop saw them
+    # (``late``): over HTTP, by the kernel's stamp (-1: not known)
+    late_on_arrival: int = -1
 
 
 class TallyClient(HandleClient):
@@ -289,7 +290,8 @@ class TallyClient(HandleClient):
     query's trip to the ingress as the ingress measured it (``transit_ms``, in its answer or
     its error) and, of its answers, how much longer than raysrv's own latency the client
     waited (the trips), how much of that came after the answer left the ingress (the ways
-    back: the trip less the trip in) and when, from its scheduled time, it left (``left``)."""
+    back: the trip less the trip in) and when, from its scheduled time, it left (``left``);
+    over HTTP, how long after an answer reached this machine the client saw it (``unseen``)."""
 
     def __init__(
         self, call: Any, pairs: list[tuple[str, np.ndarray]], counted_from: int = 0
@@ -304,6 +306,9 @@ class TallyClient(HandleClient):
         # query -> seconds from its scheduled time to its answer leaving the ingress
         self.left: dict[int, float] = {}
         self.scheduled: dict[int, float] = {}  # query -> wall time it was scheduled for
+        # query -> seconds from its answer reaching this machine (the kernel's stamp,
+        # ``arrived`` in the result) to the client seeing it
+        self.unseen: dict[int, float] = {}
 
     async def send(self, i: int) -> int:
         self.scheduled[i] = scheduled_at()
@@ -331,6 +336,8 @@ class TallyClient(HandleClient):
             if transit is not None:
                 self.ways_back.append(trip - transit / 1000.0)
                 self.left[i] = (transit + result["latency_ms"]) / 1000.0
+        if isinstance(result, dict) and "arrived" in result:
+            self.unseen[i] = max(0.0, time.time() - result["arrived"])
         return 200
 
     def _tally(self, counted: bool, reason: str) -> None:
@@ -563,13 +570,17 @@ class Bench:
         point = summarize(log, workload, system, self.slo_s, self.args.seconds, capacity, server)
         # the counted log's scheduled offsets, as _counted computes them, to each query
         left = {float(o) - LEAD_S: client.left.get(i, math.nan) for i, o in enumerate(offsets)}
-        server["late"] = late_answers(log, self.slo_s, left)
+        unseen = {float(o) - LEAD_S: client.unseen.get(i, math.nan) for i, o in enumerate(offsets)}
+        server["late"] = late_answers(log, self.slo_s, left, unseen)
+        if client.unseen:
+            point = replace(point, late_on_arrival=sum(not row[5] <= 0 for row in server["late"]))
         if server["late"]:
             shown = server["late"][:SHOWN_LATE]
             print(f"  {system} on {workload}: {len(server['late'])} late answers, the first")
             print(
                 f"    {len(shown)} as (sent at s, ms late, ms before its SLO it left the "
-                f"ingress, the client's loop held ms, its thread ran ms of it): {shown}"
+                f"ingress, the client's loop held ms, its thread ran ms of it, ms late as it "
+                f"reached this machine): {shown}"
             )
         return point, log, {"times": times, "models": models, **server}
 
@@ -1119,14 +1130,19 @@ def summarize(
 
 
 def late_answers(
-    log: RequestLog, slo_s: float, left: dict[float, float] | None = None
+    log: RequestLog,
+    slo_s: float,
+    left: dict[float, float] | None = None,
+    unseen: dict[float, float] | None = None,
 ) -> list[tuple[float, ...]]:
     """Each answer past the SLO: when it was scheduled (s), how late it came (ms), how long
     before its SLO it left the ingress (ms, from ``left``: each scheduled offset's seconds to
     that; NaN where not known), how long the client's own loop had just been held (ms, 0 for
     none): a stall that ended within ``STALL_S`` of the answer being seen, or that it was
-    seen in, and how much of that the loop's thread ran (ms; NaN in logs saved before it was
-    read)."""
+    seen in, how much of that the loop's thread ran (ms; NaN in logs saved before it was
+    read), and how late it was as it reached this machine (ms, at most 0 for an answer that
+    arrived in time and was seen late; from ``unseen``: each scheduled offset's seconds from
+    its arrival to the client seeing it; NaN where not known)."""
     latency = np.asarray(log.done) - np.asarray(log.scheduled)
     late = np.flatnonzero((np.asarray(log.status) == 200) & (latency > slo_s))
     rows: list[tuple[float, ...]] = []
@@ -1139,6 +1155,7 @@ def late_answers(
         ]
         longest, ran = max(held, default=(0.0, 0.0))
         gone = (left or {}).get(log.scheduled[i], math.nan)
+        waited = (unseen or {}).get(log.scheduled[i], math.nan)
         rows.append(
             (
                 round(log.scheduled[i], 3),
@@ -1146,6 +1163,7 @@ def late_answers(
                 round((slo_s - gone) * 1e3, 1),
                 round(longest * 1e3, 1),
                 round(ran * 1e3, 1),
+                round(float(latency[i] - waited - slo_s) * 1e3, 1),
             )
         )
     return rows
@@ -1200,19 +1218,25 @@ def paired_ratios(rows: list[dict[str, Any]]) -> list[float]:
 
 def table(points: list[Point]) -> str:
     head = (
-        "| workload | system | offered | within SLO | within or refused | goodput/s | late "
+        "| workload | system | offered | within SLO | within or refused | goodput/s "
+        "| late (on arrival) "
         "| refused | 504 | p50 ms | p99 ms | loads | evictions | cold/s | peak weights MiB "
         "| simulator | replayed |"
     )
     rule = "|" + "---|" * 17
     rows = [
         f"| {p.workload} | {p.system} | {p.offered} | {p.within_slo:.2%} | "
-        f"{p.within_or_refused:.2%} | {p.goodput:.1f} | {p.late} | {p.refused} | {p.expired} | "
+        f"{p.within_or_refused:.2%} | {p.goodput:.1f} | {_late(p)} | {p.refused} | {p.expired} | "
         f"{p.p50_ms:.0f} | {p.p99_ms:.0f} | {p.loads} | {p.evictions} | {p.cold_per_s:.1f} | "
         f"{p.peak_weights_mb:.1f} | {_share(p.simulated)} | {_replayed(p)} |"
         for p in points
     ]
     return "\n".join([head, rule, *rows])
+
+
+def _late(p: Point) -> str:
+    """Late answers as the client saw them, and as they reached this machine where known."""
+    return f"{p.late}" if p.late_on_arrival < 0 else f"{p.late} ({p.late_on_arrival})"
 
 
 def _share(value: float) -> str:

@@ -300,8 +300,9 @@ def test_a_replay_notes_when_the_clients_own_loop_was_held() -> None:
 
 def test_a_late_answer_says_when_it_left_the_ingress_and_how_long_the_client_was_held() -> None:
     """Answers past the SLO (100 ms) are listed with how late they came, how long before the
-    SLO they left the ingress and the stall of the client's loop they were seen in or right
-    after; answers within it and refusals are not."""
+    SLO they left the ingress, the stall of the client's loop they were seen in or right
+    after, and how late they were as they reached the client's machine; answers within it
+    and refusals are not."""
     log = RequestLog(
         scheduled=[0.0, 1.0, 2.0, 3.0, 4.0],
         sent=[0.0, 1.0, 2.0, 3.0, 4.0],
@@ -311,11 +312,15 @@ def test_a_late_answer_says_when_it_left_the_ingress_and_how_long_the_client_was
         stalls=[(1.105, 0.030, 0.004), (4.050, 0.010, 0.010)],
     )
     left = {1.0: 0.090, 2.0: 0.125}  # seconds from the scheduled time; 4.0's not known
-    late = late_answers(log, 0.100, left)
+    # seconds from reaching this machine to being seen: the first arrived 26 ms before
+    unseen = {0.0: 0.0, 1.0: 0.030, 2.0: 0.001}
+    late = late_answers(log, 0.100, left, unseen)
     assert [row[:2] for row in late] == [(1.0, 4.0), (2.0, 30.0), (4.0, 20.0)]
     assert [row[2] for row in late[:2]] == [10.0, -25.0]  # ms before the SLO: -25 left late
     assert math.isnan(late[2][2])
-    assert [row[3:] for row in late] == [(30.0, 4.0), (0.0, 0.0), (0.0, 0.0)]
+    assert [row[3:5] for row in late] == [(30.0, 4.0), (0.0, 0.0), (0.0, 0.0)]
+    assert [row[5] for row in late[:2]] == [-26.0, 29.0]  # in time as it arrived; late
+    assert math.isnan(late[2][5])
     log.stalls = [(1.105, 0.030)]  # as logs saved before the thread's run was read
     assert late_answers(log, 0.100)[0][3] == 30.0
     assert math.isnan(late_answers(log, 0.100)[0][4])
@@ -427,6 +432,8 @@ def test_raysrvs_queries_over_http_carry_the_slo_and_when_they_were_sent() -> No
     assert statuses == [200, 429]
     assert client.reasons == {"cannot meet deadline": 1}
     assert client.transits == {0: 0.002}
+    (unseen,) = client.unseen.values()  # the answer's, from its arrival to being seen
+    assert 0.0 <= unseen < 1.0
 
 
 def test_multiplexeds_queries_over_http_name_their_model_in_serves_header() -> None:
