@@ -1,6 +1,7 @@
 """Where an HTTP prediction's time goes in raysrv's ingress process, by the code it runs in.
 
     python -m bench.ingress_profile [--system raysrv-colocated] [--per-request 1] [--seconds 15]
+                                    [--stacks FILE]
 
 Starts :mod:`bench.fast_path`'s applications on Serve's fast path, holds ``wrk`` with 32
 connections on one of them (bodies of ``--per-request`` inputs) and meanwhile samples its
@@ -86,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--system", default="raysrv-colocated", choices=fast_path.SYSTEMS[1:])
     parser.add_argument("--per-request", type=int, default=1, help="inputs in a body")
     parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument(
+        "--stacks", type=Path, help="also keep py-spy's samples (collapsed stacks) here"
+    )
     args = parser.parse_args(argv)
     port, _ = fast_path.start(serve_proxy=False)
     try:
@@ -101,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
             out = Path(tmp) / "stacks.txt"
             rate = asyncio.run(_sample(url, bodies, pid, args.seconds, out))
             found_shares = shares(out.read_text().splitlines())
+            if args.stacks is not None:
+                args.stacks.write_text(out.read_text())
     finally:
         import ray
 
