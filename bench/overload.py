@@ -73,6 +73,7 @@ AFTER_S = 10.0
 WINDOW_S = 0.25
 TIMEOUT_S = 30.0
 INPUTS = 4096
+JSON = {"Content-Type": "application/json"}
 SYSTEMS = ("raysrv", "baseline")
 
 
@@ -119,7 +120,7 @@ class TimedClient(HttpClient):
         sent_at = scheduled_at()
         body = self._body(self._inputs[i % len(self._inputs)], sent_at)
         try:
-            async with self._session.post(self.url, data=body) as response:
+            async with self._session.post(self.url, data=body, headers=JSON) as response:
                 answer = await response.read()
                 if response.status != 200:
                     self.errors.append((_reason(answer), time.time() - sent_at))

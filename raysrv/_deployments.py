@@ -18,7 +18,7 @@ from ray import serve
 
 from raysrv._heap import settle
 from raysrv._http import MODELS, create_http_app
-from raysrv._server import Server, counted_bodies
+from raysrv._server import Server, counted_bodies, unexpected
 from raysrv._workers import (
     AUTO_COLOCATE_MS,
     ColocatedWorkers,
@@ -93,7 +93,8 @@ class Ingress:
         says why); ``raysrv.errors.raise_for_error(result)`` raises it.
         """
         options = {"best_effort": best_effort, "priority": priority, "sent_at": sent_at}
-        return await self._answer(app, self._server.predict(app, input, context, slo_ms, **options))
+        query = self._server.predict(app, input, context, slo_ms, **options)
+        return await self._answer(self._server.metric_tag(app), query)
 
     async def predict_model(
         self,
@@ -124,7 +125,7 @@ class Ingress:
         an answer or an error object, in order; or the request's error object."""
         options = {"best_effort": best_effort, "priority": priority, "sent_at": sent_at}
         many = self._server.predict_many(app, inputs, context, slo_ms, **options)
-        return await self._answers(app, many)
+        return await self._answers(self._server.metric_tag(app), many)
 
     async def predict_model_many(
         self,
@@ -151,6 +152,10 @@ class Ingress:
         except RaysrvError as exc:
             self._metrics.error(tag, exc)
             return exc.to_json()
+        except Exception as exc:  # a defect: the documented error all the same
+            error = unexpected(exc, f"a handle's query of many inputs ({tag})")
+            self._metrics.error(tag, error)
+            return error.to_json()
         return {"results": counted_bodies(entries, self._metrics, tag, time.monotonic() - start)}
 
     async def _answer(self, tag: str, query: Awaitable[dict[str, Any]]) -> dict[str, Any]:
@@ -161,6 +166,10 @@ class Ingress:
         except RaysrvError as exc:
             self._metrics.error(tag, exc)
             return exc.to_json()
+        except Exception as exc:  # a defect: the documented error all the same
+            error = unexpected(exc, f"a handle's query ({tag})")
+            self._metrics.error(tag, error)
+            return error.to_json()
         self._metrics.request(tag, 200, time.monotonic() - start)
         return result
 
@@ -170,6 +179,8 @@ class Ingress:
             return await self._server.feedback(app, query_id, label)
         except RaysrvError as exc:
             return exc.to_json()
+        except Exception as exc:  # a defect: the documented error all the same
+            return unexpected(exc, "a handle's feedback").to_json()
 
     async def apps(self) -> list[dict[str, Any]]:
         return self._server.describe_apps()

@@ -2,8 +2,11 @@
 routes answered by :class:`PredictRoutes` and the others by a FastAPI app, which documents all.
 
 Built by :func:`create_http_app` so that it runs the same under Serve's proxy and in tests with
-an in-process ASGI client. Bodies are read with a size limit (413 past it) and parsed here, so a
-malformed request gets a 4xx with a message and never reaches a model.
+an in-process ASGI client. Bodies are read only of a JSON content type, or a raw one where a
+route takes raw tensors (415 otherwise: a web page may send a form or plain text to any address
+without asking), with a size limit (413 past it) and a depth limit, and parsed here, so a
+malformed request gets a 4xx with a message and never reaches a model. Anything unexpected
+is answered as the documented JSON error, a 500, and logged.
 """
 
 from __future__ import annotations
@@ -21,8 +24,16 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from raysrv._model_spec import NUMERIC
+from raysrv._oip import HEADER as INFER_HEADER
 from raysrv._oip import add_oip_routes
-from raysrv._server import DESCRIBE_CHUNK, Server, counted_bodies, json_object
+from raysrv._server import (
+    DESCRIBE_CHUNK,
+    Server,
+    counted_bodies,
+    json_object,
+    unexpected,
+    unexpected_error,
+)
 from raysrv.errors import (
     BadRequest,
     MethodNotAllowed,
@@ -30,6 +41,7 @@ from raysrv.errors import (
     Overloaded,
     PayloadTooLarge,
     RaysrvError,
+    UnsupportedMediaType,
 )
 from raysrv.metrics import Metrics
 
@@ -187,15 +199,16 @@ def _document_predict_routes(api: FastAPI) -> None:
     api.openapi = openapi  # type: ignore[method-assign]
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _read_body(request: Request, limit: int, raw: bool = False) -> bytes:
+    """The body of a JSON content type (or, with ``raw``, :data:`BINARY`, or any with an infer
+    request's ``Inference-Header-Content-Length``, a header no page sends without asking), at
+    most ``limit`` bytes."""
+    if not (raw and _header(request.scope, INFER_HEADER.encode())):
+        _body_type(request.scope, raw)
     body = await _receive_body(request.scope, request.receive, limit)
     if body is None:
         raise BadRequest("the client left before its body arrived")
     return body
-
-
-async def _read_json(request: Request, limit: int) -> dict[str, Any]:
-    return json_object(await _read_body(request, limit))
 
 
 TIMELINE_CHUNK = 2000  # values of a timeline column rendered between turns of the event loop
@@ -313,26 +326,49 @@ class PredictRoutes:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         route = _predict_route(scope) if scope["type"] == "http" else None
         if route is None:
-            await self.api(scope, receive, send)
+            await self._other(scope, receive, send)
             return
         start = time.monotonic()
         kind, name = route
-        where = name if kind == "app" else MODELS
+        where = self._server.metric_tag(name) if kind == "app" else MODELS
         try:
             if scope["method"] != "POST":
                 raise MethodNotAllowed(f"{scope['method']} on a predict route; use POST")
             if kind == "model":
                 self._server.pool_of(name)  # 404 before the body is read
+            binary = _body_type(scope, raw=True) == BINARY
             body = await _receive_body(scope, receive, self._limit)
             if body is None:
                 return  # the client left before its body arrived: nobody to answer
-            binary = _header(scope, b"content-type").startswith(BINARY)
             data = self._binary(scope, body, kind, name) if binary else json_object(body)
             status, payload = await self._answer(kind, name, data, start)
         except RaysrvError as exc:
             self._metrics.error(where, exc)
             status, payload = exc.status, exc
+        except Exception as exc:  # a defect: the documented error all the same
+            payload = unexpected(exc, f"{scope['method']} {kind} predict")
+            self._metrics.error(where, payload)
+            status = payload.status
         await _send_json(send, status, payload)
+
+    async def _other(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """A request for the FastAPI app; an exception it lets out is answered as the
+        documented error if no answer was begun, and logged."""
+        begun = False
+
+        async def tracked(message: dict[str, Any]) -> None:
+            nonlocal begun
+            begun = begun or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.api(scope, receive, tracked)
+        except Exception as exc:
+            if scope["type"] != "http":
+                raise
+            error = unexpected(exc, f"{scope.get('method')} {scope.get('path', '')[:100]}")
+            if not begun:
+                await _send_json(send, error.status, error)
 
     def _binary(self, scope: dict[str, Any], body: bytes, kind: str, name: str) -> dict[str, Any]:
         """A raw body (:data:`BINARY`) as the fields of a JSON one: for a model of bytes inputs
@@ -378,6 +414,23 @@ class PredictRoutes:
 
 
 BINARY = b"application/octet-stream"  # a raw tensor or bytes body (PredictRoutes._binary)
+JSON = b"application/json"
+
+
+def _body_type(scope: dict[str, Any], raw: bool = False) -> bytes:
+    """The request's media type if it is JSON's (``application/json`` or ``...+json``), or,
+    with ``raw``, :data:`BINARY`; else :class:`UnsupportedMediaType`."""
+    given = _header(scope, b"content-type")
+    media = given.split(b";", 1)[0].strip().lower()
+    if media == JSON or (media.startswith(b"application/") and media.endswith(b"+json")):
+        return JSON
+    if raw and media == BINARY:
+        return BINARY
+    wanted = "application/json" + (" or application/octet-stream" if raw else "")
+    shown = given.decode("latin-1")[:60] if given else "none"
+    raise UnsupportedMediaType(f"content-type must be {wanted}, got {shown!r}")
+
+
 MAX_DIMS = 8  # of an x-raysrv-shape
 
 
@@ -476,15 +529,22 @@ def create_http_app(
 
     @api.exception_handler(RaysrvError)
     async def _raysrv_error(request: Request, exc: RaysrvError) -> JSONResponse:
-        where = request.path_params.get("app", MODELS if "model" in request.path_params else "")
+        app = request.path_params.get("app")
+        where = MODELS if "model" in request.path_params else ""
+        where = server.metric_tag(app) if app is not None else where
         metrics.error(where, exc)
         return _error_response(exc)
+
+    @api.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # Starlette answers with this, then lets the exception on: PredictRoutes logs it
+        return _error_response(unexpected_error(exc))
 
     _document_predict_routes(api)
 
     @api.post("/v1/{app}/feedback", openapi_extra=_body_schema(FeedbackRequest))
     async def feedback(app: str, request: Request) -> JSONResponse:
-        data = await _read_json(request, max_body_bytes)
+        data = json_object(await _read_body(request, max_body_bytes))
         try:
             parsed = FeedbackRequest.model_validate(data)
         except ValueError as exc:
@@ -500,7 +560,7 @@ def create_http_app(
         return JSONResponse(await server.plan(model))
 
     _model_routes(api, server, max_body_bytes, metrics)
-    add_oip_routes(api, server, lambda request: _read_body(request, max_body_bytes), metrics)
+    add_oip_routes(api, server, lambda request: _read_body(request, max_body_bytes, True), metrics)
 
     @api.get("/healthz")
     async def healthz() -> JSONResponse:

@@ -14,7 +14,9 @@ import asyncio
 import base64
 import copy
 import json
+import logging
 import math
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
@@ -50,8 +52,10 @@ from raysrv.errors import (
     RaysrvError,
     Rejected,
 )
-from raysrv.metrics import Metrics
+from raysrv.metrics import UNKNOWN_APP, Metrics
 from raysrv.state import MemoryStore, StateStore
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "DESCRIBE_CHUNK",
@@ -59,12 +63,57 @@ __all__ = [
     "coerce_input",
     "coerce_inputs",
     "counted_bodies",
+    "json_depth",
     "json_object",
+    "unexpected",
+    "unexpected_error",
 ]
 
 
+MAX_JSON_DEPTH = 32  # arrays and objects nested in a request body; an input of 8 dimensions
+# in a request's list of inputs is 9
+SHORT_BODY = 4096  # bytes; a shorter body's brackets are counted before their nesting is
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_STEP = np.zeros(256, dtype=np.int8)  # a bracket's step in depth
+_STEP[[ord("["), ord("{")]] = 1
+_STEP[[ord("]"), ord("}")]] = -1
+
+
+SHOWN_NAME = 64  # characters of a caller's name or id an error message repeats
+
+
+def _shown(name: object) -> str:
+    """A name or id a caller sent, as an error message repeats it: its ``repr``, cut after
+    ``SHOWN_NAME`` characters."""
+    text = repr(name)
+    return text if len(text) <= SHOWN_NAME else f"{text[:SHOWN_NAME]}..."
+
+
+def json_depth(body: bytes | bytearray) -> int:
+    """How deep arrays and objects nest in the JSON text ``body`` where that is more than
+    ``MAX_JSON_DEPTH``; else a number no more than it. Counted in C, at a few percent of
+    parsing's cost on a body of numbers: every bracket, then, if they nest too deep, those
+    outside strings."""
+    if len(body) <= SHORT_BODY and body.count(b"[") + body.count(b"{") <= MAX_JSON_DEPTH:
+        return MAX_JSON_DEPTH  # too few brackets to nest deeper: counting them costs less
+    depth = _nesting(body)
+    if depth > MAX_JSON_DEPTH and b'"' in body:
+        depth = _nesting(_JSON_STRING.sub(b"", body))
+    return depth
+
+
+def _nesting(text: bytes | bytearray) -> int:
+    steps = _STEP[np.frombuffer(bytes(text).translate(None, _NOT_BRACKETS), dtype=np.uint8)]
+    return int(np.cumsum(steps, dtype=np.int64).max(initial=0))
+
+
 def json_object(body: bytes | bytearray) -> dict[str, Any]:
-    """A request's body as a JSON object, else a 400 that says why."""
+    """A request's body as a JSON object, else a 400 that says why: not JSON, not an object,
+    or nested deeper than ``MAX_JSON_DEPTH``, which Python's parser would meet only at its
+    recursion limit."""
+    if (depth := json_depth(body)) > MAX_JSON_DEPTH:
+        raise BadRequest(f"body nests {depth} levels deep; at most {MAX_JSON_DEPTH} are read")
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -72,6 +121,27 @@ def json_object(body: bytes | bytearray) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise BadRequest(f"body must be a JSON object, got {type(data).__name__}")
     return data
+
+
+TRACEBACK_EVERY_S = 60.0  # an unexpected error's traceback is logged at most this often
+_last_traceback = -math.inf
+
+
+def unexpected(exc: BaseException, where: str) -> RaysrvError:
+    """The documented 500 for an exception raysrv did not expect (a defect); logged with its
+    traceback at most every ``TRACEBACK_EVERY_S``, else in one line."""
+    global _last_traceback
+    now = time.monotonic()
+    detailed = now - _last_traceback >= TRACEBACK_EVERY_S
+    if detailed:
+        _last_traceback = now
+    logger.error("unexpected %s in %s: %.200s", type(exc).__name__, where, exc, exc_info=detailed)
+    return unexpected_error(exc)
+
+
+def unexpected_error(exc: BaseException) -> RaysrvError:
+    """The documented 500 for ``exc``, not logged (:func:`unexpected` logs it)."""
+    return RaysrvError(f"unexpected {type(exc).__name__}; the server logged it")
 
 
 def coerce_input(value: Any, spec: InputSpec) -> Input:
@@ -386,7 +456,7 @@ class Server:
         """The pool serving ``model``, or :class:`NotFound`."""
         spec = self._models.get(model)
         if spec is None:
-            raise NotFound(f"unknown model {model!r}; known: {sorted(self._models)[:20]}")
+            raise NotFound(f"unknown model {_shown(model)}; known: {sorted(self._models)[:20]}")
         return self._pool(spec)
 
     async def profile(self) -> None:
@@ -459,10 +529,15 @@ class Server:
         self.pool_of(name)  # 404 for an unknown model
         return self._models[name].input
 
+    def metric_tag(self, app: str) -> str:
+        """``app`` as the metrics' tag of its requests: a served app's name, else ``unknown``,
+        so that the series stay as many as the apps whatever names requests carry."""
+        return app if isinstance(app, str) and app in self.apps else UNKNOWN_APP
+
     def _app(self, name: str) -> _App:
         app = self.apps.get(name)
         if app is None:
-            raise NotFound(f"unknown app {name!r}; serving: {sorted(self.apps)}")
+            raise NotFound(f"unknown app {_shown(name)}; serving: {sorted(self.apps)}")
         return app
 
     async def predict(
@@ -848,7 +923,9 @@ class Server:
         target = self._app(app)
         record = await self._store.get_prediction(query_id)
         if record is None or record["app"] != app:
-            raise NotFound(f"no answered query {query_id!r} in app {app!r} (unknown or expired)")
+            raise NotFound(
+                f"no answered query {_shown(query_id)} in app {app!r} (unknown or expired)"
+            )
         x = record["input"]
         if not target.input.text:
             x = np.asarray(x, dtype=target.input.dtype)
@@ -929,7 +1006,7 @@ class Server:
     def timeline(self, pool: str, since: float = 0.0, after: int = -1) -> dict[str, list[Any]]:
         """``Pool.timeline`` of the pool named ``pool``, or :class:`NotFound`."""
         if pool not in self.pools:
-            raise NotFound(f"unknown pool {pool!r}; pools: {sorted(self.pools)}")
+            raise NotFound(f"unknown pool {_shown(pool)}; pools: {sorted(self.pools)}")
         return self.pools[pool].timeline(since, after)
 
     async def close(self) -> None:

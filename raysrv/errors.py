@@ -21,6 +21,7 @@ __all__ = [
     "PayloadTooLarge",
     "RaysrvError",
     "Rejected",
+    "UnsupportedMediaType",
     "raise_for_error",
 ]
 
@@ -61,6 +62,14 @@ class MethodNotAllowed(RaysrvError):
 class PayloadTooLarge(RaysrvError):
     status = 413
     reason = "payload_too_large"
+
+
+class UnsupportedMediaType(RaysrvError):
+    """A body of another content type than the route reads (a browser's form or plain text
+    among them, which a web page may send to any address without asking)."""
+
+    status = 415
+    reason = "unsupported_media_type"
 
 
 class Rejected(RaysrvError):

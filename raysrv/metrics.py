@@ -16,10 +16,11 @@ from typing import Any
 
 from raysrv.errors import ModelFailed, RaysrvError
 
-__all__ = ["LATENCY_BOUNDARIES_MS", "Metrics", "ServeMetrics"]
+__all__ = ["LATENCY_BOUNDARIES_MS", "UNKNOWN_APP", "Metrics", "ServeMetrics"]
 
 LATENCY_BOUNDARIES_MS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000]
 BATCH_SIZE_BOUNDARIES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+UNKNOWN_APP = "unknown"  # the app tag of requests to a name that is not served
 FLUSH_S = 1.0  # counters and gauges reach Ray at most this long after they change
 
 

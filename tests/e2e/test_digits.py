@@ -143,6 +143,7 @@ def test_served_predictions_equal_the_offline_models(server: str) -> None:
     assert sum(m["batches"] for m in models) <= len(x)
 
 
+JSON = {"content-type": "application/json"}
 BAD_REQUESTS = [
     ("/v1/digits/predict", b'{"input": [1, 2', 400, "not valid JSON"),
     (
@@ -160,6 +161,14 @@ BAD_REQUESTS = [
         413,
         "exceeds the limit",
     ),
+    ("/v1/digits/predict", b'{"input": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, "levels deep"),
+    ("/v1/%C3%A9/predict", json.dumps({"input": [0.0] * 64}).encode(), 404, "unknown app"),
+    (
+        "/v1/digits/feedback",
+        b'{"query_id": "q", "label": ' + b"[" * 990 + b"]" * 990 + b"}",
+        400,
+        "levels deep",
+    ),
 ]
 
 
@@ -168,13 +177,25 @@ def test_bad_input_gets_a_4xx_with_a_message_and_serving_goes_on(
     server: str, path: str, body: bytes, status: int, fragment: str
 ) -> None:
     x, y = digits.test_split()
-    bad = httpx.post(f"{server}{path}", content=body, timeout=30)
+    bad = httpx.post(f"{server}{path}", content=body, headers=JSON, timeout=30)
     assert bad.status_code == status, bad.text
     assert fragment in bad.json()["message"]
     body = {"input": x[0].tolist(), "slo_ms": SLO_MS}
     good = httpx.post(f"{server}/v1/digits/predict", json=body, timeout=30)
     assert good.status_code == 200
     assert good.json()["output"]["label"] in range(10)
+
+
+def test_a_body_a_web_page_could_send_unasked_is_a_415_and_costs_nothing(server: str) -> None:
+    """A form or plain text (what a page may post to any address without a preflight) is
+    refused before it is read, on predictions and on feedback."""
+    x, _ = digits.test_split()
+    body = json.dumps({"input": x[0].tolist()}).encode()
+    for path in ("/v1/digits/predict", "/v1/digits/feedback"):
+        for kind in ("text/plain", "application/x-www-form-urlencoded"):
+            bad = httpx.post(f"{server}{path}", content=body, headers={"content-type": kind})
+            assert bad.status_code == 415, bad.text
+            assert bad.json()["error"] == "unsupported_media_type"
 
 
 def test_feedback_is_stored_in_redis_and_docs_are_served(server: str, redis_url: str) -> None:

@@ -121,7 +121,8 @@ def test_http_through_serves_ingress(raysrv_app: Any, serve_session: RayCluster)
         url = f"{serve_session.http}/raysrv/v1/echo/predict"
         async with httpx.AsyncClient(timeout=60) as client:
             posts = [client.post(url, json={"input": [i, 1, 1, 1]}) for i in range(16)]
-            posts.append(client.post(url, content=b"{oops"))
+            json_type = {"content-type": "application/json"}
+            posts.append(client.post(url, content=b"{oops", headers=json_type))
             return await asyncio.gather(*posts)
 
     responses = asyncio.run(scenario())

@@ -27,6 +27,7 @@ from raysrv.config import LiveConfig, RaysrvSpec
 from raysrv.errors import BadRequest, RaysrvError
 from raysrv.testing import EchoModel, LocalWorkers, fake_workers, model_spec, spec
 
+JSON = {"content-type": "application/json"}
 SPEC = RaysrvSpec.model_validate(
     spec(
         [model_spec("a"), model_spec("b", max_queue=2)],
@@ -373,7 +374,12 @@ def test_a_client_that_leaves_before_its_body_arrives_gets_no_answer_and_costs_n
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "method": "POST", "path": "/v1/one/predict", "headers": []}
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/one/predict",
+        "headers": [(b"content-type", b"application/json")],
+    }
     run(app(scope, receive, send))
     assert sent == []
     assert logs["a"] == []
@@ -444,7 +450,7 @@ def test_json_body_sizes_just_under_the_limit_pass() -> None:
     async def scenario() -> None:
         body = json.dumps({"input": [1.0, 2.0, 3.0, 4.0]}).encode()
         async with await _client(_server(), limit=len(body)) as c:
-            r = await c.post("/v1/one/predict", content=body)
+            r = await c.post("/v1/one/predict", content=body, headers=JSON)
         assert r.status_code == 200
 
     run(scenario())

@@ -1,0 +1,186 @@
+"""Hostile and malformed requests get a documented 4xx and leave the service as it was: JSON
+nested past the depth limit, bodies of a content type a web page may send without asking, app
+names nobody serves (the metrics' series stay bounded), and a defect inside raysrv, which is
+answered as the documented JSON 500."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from raysrv._http import create_http_app
+from raysrv._server import MAX_JSON_DEPTH, SHOWN_NAME, Server, json_depth
+from raysrv.config import RaysrvSpec
+from raysrv.errors import RaysrvError
+from raysrv.metrics import UNKNOWN_APP, Metrics
+from raysrv.testing import EchoModel, fake_workers, model_spec, spec
+
+SPEC = RaysrvSpec.model_validate(spec([model_spec("a")], [{"name": "one", "models": ["a"]}]))
+JSON = {"content-type": "application/json"}
+INPUT = [1.0, 2.0, 3.0, 4.0]
+
+
+class _Tags(Metrics):
+    """The app tags requests were counted under."""
+
+    def __init__(self) -> None:
+        self.tags: list[str] = []
+
+    def request(self, app: str, status: int, latency_s: float | None = None) -> None:
+        self.tags.append(app)
+
+
+async def _exchange(
+    requests: list[tuple[str, bytes, dict[str, str]]],
+    metrics: Metrics | None = None,
+    server: Server | None = None,
+) -> list[httpx.Response]:
+    """POSTs each (path, body, headers) in turn to a fresh ingress, then one good prediction."""
+    server = server or Server(SPEC, {"a": fake_workers(EchoModel())})
+    app = create_http_app(server, 1 << 20, metrics)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://raysrv") as c:
+        answers = [await c.post(path, content=body, headers=h) for path, body, h in requests]
+        answers.append(await c.post("/v1/one/predict", json={"input": INPUT}))
+    return answers
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def test_nesting_is_counted_outside_strings_and_exactly_past_the_limit() -> None:
+    deep = MAX_JSON_DEPTH + 8
+    assert json_depth(b'{"a": [1, [2]]}') <= MAX_JSON_DEPTH
+    assert json_depth(_nested(deep).encode()) == deep
+    in_string = json.dumps({"s": "[" * 100, "t": 'a\\"' + "{" * 100}).encode()
+    assert json_depth(in_string) <= MAX_JSON_DEPTH
+    both = json.dumps({"s": "[" * 100, "x": json.loads(_nested(deep))}).encode()
+    assert json_depth(both) == deep + 1  # the body's own object too
+    assert json_depth(b"[" * 100_000) == 100_000  # not JSON at all, and still counted
+
+
+@pytest.mark.parametrize("depth", [MAX_JSON_DEPTH + 1, 990, 100_000])
+def test_json_nested_too_deep_is_a_400_on_every_route_that_reads_a_body(depth: int) -> None:
+    """Python's parser meets its recursion limit near 1,000 levels; raysrv reads at most
+    ``MAX_JSON_DEPTH`` and says so, and answers the next query as ever."""
+    deep = _nested(depth)
+    infer = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": "@"}]}
+    requests = [
+        ("/v1/one/predict", f'{{"input": {deep}}}', JSON),
+        ("/v1/models/a/predict", f'{{"input": {deep}}}', JSON),
+        ("/v1/one/feedback", f'{{"query_id": "q", "label": {deep}}}', JSON),
+        ("/v2/models/a/infer", json.dumps(infer).replace('"@"', deep), JSON),
+    ]
+    *refused, after = asyncio.run(_exchange([(p, b.encode(), h) for p, b, h in requests]))
+    for answer in refused:
+        assert answer.status_code == 400
+        assert "levels deep" in json.dumps(answer.json())
+    assert after.status_code == 200
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [None, "text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
+     "multipart/form-data; boundary=x", "application/jsonx"],
+)  # fmt: skip
+def test_a_body_a_web_page_could_send_without_asking_is_a_415(content_type: str | None) -> None:
+    """Browsers send a form, plain text or a body of no type to any address without a
+    preflight: predictions and feedback read only JSON (predictions also raw tensors), so a
+    page cannot spend the service or label its queries."""
+    headers = {} if content_type is None else {"content-type": content_type}
+    body = json.dumps({"input": INPUT}).encode()
+    feedback = json.dumps({"query_id": "q", "label": 1}).encode()
+    *refused, after = asyncio.run(
+        _exchange(
+            [
+                ("/v1/one/predict", body, headers),
+                ("/v1/models/a/predict", body, headers),
+                ("/v1/one/feedback", feedback, headers),
+                ("/v2/models/a/infer", body, headers),
+            ]
+        )
+    )
+    for answer in refused:
+        assert answer.status_code == 415
+        assert "content-type must be application/json" in json.dumps(answer.json())
+    assert {a.json()["error"] for a in refused[:3]} == {"unsupported_media_type"}
+    assert after.status_code == 200
+
+
+def test_json_types_are_read_and_raw_bytes_only_where_a_route_takes_tensors() -> None:
+    body = json.dumps({"input": INPUT}).encode()
+    raw = b"\x00" * 16
+    binary = {"content-type": "application/octet-stream", "x-raysrv-shape": "4"}
+    answers = asyncio.run(
+        _exchange(
+            [
+                ("/v1/one/predict", body, {"content-type": "application/json; charset=utf-8"}),
+                ("/v1/one/predict", body, {"content-type": "application/vnd.raysrv+json"}),
+                ("/v1/one/predict", raw, binary),
+                ("/v1/one/feedback", raw, binary),
+            ]
+        )
+    )
+    assert [a.status_code for a in answers] == [200, 200, 200, 415, 200]
+    assert answers[3].json()["error"] == "unsupported_media_type"
+
+
+def test_requests_to_names_nobody_serves_are_counted_under_one_tag() -> None:
+    """The app's name in the path becomes the metrics' tag only if the app is served: a
+    non-ASCII name (which Ray's metrics cannot encode) and thousands of made-up ones add one
+    series, ``unknown``."""
+    names = ["%C3%A9", "x" * 300] + [f"made-up-{i}" for i in range(200)]
+    requests = [(f"/v1/{name}/predict", b'{"input": [1]}', JSON) for name in names]
+    requests += [(f"/v1/{name}/feedback", b'{"query_id": "q", "label": 1}', JSON) for name in names]
+    metrics = _Tags()
+    answers = asyncio.run(_exchange(requests, metrics))
+    assert {a.status_code for a in answers[:-1]} == {404}
+    assert answers[-1].status_code == 200
+    assert set(metrics.tags) == {UNKNOWN_APP, "one"}
+    assert metrics.tags.count("one") == 1
+    long = answers[1].json()["message"]  # an error repeats at most the name's start
+    assert "'" + "x" * (SHOWN_NAME - 1) + "..." in long
+
+
+def test_a_defect_inside_raysrv_is_answered_as_the_documented_json_500() -> None:
+    """Whatever raysrv did not expect, on a predict route or any other, is answered as
+    ``{"error", "message", "status"}`` with a 500, never Serve's plain-text page, and the
+    service answers the next query."""
+    server = Server(SPEC, {"a": fake_workers(EchoModel())})
+    predict = server.predict_model
+
+    async def broken_once(*args: Any, **kwargs: Any) -> Any:
+        server.predict_model = predict  # type: ignore[method-assign]
+        raise ZeroDivisionError("a defect")
+
+    def broken_listing() -> Any:
+        raise KeyError("a defect")
+
+    server.predict_model = broken_once  # type: ignore[method-assign]
+    server.describe_apps = broken_listing  # type: ignore[method-assign]
+
+    async def scenario() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(
+            app=create_http_app(server, 4096), raise_app_exceptions=False
+        )
+        async with httpx.AsyncClient(transport=transport, base_url="http://raysrv") as c:
+            return [
+                await c.post("/v1/models/a/predict", json={"input": INPUT}),
+                await c.get("/v1/apps"),
+                await c.post("/v1/models/a/predict", json={"input": INPUT}),
+            ]
+
+    broken, listing, after = asyncio.run(scenario())
+    for answer in (broken, listing):
+        assert answer.status_code == 500
+        assert answer.headers["content-type"].startswith("application/json")
+        body = answer.json()
+        assert body["error"] == RaysrvError.reason
+        assert body["status"] == 500
+        assert "the server logged it" in body["message"]
+    assert after.status_code == 200
