@@ -797,7 +797,7 @@ class Bench:
         lags = None  # a step's wait for the ingress's loop, which an HTTP answer meets too
         if self.http_trip_back == "loop" and not self.handles and extra.get("step_lag_ms"):
             lags = _drawn(extra["step_lag_ms"], rng)
-        kept = _kept_back(arrivals, way[order], replies, self.trip_back, lags)
+        kept = _kept_back(arrivals, way[order], replies, self.trip_back, self.slo_s, lags)
         kept = kept[np.argsort(order)]
         deadlines = times + self.slo_s - kept
         ways_back = np.asarray(extra["ways_back"] or [0.0])
@@ -906,23 +906,25 @@ def _kept_back(
     trips: np.ndarray,
     replies: Any,
     quantile: float,
+    slo_s: float,
     lags: Callable[[], float] | None = None,
 ) -> np.ndarray:
     """What the ingress keeps back from each query's deadline, the queries arriving at
-    ``arrivals`` after ``trips``, in this order, and the ingress taking up ``replies(t)`` from
-    its workers (seconds) before a query at t: its own rule, :class:`raysrv._server.TripBack`;
+    ``arrivals`` after ``trips`` with an SLO of ``slo_s``, in this order, and the ingress taking
+    up ``replies(t)`` from its workers (seconds) before a query at t: its own rule,
+    :class:`raysrv._server.TripBack`;
     with ``lags`` (a draw of one step's wait for the loop, one per query), its loop's rule for
     answers over HTTP (``http_trip_back: loop``)."""
     from raysrv._server import TripBack
 
     rule, kept = TripBack(), np.empty(trips.size)
     for i, (t, trip) in enumerate(zip(arrivals, trips, strict=True)):
-        rule.add(float(trip))
         for reply in replies(float(t)):
             rule.reply(reply)
         if lags is not None:
             rule.lag(lags())
         kept[i] = rule.kept(quantile, http=lags is not None)
+        rule.arrived(float(trip), slo_s)
     return kept
 
 

@@ -226,6 +226,8 @@ def _coerced_or_error(value: Any, spec: InputSpec) -> Input | RaysrvError:
 TRIP_WINDOW = 200  # replies (or queries with ``sent_at``) behind the trip-back estimate
 FLOOR_WINDOW = 2000  # queries with ``sent_at`` behind its shortest trip
 TRIPS_KNOWN = 20  # trips (and replies) seen before they are relied on
+SENT_AT_SKEW_S = 5.0  # how far a caller's clock may run ahead of the ingress's
+SENT_AT_MAX_AGE_S = 600.0  # the longest a query may have been on its way
 DESCRIBE_CHUNK = 50  # models described between turns of the event loop
 
 
@@ -308,12 +310,21 @@ def counted_bodies(
 
 
 def _in_transit(sent_at: float | None) -> float:
-    """Seconds since the caller sent the query (0 without ``sent_at``; never negative)."""
+    """Seconds since the caller sent the query (0 without ``sent_at``; never negative), or a
+    400 for a ``sent_at`` that is not a time, is more than ``SENT_AT_SKEW_S`` ahead of this
+    clock or more than ``SENT_AT_MAX_AGE_S`` behind it."""
     if sent_at is None:
         return 0.0
     if isinstance(sent_at, bool) or not isinstance(sent_at, (int, float)):
-        raise BadRequest(f"sent_at must be wall-clock seconds, got {sent_at!r}")
-    return max(0.0, time.time() - float(sent_at))
+        raise BadRequest(f"sent_at must be wall-clock seconds, got {_shown(sent_at)}")
+    trip = time.time() - float(sent_at)
+    if not math.isfinite(trip) or not -SENT_AT_SKEW_S <= trip <= SENT_AT_MAX_AGE_S:
+        raise BadRequest(
+            f"sent_at must be the wall-clock time the query was sent, within "
+            f"{SENT_AT_MAX_AGE_S:.0f} s before this server's clock and {SENT_AT_SKEW_S:.0f} s "
+            f"after it; got {_shown(sent_at)}, {trip:.3g} s ago"
+        )
+    return max(0.0, trip)
 
 
 class TripBack:
@@ -358,6 +369,13 @@ class TripBack:
     def add(self, trip_s: float) -> None:
         self._trips.add(trip_s)
         self._floor.add(trip_s)
+
+    def arrived(self, trip_s: float, slo_s: float) -> None:
+        """A well-formed query's trip here, counted unless it took the whole SLO: such a query
+        is refused as late, and its trip, whatever a caller's ``sent_at`` made it, must not
+        set what is kept back from every other caller's deadline."""
+        if trip_s < slo_s:
+            self.add(trip_s)
 
     def reply(self, seconds: float) -> None:
         self._replies.add(max(0.0, seconds))
@@ -589,10 +607,12 @@ class Server:
         batch = self._inputs(inputs)
         origin, ask = self._ask(start, slo_ms, best_effort, priority, sent_at, http)
         context = "" if context is None else str(context)
+        inputs = coerce_inputs(batch, target.input)
+        self._arrived(ask)
         with _transit_told(ask):
             state = await self._state(target, context)
         return await _each_input(
-            coerce_inputs(batch, target.input),
+            inputs,
             lambda x: self._answer(target, x, context, state, start, origin, ask),
             ask,
         )
@@ -619,6 +639,7 @@ class Server:
     ) -> dict[str, Any]:
         with _transit_told(ask):
             x = coerce_input(input, target.input)
+            self._arrived(ask)
             context = "" if context is None else str(context)
             state = await self._state(target, context)
         return await self._answer(target, x, context, state, start, origin, ask)
@@ -671,7 +692,8 @@ class Server:
         http: bool = False,
     ) -> tuple[float, _Ask]:
         """Where a query's SLO starts (``origin``) and what it asks, or :class:`BadRequest`:
-        every API's options are checked here, once."""
+        every API's options are checked here, once. Its trip here counts towards what is kept
+        back for others only once its input is read too (``_arrived``)."""
         numeric = isinstance(slo_ms, (int, float)) and not isinstance(slo_ms, bool)
         if slo_ms is not None and not (numeric and 0 < slo_ms < math.inf):
             raise BadRequest(f"slo_ms must be a positive number, got {slo_ms!r}")
@@ -684,7 +706,6 @@ class Server:
         trip = _in_transit(sent_at)
         trip_back = 0.0
         if sent_at is not None:
-            self._trips.add(trip)
             trip_back = self.trip_back(http)
         if best_effort:
             slo_ms = math.inf
@@ -727,6 +748,7 @@ class Server:
         batch = self._inputs(inputs)
         origin, ask = self._ask(start, slo_ms, best_effort, priority, sent_at, http)
         inputs = coerce_inputs(batch, self._models[model].input)
+        self._arrived(ask)
         return await self._run_model_many(model, pool, inputs, start, origin, ask)
 
     async def _run_model_many(
@@ -777,6 +799,7 @@ class Server:
     ) -> dict[str, Any]:
         with _transit_told(ask):
             x = coerce_input(input, self._models[model].input)
+        self._arrived(ask)
         return await self._run_model(model, pool, x, start, origin, ask)
 
     async def _run_model(
@@ -852,6 +875,16 @@ class Server:
             ) from None
         self._metrics.cache(app.spec.name, model, hit)
         return value, hit
+
+    def _arrived(self, ask: _Ask) -> None:
+        """A well-formed query's trip here joins the trip-back estimate (``TripBack.arrived``;
+        its SLO the largest model's where it has none of its own)."""
+        if ask.transit_s is None:
+            return
+        slo_ms = ask.slo_ms if ask.slo_ms is not None and math.isfinite(ask.slo_ms) else None
+        self._trips.arrived(
+            ask.transit_s, (slo_ms or max(self._slo_ms.values(), default=0.0)) / 1000.0
+        )
 
     @staticmethod
     def _trip(ask: _Ask) -> tuple[float, float] | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import httpx
@@ -184,3 +185,53 @@ def test_a_defect_inside_raysrv_is_answered_as_the_documented_json_500() -> None
         assert body["status"] == 500
         assert "the server logged it" in body["message"]
     assert after.status_code == 200
+
+
+def _sent_at_queries(bodies: list[bytes], then: int) -> tuple[list[int], list[int], Server]:
+    """The statuses of ``bodies`` posted to the app's route, then of ``then`` well-formed
+    queries sent 1 ms ago with an SLO of 1 s; and the server, to read what it keeps back."""
+    server = Server(SPEC, {"a": fake_workers(EchoModel())})
+
+    async def scenario() -> tuple[list[int], list[int]]:
+        transport = httpx.ASGITransport(app=create_http_app(server, 4096))
+        async with httpx.AsyncClient(transport=transport, base_url="http://raysrv") as c:
+            first = [(await c.post("/v1/one/predict", content=b, headers=JSON)) for b in bodies]
+            good = [
+                await c.post(
+                    "/v1/one/predict",
+                    json={"input": INPUT, "slo_ms": 1000, "sent_at": time.time() - 0.001},
+                )
+                for _ in range(then)
+            ]
+        return [r.status_code for r in first], [r.status_code for r in good]
+
+    first, good = asyncio.run(scenario())
+    return first, good, server
+
+
+@pytest.mark.parametrize(
+    "sent_at", ["0", "-Infinity", "Infinity", "NaN", "1e308", str(time.time() + 3600)]
+)
+def test_a_sent_at_that_is_no_time_it_was_sent_is_a_400_and_moves_no_one_elses_deadline(
+    sent_at: str,
+) -> None:
+    """Python's JSON reads ``Infinity`` and ``NaN``; a ``sent_at`` of the epoch, of no time or
+    an hour ahead is refused, and the well-formed queries after three of them are answered."""
+    body = f'{{"input": [1, 2, 3, 4], "slo_ms": 1000, "sent_at": {sent_at}}}'.encode()
+    first, good, server = _sent_at_queries([body] * 3, 25)
+    assert first == [400] * 3
+    assert good == [200] * 25
+    assert server.trip_back() < 0.5
+
+
+def test_only_well_formed_queries_within_their_slo_count_towards_what_is_kept_back() -> None:
+    """Malformed inputs and queries whose trip here already took their SLO (refused, 429) are
+    not counted: 30 of them, sent with trips of 5 minutes, leave nothing kept back; the
+    well-formed queries after them are counted and answered."""
+    now = time.time()
+    malformed = json.dumps({"input": [1, 2], "slo_ms": 1000, "sent_at": now - 300}).encode()
+    dead = json.dumps({"input": INPUT, "slo_ms": 1000, "sent_at": now - 300}).encode()
+    first, good, server = _sent_at_queries([malformed] * 30 + [dead] * 30, 25)
+    assert first == [400] * 30 + [429] * 30
+    assert good == [200] * 25
+    assert 0.0 < server.trip_back() < 0.5  # 25 trips known, each of about a millisecond
