@@ -4,7 +4,7 @@ routes answered by :class:`PredictRoutes` and the others by a FastAPI app, which
 Built by :func:`create_http_app` so that it runs the same under Serve's proxy and in tests with
 an in-process ASGI client. Bodies are read only of a JSON content type, or a raw one where a
 route takes raw tensors (415 otherwise: a web page may send a form or plain text to any address
-without asking), with a size limit (413 past it) and a depth limit, and parsed here, so a
+without asking; infer requests of no type are read, as Triton's own client sends them so), with a size limit (413 past it) and a depth limit, and parsed here, so a
 malformed request gets a 4xx with a message and never reaches a model. Anything unexpected
 is answered as the documented JSON error, a 500, and logged.
 """
@@ -199,12 +199,19 @@ def _document_predict_routes(api: FastAPI) -> None:
     api.openapi = openapi  # type: ignore[method-assign]
 
 
-async def _read_body(request: Request, limit: int, raw: bool = False) -> bytes:
-    """The body of a JSON content type (or, with ``raw``, :data:`BINARY`, or any with an infer
-    request's ``Inference-Header-Content-Length``, a header no page sends without asking), at
-    most ``limit`` bytes."""
-    if not (raw and _header(request.scope, INFER_HEADER.encode())):
-        _body_type(request.scope, raw)
+async def _read_body(request: Request, limit: int, infer: bool = False) -> bytes:
+    """The body, at most ``limit`` bytes, of a JSON content type; with ``infer`` (an Open
+    Inference Protocol infer request) also :data:`BINARY`, none (Triton's own client sends its
+    JSON requests without one) or any with ``Inference-Header-Content-Length``, a header no
+    page sends without asking."""
+    if not (
+        infer
+        and (
+            _header(request.scope, INFER_HEADER.encode())
+            or not _header(request.scope, b"content-type")
+        )
+    ):
+        _body_type(request.scope, infer)
     body = await _receive_body(request.scope, request.receive, limit)
     if body is None:
         raise BadRequest("the client left before its body arrived")

@@ -92,25 +92,31 @@ def test_json_nested_too_deep_is_a_400_on_every_route_that_reads_a_body(depth: i
 def test_a_body_a_web_page_could_send_without_asking_is_a_415(content_type: str | None) -> None:
     """Browsers send a form, plain text or a body of no type to any address without a
     preflight: predictions and feedback read only JSON (predictions also raw tensors), so a
-    page cannot spend the service or label its queries."""
+    page cannot spend the service or label its queries. An infer request of no type is read,
+    as Triton's own client sends them so."""
     headers = {} if content_type is None else {"content-type": content_type}
     body = json.dumps({"input": INPUT}).encode()
     feedback = json.dumps({"query_id": "q", "label": 1}).encode()
-    *refused, after = asyncio.run(
-        _exchange(
-            [
-                ("/v1/one/predict", body, headers),
-                ("/v1/models/a/predict", body, headers),
-                ("/v1/one/feedback", feedback, headers),
-                ("/v2/models/a/infer", body, headers),
-            ]
-        )
-    )
+    requests = [
+        ("/v1/one/predict", body, headers),
+        ("/v1/models/a/predict", body, headers),
+        ("/v1/one/feedback", feedback, headers),
+    ]
+    if content_type is not None:
+        requests.append(("/v2/models/a/infer", body, headers))
+    *refused, after = asyncio.run(_exchange(requests))
     for answer in refused:
         assert answer.status_code == 415
         assert "content-type must be application/json" in json.dumps(answer.json())
     assert {a.json()["error"] for a in refused[:3]} == {"unsupported_media_type"}
     assert after.status_code == 200
+
+
+def test_an_infer_request_of_no_content_type_is_read_as_tritons_client_sends_it() -> None:
+    infer = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": INPUT}]}
+    answer, _ = asyncio.run(_exchange([("/v2/models/a/infer", json.dumps(infer).encode(), {})]))
+    assert answer.status_code == 200
+    assert answer.json()["outputs"]
 
 
 def test_json_types_are_read_and_raw_bytes_only_where_a_route_takes_tensors() -> None:
