@@ -4,9 +4,10 @@ routes answered by :class:`PredictRoutes` and the others by a FastAPI app, which
 Built by :func:`create_http_app` so that it runs the same under Serve's proxy and in tests with
 an in-process ASGI client. Bodies are read only of a JSON content type, or a raw one where a
 route takes raw tensors (415 otherwise: a web page may send a form or plain text to any address
-without asking; infer requests of no type are read, as Triton's own client sends them so), with a size limit (413 past it) and a depth limit, and parsed here, so a
-malformed request gets a 4xx with a message and never reaches a model. Anything unexpected
-is answered as the documented JSON error, a 500, and logged.
+without asking; infer requests of no type are read, as Triton's own client sends them so), with
+a size limit (413 past it) and a depth limit, and parsed here, so a malformed request gets a 4xx
+with a message and never reaches a model. Anything unexpected is answered as the documented
+JSON error, a 500, and logged.
 """
 
 from __future__ import annotations

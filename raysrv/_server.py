@@ -46,6 +46,7 @@ from raysrv.config import (
 )
 from raysrv.errors import (
     BadRequest,
+    Conflict,
     DeadlineExpired,
     NotFound,
     PayloadTooLarge,
@@ -606,7 +607,8 @@ class Server:
         target = self._app(app)
         batch = self._inputs(inputs)
         origin, ask = self._ask(start, slo_ms, best_effort, priority, sent_at, http)
-        context = "" if context is None else str(context)
+        with _transit_told(ask):
+            context = self._context(context)
         inputs = coerce_inputs(batch, target.input)
         self._arrived(ask)
         with _transit_told(ask):
@@ -639,8 +641,8 @@ class Server:
     ) -> dict[str, Any]:
         with _transit_told(ask):
             x = coerce_input(input, target.input)
+            context = self._context(context)
             self._arrived(ask)
-            context = "" if context is None else str(context)
             state = await self._state(target, context)
         return await self._answer(target, x, context, state, start, origin, ask)
 
@@ -952,8 +954,11 @@ class Server:
         return spec is not None and self._pool(spec).withdraw(model, answer)
 
     async def feedback(self, app: str, query_id: str, label: Any) -> dict[str, Any]:
-        """Join ``label`` with the answered query and let the app's selection policy learn."""
+        """Join ``label`` with the answered query and let the app's selection policy learn.
+        One feedback a query: a second gets 409, so that no caller can replay one query's
+        feedback to steer the selection every caller of its context gets."""
         target = self._app(app)
+        self._check_label(label)
         record = await self._store.get_prediction(query_id)
         if record is None or record["app"] != app:
             raise NotFound(
@@ -963,6 +968,8 @@ class Server:
         if not target.input.text:
             x = np.asarray(x, dtype=target.input.dtype)
         selection, predictions = target.selection, record["predictions"]
+        if not await self._store.put_feedback(query_id, label):
+            raise Conflict(f"query {_shown(query_id)} has had its feedback: one a query")
         try:
             await self._store.update_state(  # atomic: concurrent feedback loses no update (§5.3)
                 app,
@@ -970,11 +977,31 @@ class Server:
                 selection.init,
                 lambda state: selection.observe(state, x, label, predictions),
             )
-        except ValueError as exc:  # the policy cannot read the label
-            raise BadRequest(f"label {label!r} does not fit app {app!r}: {exc}") from None
-        await self._store.put_feedback(query_id, label)
+        except BaseException as exc:
+            await self._store.drop_feedback(query_id)  # not used: it may be given again
+            if isinstance(exc, ValueError):  # the policy cannot read the label
+                raise BadRequest(f"label {_shown(label)} does not fit app {app!r}: {exc}") from None
+            raise
         self._metrics.feedback(app)
         return {"query_id": query_id, "app": app, "accepted": True}
+
+    def _check_label(self, label: Any) -> None:
+        """400 for a label JSON cannot hold, 413 for one larger than ``max_label_bytes``."""
+        limit = self.spec.ingress.max_label_bytes
+        try:
+            size = len(json.dumps(label, allow_nan=False))
+        except (TypeError, ValueError, RecursionError):
+            raise BadRequest(f"label must be a JSON value, got {type(label).__name__}") from None
+        if size > limit:
+            raise PayloadTooLarge(f"label of {size} bytes as JSON exceeds {limit} bytes")
+
+    def _context(self, context: Any) -> str:
+        """The query's context as the key of its selection state ("" for none), or 413 past
+        ``max_context_chars``."""
+        text = "" if context is None else str(context)
+        if len(text) > (limit := self.spec.ingress.max_context_chars):
+            raise PayloadTooLarge(f"context of {len(text)} characters exceeds {limit}")
+        return text
 
     async def plan(self, model: str) -> dict[str, Any]:
         """What the analytic model predicts for ``model``'s batching now, and from what."""

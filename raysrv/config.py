@@ -140,6 +140,19 @@ class IngressSpec(_Strict):
     max_inputs: int = Field(
         1024, ge=1, le=65_536, description="Inputs one request may carry ('inputs'); more get 413."
     )
+    max_context_chars: int = Field(
+        256,
+        ge=1,
+        le=1 << 20,
+        description="Characters a query's context may have; a longer one gets 413 (every "
+        "context an app has seen feedback for keeps a selection state).",
+    )
+    max_label_bytes: int = Field(
+        65_536,
+        ge=16,
+        le=1 << 24,
+        description="Bytes a feedback label may take as JSON; a larger one gets 413.",
+    )
     max_ongoing_requests: int = Field(
         256, ge=1, description="Requests in flight per ingress replica before Serve queues them."
     )

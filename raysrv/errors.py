@@ -14,6 +14,7 @@ from typing import Any
 
 __all__ = [
     "BadRequest",
+    "Conflict",
     "MethodNotAllowed",
     "ModelFailed",
     "NotFound",
@@ -57,6 +58,13 @@ class NotFound(RaysrvError):
 class MethodNotAllowed(RaysrvError):
     status = 405
     reason = "method_not_allowed"
+
+
+class Conflict(RaysrvError):
+    """The request contradicts what is already recorded (a query's feedback, given twice)."""
+
+    status = 409
+    reason = "conflict"
 
 
 class PayloadTooLarge(RaysrvError):

@@ -52,7 +52,15 @@ T = TypeVar("T")
 class StateStore(Protocol):
     async def put_prediction(self, query_id: str, record: dict[str, Any]) -> None: ...
     async def get_prediction(self, query_id: str) -> dict[str, Any] | None: ...
-    async def put_feedback(self, query_id: str, label: Any) -> None: ...
+    async def put_feedback(self, query_id: str, label: Any) -> bool:
+        """Keep ``label`` as the query's feedback unless it has one: whether it had none. Two
+        racing feedbacks of one query: exactly one is kept."""
+        ...
+
+    async def drop_feedback(self, query_id: str) -> None:
+        """Forget the query's feedback (one that could not be used), so it may be given again."""
+        ...
+
     async def get_feedback(self, query_id: str) -> Any: ...
     async def get_state(self, app: str, context: str) -> State | None: ...
     async def set_state(self, app: str, context: str, state: State) -> None: ...
@@ -99,8 +107,14 @@ class MemoryStore:
     async def get_prediction(self, query_id: str) -> dict[str, Any] | None:
         return _unpack(self._predictions.get(query_id))
 
-    async def put_feedback(self, query_id: str, label: Any) -> None:
+    async def put_feedback(self, query_id: str, label: Any) -> bool:
+        if query_id in self._feedback:  # no await since: the check and the put are one step
+            return False
         self._bounded_put(self._feedback, query_id, label)
+        return True
+
+    async def drop_feedback(self, query_id: str) -> None:
+        self._feedback.pop(query_id, None)
 
     async def get_feedback(self, query_id: str) -> Any:
         return _unpack(self._feedback.get(query_id))
@@ -179,8 +193,12 @@ class RedisStore:
         raw = await self._redis.get(self._key("pred", query_id))
         return None if raw is None else json.loads(raw)
 
-    async def put_feedback(self, query_id: str, label: Any) -> None:
-        await self._redis.set(self._key("feedback", query_id), json.dumps(label), ex=self._ttl_s)
+    async def put_feedback(self, query_id: str, label: Any) -> bool:
+        key, raw = self._key("feedback", query_id), json.dumps(label)
+        return bool(await self._redis.set(key, raw, ex=self._ttl_s, nx=True))
+
+    async def drop_feedback(self, query_id: str) -> None:
+        await self._redis.delete(self._key("feedback", query_id))
 
     async def get_feedback(self, query_id: str) -> Any:
         raw = await self._redis.get(self._key("feedback", query_id))
@@ -319,8 +337,11 @@ class FallbackStore:
         record = await self._call("get_prediction", lambda s: s.get_prediction(query_id))
         return record if record is not None else await self._memory.get_prediction(query_id)
 
-    async def put_feedback(self, query_id: str, label: Any) -> None:
-        await self._call("put_feedback", lambda s: s.put_feedback(query_id, label))
+    async def put_feedback(self, query_id: str, label: Any) -> bool:
+        return await self._call("put_feedback", lambda s: s.put_feedback(query_id, label))
+
+    async def drop_feedback(self, query_id: str) -> None:
+        await self._call("drop_feedback", lambda s: s.drop_feedback(query_id))
 
     async def get_feedback(self, query_id: str) -> Any:
         return await self._call("get_feedback", lambda s: s.get_feedback(query_id))

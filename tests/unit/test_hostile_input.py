@@ -241,3 +241,74 @@ def test_only_well_formed_queries_within_their_slo_count_towards_what_is_kept_ba
     assert first == [400] * 30 + [429] * 30
     assert good == [200] * 25
     assert 0.0 < server.trip_back() < 0.5  # 25 trips known, each of about a millisecond
+
+
+LEARNING = RaysrvSpec.model_validate(
+    spec(
+        [model_spec("a"), model_spec("b")],
+        [
+            {
+                "name": "learn",
+                "models": ["a", "b"],
+                "context_field": "user",
+                "selection": {"policy": "exp3", "params": {"field": "sum"}},
+            }
+        ],
+        ingress={"max_context_chars": 16, "max_label_bytes": 64},
+    )
+)
+
+
+def _feedbacks(labels: list[Any], context: str = "u") -> tuple[list[httpx.Response], Server]:
+    """One query of the learning app, then each of ``labels`` as its feedback in turn."""
+    server = Server(LEARNING, {m: fake_workers(EchoModel()) for m in ("a", "b")})
+
+    async def scenario() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=create_http_app(server, 4096))
+        async with httpx.AsyncClient(transport=transport, base_url="http://raysrv") as c:
+            answer = await c.post("/v1/learn/predict", json={"input": INPUT, "user": context})
+            if answer.status_code != 200:
+                return [answer]
+            query_id = answer.json()["query_id"]
+            return [
+                answer,
+                *[
+                    await c.post("/v1/learn/feedback", json={"query_id": query_id, "label": x})
+                    for x in labels
+                ],
+            ]
+
+    return asyncio.run(scenario()), server
+
+
+def test_a_query_takes_one_feedback_and_a_replay_is_a_409_that_teaches_nothing() -> None:
+    """Replaying one query's feedback (the same label or another) would steer what every
+    caller of its context gets; the first counts, the others get 409 and change nothing."""
+    (answer, *feedback), server = _feedbacks([3, 3, 10, 3])  # the models answer 10: 3 is wrong
+    assert [r.status_code for r in feedback] == [200, 409, 409, 409]
+    assert feedback[1].json()["error"] == "conflict"
+    assert asyncio.run(server._store.get_feedback(answer.json()["query_id"])) == 3
+    _, once = _feedbacks([3])
+    learned, learned_once = (_learned(s) for s in (server, once))
+    assert learned == learned_once != server.apps["learn"].selection.init()
+
+
+def _learned(server: Server) -> Any:
+    return asyncio.run(server._state(server.apps["learn"], "u"))
+
+
+def test_a_label_the_policy_cannot_read_is_a_400_and_the_query_may_be_labelled_again() -> None:
+    (_, *feedback), _ = _feedbacks([[], 10, 10])
+    assert [r.status_code for r in feedback] == [400, 200, 409]
+    assert "does not fit" in feedback[0].json()["message"]
+
+
+def test_labels_and_contexts_past_their_limits_are_a_413_before_anything_is_kept() -> None:
+    """``ingress.max_label_bytes`` (64 here) and ``max_context_chars`` (16): a long context
+    would key a selection state of its own and a large label would be stored with the query."""
+    (_, *feedback), _ = _feedbacks(["x" * 100, 10])
+    assert [r.status_code for r in feedback] == [413, 200]
+    assert "exceeds 64 bytes" in feedback[0].json()["message"]
+    (refused,), _ = _feedbacks([10], context="u" * 17)
+    assert refused.status_code == 413
+    assert "context of 17 characters exceeds 16" in refused.json()["message"]

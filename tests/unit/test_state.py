@@ -40,8 +40,12 @@ async def round_trip(store: StateStore) -> None:
     await store.put_prediction("q1", record)
     assert await store.get_prediction("q1") == record
     assert await store.get_prediction("q2") is None
-    await store.put_feedback("q1", {"label": 3})
+    assert await store.put_feedback("q1", {"label": 3})
+    assert not await store.put_feedback("q1", {"label": 4})  # one feedback a query
     assert await store.get_feedback("q1") == {"label": 3}
+    await store.drop_feedback("q1")
+    assert await store.get_feedback("q1") is None
+    assert await store.put_feedback("q1", {"label": 3})
     assert await store.get_state("a", "u") is None
     await store.set_state("a", "u", {"weights": [0.5, 0.5]})
     assert await store.get_state("a", "u") == {"weights": [0.5, 0.5]}
