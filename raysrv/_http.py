@@ -171,7 +171,7 @@ def _predict_operation(
         "responses": {
             "200": {"description": "The answer; with inputs: {results: [...]}", "content": json_of},
             "default": {
-                "description": "An error: 400, 404, 405, 413, 429, 503, 504, 500",
+                "description": "An error: 400, 404, 405, 413, 415, 429, 503, 504, 500",
                 "content": error,
             },
         },
