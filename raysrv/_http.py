@@ -13,6 +13,7 @@ JSON error, a 500, and logged.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import math
 import time
@@ -42,6 +43,7 @@ from raysrv.errors import (
     Overloaded,
     PayloadTooLarge,
     RaysrvError,
+    Unauthorized,
     UnsupportedMediaType,
 )
 from raysrv.metrics import Metrics
@@ -171,15 +173,28 @@ def _predict_operation(
         "responses": {
             "200": {"description": "The answer; with inputs: {results: [...]}", "content": json_of},
             "default": {
-                "description": "An error: 400, 404, 405, 413, 415, 429, 503, 504, 500",
+                "description": "An error: 400, 401, 404, 405, 413, 415, 429, 503, 504, 500",
                 "content": error,
             },
         },
     }
 
 
-def _document_predict_routes(api: FastAPI) -> None:
-    """Put the routes :class:`PredictRoutes` answers into ``api``'s OpenAPI schema."""
+KEYED = (  # the operations that need an API key where the ingress has any
+    ("/v1/{app}/predict", "post"),
+    ("/v1/models/{model}/predict", "post"),
+    ("/v1/{app}/feedback", "post"),
+    ("/v2/models/{model}/infer", "post"),
+)
+SECURITY = {
+    "bearer": {"type": "http", "scheme": "bearer"},
+    "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"},
+}
+
+
+def _document_predict_routes(api: FastAPI, keyed: bool) -> None:
+    """Put the routes :class:`PredictRoutes` answers into ``api``'s OpenAPI schema; with
+    ``keyed``, the API keys that :data:`KEYED` operations need."""
     build = api.openapi
 
     def openapi() -> dict[str, Any]:
@@ -193,8 +208,12 @@ def _document_predict_routes(api: FastAPI) -> None:
                     "Predict Model", "model", ModelPredictRequest, ModelPredictResponse
                 )
             }
-            components = schema.setdefault("components", {}).setdefault("schemas", {})
-            components["ErrorBody"] = ErrorBody.model_json_schema()
+            components = schema.setdefault("components", {})
+            components.setdefault("schemas", {})["ErrorBody"] = ErrorBody.model_json_schema()
+            if keyed:
+                components["securitySchemes"] = SECURITY
+                for path, method in KEYED:
+                    schema["paths"][path][method]["security"] = [{name: []} for name in SECURITY]
         return api.openapi_schema
 
     api.openapi = openapi  # type: ignore[method-assign]
@@ -310,7 +329,9 @@ def _json_or_error(entry: Any) -> str:
 
 
 def _error_response(exc: RaysrvError) -> JSONResponse:
-    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Overloaded) else None
+    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Overloaded) else {}
+    if isinstance(exc, Unauthorized):
+        headers["WWW-Authenticate"] = "Bearer"
     return JSONResponse(exc.to_json(), status_code=exc.status, headers=headers)
 
 
@@ -325,8 +346,11 @@ class PredictRoutes:
     parse, or none for a raw tensor body (``application/octet-stream``).
     """
 
-    def __init__(self, api: FastAPI, server: Server, max_body_bytes: int, metrics: Metrics):
+    def __init__(
+        self, api: FastAPI, server: Server, max_body_bytes: int, metrics: Metrics, keys: Keys
+    ):
         self.api = api
+        self._keys = keys
         self._server = server
         self._limit = max_body_bytes
         self._metrics = metrics
@@ -342,6 +366,7 @@ class PredictRoutes:
         try:
             if scope["method"] != "POST":
                 raise MethodNotAllowed(f"{scope['method']} on a predict route; use POST")
+            self._keys.check(scope)
             if kind == "model":
                 self._server.pool_of(name)  # 404 before the body is read
             binary = _body_type(scope, raw=True) == BINARY
@@ -442,6 +467,33 @@ def _body_type(scope: dict[str, Any], raw: bool = False) -> bytes:
 MAX_DIMS = 8  # of an x-raysrv-shape
 
 
+class Keys:
+    """The ingress's API keys (``ingress.api_keys``): with any, a caller of the predict, infer
+    and feedback routes must send one, as ``Authorization: Bearer KEY`` or ``x-api-key: KEY``.
+    The key sent is compared with every key, each in constant time, so that neither which key
+    nor how much of one matched shows in the time of the answer."""
+
+    def __init__(self, keys: tuple[str, ...]) -> None:
+        self._keys = tuple(key.encode() for key in keys)
+
+    def __bool__(self) -> bool:
+        return bool(self._keys)
+
+    def check(self, scope: dict[str, Any]) -> None:
+        """Nothing with no keys or a right one sent; else :class:`Unauthorized`."""
+        if not self._keys:
+            return
+        sent = _header(scope, b"x-api-key")
+        scheme, _, token = _header(scope, b"authorization").partition(b" ")
+        if scheme.lower() == b"bearer":
+            sent = token.strip()
+        matched = False
+        for key in self._keys:
+            matched |= hmac.compare_digest(sent, key)
+        if not matched:
+            raise Unauthorized("send one of the ingress's API keys: Authorization: Bearer KEY")
+
+
 def _header(scope: dict[str, Any], name: bytes) -> bytes:
     """The value of the request's header ``name`` (lower case), empty if absent."""
     return next((value for key, value in scope["headers"] if key == name), b"")
@@ -521,6 +573,8 @@ async def _send_json(send: Any, status: int, payload: Any) -> None:
     if isinstance(payload, RaysrvError):
         if isinstance(payload, Overloaded):
             headers.append((b"retry-after", str(payload.retry_after_s).encode()))
+        if isinstance(payload, Unauthorized):
+            headers.append((b"www-authenticate", b"Bearer"))
         payload = payload.to_json()
     status, body = _encoded(status, payload)
     headers.append((b"content-length", str(len(body)).encode()))
@@ -533,6 +587,7 @@ def create_http_app(
 ) -> PredictRoutes:
     """The REST API of ``server``; see the OpenAPI schema at ``/openapi.json``."""
     metrics = metrics or Metrics()
+    keys = Keys(server.spec.ingress.api_keys)
     api = FastAPI(title="raysrv", version="1", description="Model serving with adaptive batching.")
 
     @api.exception_handler(RaysrvError)
@@ -548,10 +603,11 @@ def create_http_app(
         # Starlette answers with this, then lets the exception on: PredictRoutes logs it
         return _error_response(unexpected_error(exc))
 
-    _document_predict_routes(api)
+    _document_predict_routes(api, bool(keys))
 
     @api.post("/v1/{app}/feedback", openapi_extra=_body_schema(FeedbackRequest))
     async def feedback(app: str, request: Request) -> JSONResponse:
+        keys.check(request.scope)
         data = json_object(await _read_body(request, max_body_bytes))
         try:
             parsed = FeedbackRequest.model_validate(data)
@@ -568,13 +624,18 @@ def create_http_app(
         return JSONResponse(await server.plan(model))
 
     _model_routes(api, server, max_body_bytes, metrics)
-    add_oip_routes(api, server, lambda request: _read_body(request, max_body_bytes, True), metrics)
+
+    async def read_infer(request: Request) -> bytes:
+        keys.check(request.scope)
+        return await _read_body(request, max_body_bytes, True)
+
+    add_oip_routes(api, server, read_infer, metrics)
 
     @api.get("/healthz")
     async def healthz() -> JSONResponse:
         return JSONResponse({"status": "ok", "apps": sorted(server.apps)})
 
-    return PredictRoutes(api, server, max_body_bytes, metrics)
+    return PredictRoutes(api, server, max_body_bytes, metrics, keys)
 
 
 def _model_routes(api: FastAPI, server: Server, max_body_bytes: int, metrics: Metrics) -> None:

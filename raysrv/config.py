@@ -133,6 +133,9 @@ class AppSpec(_Strict):
         return self
 
 
+MIN_KEY_CHARS = 16  # an API key's least length
+
+
 class IngressSpec(_Strict):
     replicas: int = Field(1, ge=1, le=64, description="Ingress replicas (each runs its pools).")
     num_cpus: float = Field(0.25, ge=0.0, description="Logical CPUs reserved per ingress replica.")
@@ -152,6 +155,13 @@ class IngressSpec(_Strict):
         ge=16,
         le=1 << 24,
         description="Bytes a feedback label may take as JSON; a larger one gets 413.",
+    )
+    api_keys: tuple[str, ...] = Field(
+        (),
+        repr=False,
+        description="Keys of which a caller of the predict, infer and feedback routes must send "
+        "one, as 'Authorization: Bearer KEY' or 'x-api-key: KEY' (else 401); compared in "
+        "constant time. None: those routes are open, as on the examples' 127.0.0.1.",
     )
     max_ongoing_requests: int = Field(
         256, ge=1, description="Requests in flight per ingress replica before Serve queues them."
@@ -180,6 +190,19 @@ class IngressSpec(_Strict):
         "within the SLO, with 1-3 of 13,272 answers late (bench/RESULTS.md). 'replies': as "
         "for handle callers, no late answer in those runs.",
     )
+
+    @field_validator("api_keys")
+    @classmethod
+    def _keys_hard_to_guess(cls, keys: tuple[str, ...]) -> tuple[str, ...]:
+        for i, key in enumerate(keys):  # a key is never repeated in a message
+            if len(key) < MIN_KEY_CHARS or not key.isascii() or not key.isprintable():
+                raise ValueError(
+                    f"api_keys[{i}] must be at least {MIN_KEY_CHARS} printable ASCII characters "
+                    f"(it has {len(key)})"
+                )
+            if " " in key:
+                raise ValueError(f"api_keys[{i}] must not hold spaces")
+        return keys
 
 
 class RaysrvSpec(_Strict):

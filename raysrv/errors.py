@@ -22,6 +22,7 @@ __all__ = [
     "PayloadTooLarge",
     "RaysrvError",
     "Rejected",
+    "Unauthorized",
     "UnsupportedMediaType",
     "raise_for_error",
 ]
@@ -48,6 +49,13 @@ class RaysrvError(Exception):
 class BadRequest(RaysrvError):
     status = 400
     reason = "bad_request"
+
+
+class Unauthorized(RaysrvError):
+    """A route that needs one of the ingress's API keys was called without a right one."""
+
+    status = 401
+    reason = "unauthorized"
 
 
 class NotFound(RaysrvError):
