@@ -61,7 +61,11 @@ class Ingress:
         self._server = Server(
             self._spec,
             workers,
-            store=make_store(self._spec.state, self._metrics),
+            store=make_store(
+                self._spec.state,
+                self._metrics,
+                int(self._spec.ingress.store_budget_mb * (1 << 20)),
+            ),
             metrics=self._metrics,
             root=None if root is None else Path(root),
         )

@@ -150,6 +150,13 @@ class IngressSpec(_Strict):
         description="Characters a query's context may have; a longer one gets 413 (every "
         "context an app has seen feedback for keeps a selection state).",
     )
+    store_budget_mb: float = Field(
+        64.0,
+        gt=0.0,
+        le=1 << 20,
+        description="MiB that each of the in-memory store's predictions, feedbacks and "
+        "selection states may take (state: memory, or Redis's fallback); the oldest go first.",
+    )
     max_label_bytes: int = Field(
         65_536,
         ge=16,

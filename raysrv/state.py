@@ -38,6 +38,8 @@ __all__ = ["FallbackStore", "MemoryStore", "RedisStore", "StateStore", "make_sto
 logger = logging.getLogger(__name__)
 
 DEFAULT_WINDOW = 10_000
+DEFAULT_BUDGET = 64 << 20  # bytes each kind of entry may take in a memory store
+STATE_WINDOW = 1_000_000  # selection states a memory store keeps, within its budget
 DEFAULT_TTL_S = 3600
 DEFAULT_TIMEOUT_S = 0.25
 DEFAULT_MAX_TRIES = 50
@@ -80,8 +82,41 @@ class StateStore(Protocol):
     async def close(self) -> None: ...
 
 
+class _Table:
+    """Packed entries, the newest last, at most ``window`` of them and ``budget`` bytes of
+    their values: the oldest go first."""
+
+    def __init__(self, window: int, budget: int) -> None:
+        self.entries: OrderedDict[Any, bytes] = OrderedDict()
+        self.bytes = 0
+        self._window, self._budget = window, budget
+
+    def get(self, key: Any) -> bytes | None:
+        return self.entries.get(key)
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self.entries
+
+    def put(self, key: Any, value: bytes) -> None:
+        self.pop(key)
+        self.entries[key] = value
+        self.bytes += len(value)
+        while len(self.entries) > self._window or self.bytes > self._budget:
+            _, gone = self.entries.popitem(last=False)
+            self.bytes -= len(gone)
+
+    def pop(self, key: Any) -> None:
+        gone = self.entries.pop(key, None)
+        if gone is not None:
+            self.bytes -= len(gone)
+
+
 class MemoryStore:
-    """In-process store keeping the newest ``window`` predictions and feedbacks.
+    """In-process store keeping the newest ``window`` predictions and feedbacks and the last
+    written ``STATE_WINDOW`` selection states (by app and context), each kind within
+    ``budget_bytes`` as stored: a caller's large inputs, labels or many contexts push the oldest
+    out rather than grow the ingress. A context whose state is pushed out starts again from the
+    policy's initial state.
 
     Entries are kept pickled, each one bytes object the garbage collector does not track: as
     dicts of arrays, 10,000 records made one full collection take 37 ms (a stall of every query
@@ -90,19 +125,13 @@ class MemoryStore:
     as with Redis.
     """
 
-    def __init__(self, window: int = DEFAULT_WINDOW) -> None:
-        self._window = window
-        self._predictions: OrderedDict[str, bytes] = OrderedDict()
-        self._feedback: OrderedDict[str, bytes] = OrderedDict()
-        self._states: dict[tuple[str, str], bytes] = {}
-
-    def _bounded_put(self, table: OrderedDict[str, bytes], key: str, value: Any) -> None:
-        table[key] = _pack(value)
-        if len(table) > self._window:
-            table.popitem(last=False)
+    def __init__(self, window: int = DEFAULT_WINDOW, budget_bytes: int = DEFAULT_BUDGET) -> None:
+        self._predictions = _Table(window, budget_bytes)
+        self._feedback = _Table(window, budget_bytes)
+        self._states = _Table(STATE_WINDOW, budget_bytes)
 
     async def put_prediction(self, query_id: str, record: dict[str, Any]) -> None:
-        self._bounded_put(self._predictions, query_id, record)
+        self._predictions.put(query_id, _pack(record))
 
     async def get_prediction(self, query_id: str) -> dict[str, Any] | None:
         return _unpack(self._predictions.get(query_id))
@@ -110,11 +139,11 @@ class MemoryStore:
     async def put_feedback(self, query_id: str, label: Any) -> bool:
         if query_id in self._feedback:  # no await since: the check and the put are one step
             return False
-        self._bounded_put(self._feedback, query_id, label)
+        self._feedback.put(query_id, _pack(label))
         return True
 
     async def drop_feedback(self, query_id: str) -> None:
-        self._feedback.pop(query_id, None)
+        self._feedback.pop(query_id)
 
     async def get_feedback(self, query_id: str) -> Any:
         return _unpack(self._feedback.get(query_id))
@@ -123,7 +152,7 @@ class MemoryStore:
         return _unpack(self._states.get((app, context)))
 
     async def set_state(self, app: str, context: str, state: State) -> None:
-        self._states[(app, context)] = _pack(state)
+        self._states.put((app, context), _pack(state))
 
     async def update_state(
         self, app: str, context: str, init: Callable[[], State], change: Callable[[State], State]
@@ -131,7 +160,7 @@ class MemoryStore:
         """Atomic without a lock: nothing between the read and the write yields to the loop."""
         current = _unpack(self._states.get((app, context)))
         state = change(init() if current is None else current)
-        self._states[(app, context)] = _pack(state)
+        self._states.put((app, context), _pack(state))
         return state
 
     async def close(self) -> None:
@@ -288,9 +317,10 @@ class FallbackStore:
         metrics: Metrics | None = None,
         retry_after_s: float = DEFAULT_RETRY_AFTER_S,
         clock: Callable[[], float] = time.monotonic,
+        memory: MemoryStore | None = None,
     ) -> None:
         self._primary = primary
-        self._memory = MemoryStore()
+        self._memory = memory or MemoryStore()
         self._down_errors = down_errors
         self._metrics = metrics or Metrics()
         self._retry_after_s = retry_after_s
@@ -377,9 +407,13 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"cannot store a {type(value).__name__} as JSON")
 
 
-def make_store(state: str, metrics: Metrics | None = None) -> StateStore:
-    """The store a spec's ``state`` names: ``memory``, or a Redis URL with a memory fallback."""
+def make_store(
+    state: str, metrics: Metrics | None = None, budget_bytes: int = DEFAULT_BUDGET
+) -> StateStore:
+    """The store a spec's ``state`` names: ``memory``, or a Redis URL with a memory fallback;
+    ``budget_bytes`` bounds each kind of entry in memory."""
     if state == "memory":
-        return MemoryStore()
+        return MemoryStore(budget_bytes=budget_bytes)
     redis = RedisStore(state)
-    return FallbackStore(redis, redis.down_errors, metrics)
+    memory = MemoryStore(budget_bytes=budget_bytes)
+    return FallbackStore(redis, redis.down_errors, metrics, memory=memory)

@@ -67,6 +67,31 @@ def test_memory_storeround_trip_and_window() -> None:
     asyncio.run(scenario())
 
 
+def test_a_memory_store_keeps_each_kind_within_its_byte_budget_the_newest_first() -> None:
+    """Hostile traffic (large inputs, labels, endless contexts) pushes the oldest entries out:
+    what each kind holds, as stored, stays within the budget, and the newest are kept."""
+    budget = 200_000
+
+    async def scenario() -> MemoryStore:
+        store = MemoryStore(budget_bytes=budget)
+        for i in range(100):
+            await store.put_prediction(f"q{i}", {"input": "x" * 10_000, "i": i})
+            await store.put_feedback(f"q{i}", "y" * 10_000)
+            await store.set_state("app", f"context {i}", {"w": "z" * 10_000})
+        assert await store.get_prediction("q0") is None
+        assert (await store.get_prediction("q99"))["i"] == 99
+        assert await store.get_feedback("q99") == "y" * 10_000
+        assert await store.get_state("app", "context 0") is None
+        assert await store.get_state("app", "context 99") == {"w": "z" * 10_000}
+        return store
+
+    store = asyncio.run(scenario())
+    for table in (store._predictions, store._feedback, store._states):
+        held = sum(len(v) for v in table.entries.values())
+        assert table.bytes == held
+        assert budget - 11_000 < held <= budget  # full, to within one entry
+
+
 def test_memory_update_state_inits_only_when_absent() -> None:
     inits: list[int] = []
 
