@@ -150,18 +150,18 @@ class IngressSpec(_Strict):
         description="Characters a query's context may have; a longer one gets 413 (every "
         "context an app has seen feedback for keeps a selection state).",
     )
+    max_label_bytes: int = Field(
+        65_536,
+        ge=16,
+        le=1 << 24,
+        description="Bytes a feedback label may take as JSON; a larger one gets 413.",
+    )
     store_budget_mb: float = Field(
         64.0,
         gt=0.0,
         le=1 << 20,
         description="MiB that each of the in-memory store's predictions, feedbacks and "
         "selection states may take (state: memory, or Redis's fallback); the oldest go first.",
-    )
-    max_label_bytes: int = Field(
-        65_536,
-        ge=16,
-        le=1 << 24,
-        description="Bytes a feedback label may take as JSON; a larger one gets 413.",
     )
     api_keys: tuple[str, ...] = Field(
         (),

@@ -30,6 +30,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def haproxy_ports() -> dict[str, str]:
+    """Serve's environment for an HAProxy whose metrics and stats listen on free ports rather
+    than on 9101 and 8404, which an HAProxy left by another Ray session may still hold: one
+    whose Ray was stopped at once, as ``kill -9`` stops it, outlives it."""
+    return {
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
+    }
+
+
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real redis-server on a free port for this test session (CI installs the binary)."""

@@ -29,7 +29,7 @@ import yaml
 
 from examples.digits import build as digits
 from raysrv.cli import FAST_PATH
-from tests.conftest import free_port
+from tests.conftest import free_port, haproxy_ports
 
 ROOT = Path(__file__).parents[2]
 CONFIG = ROOT / "examples" / "digits" / "config.yaml"
@@ -53,6 +53,7 @@ def server(
     path.write_text(yaml.safe_dump(config))
     log = (path.parent / "serve.log").open("wb")
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", *FAST_PATH)}
+    env |= haproxy_ports()
     script, command = COMMANDS[request.param]
     proc = subprocess.Popen(
         [str(Path(sys.executable).with_name(script)), command, str(path)],

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from raysrv.cli import FAST_PATH
+from tests.conftest import haproxy_ports
 from tests.integration.conftest import SEPARATE_LOOP
 
 ROOT = Path(__file__).parents[2]
@@ -24,7 +25,7 @@ SUITES = ["tests/integration/test_serving.py", "tests/integration/test_pools.py"
 
 
 def test_the_serving_and_pool_tests_pass_under_serves_fast_path() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | FAST_PATH
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | FAST_PATH | haproxy_ports()
     env[SEPARATE_LOOP] = "1"  # for the test process's own handles only: see its conftest
     # A deleted application's ingress stays reachable this long so that HAProxy stops sending
     # it requests first (30 s by default); HAProxy on this one machine reloads within it, and
