@@ -137,7 +137,7 @@ class MemoryStore:
         return _unpack(self._predictions.get(query_id))
 
     async def put_feedback(self, query_id: str, label: Any) -> bool:
-        if query_id in self._feedback:  # no await since: the check and the put are one step
+        if query_id in self._feedback:  # no await between the check and the put: one step
             return False
         self._feedback.put(query_id, _pack(label))
         return True
