@@ -91,11 +91,13 @@ def _wait_healthy(
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """Ctrl-C for `serve run` (it shuts down the Ray it started), then clear its process group."""
+    """Ctrl-C for `serve run` (it shuts down the Ray it started, HAProxy included: about 30 s
+    here when idle), then clear its process group: killed sooner, Ray leaves its HAProxy
+    running."""
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGINT)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=60)
+            proc.wait(timeout=STOP_S)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
@@ -145,6 +147,7 @@ def test_served_predictions_equal_the_offline_models(server: str) -> None:
 
 
 JSON = {"content-type": "application/json"}
+STOP_S = 180  # the longest a `serve run` is given to shut down its Ray
 BAD_REQUESTS = [
     ("/v1/digits/predict", b'{"input": [1, 2', 400, "not valid JSON"),
     (
