@@ -40,7 +40,6 @@ from raysrv.errors import (
     BadRequest,
     MethodNotAllowed,
     ModelFailed,
-    Overloaded,
     PayloadTooLarge,
     RaysrvError,
     Unauthorized,
@@ -224,14 +223,10 @@ async def _read_body(request: Request, limit: int, infer: bool = False) -> bytes
     Inference Protocol infer request) also :data:`BINARY`, none (Triton's own client sends its
     JSON requests without one) or any with ``Inference-Header-Content-Length``, a header no
     page sends without asking."""
-    if not (
-        infer
-        and (
-            _header(request.scope, INFER_HEADER.encode())
-            or not _header(request.scope, b"content-type")
-        )
-    ):
-        _body_type(request.scope, infer)
+    scope = request.scope
+    untyped = not _header(scope, b"content-type")
+    if not (infer and (untyped or _header(scope, INFER_HEADER.encode()))):
+        _body_type(scope, infer)
     body = await _receive_body(request.scope, request.receive, limit)
     if body is None:
         raise BadRequest("the client left before its body arrived")
@@ -329,10 +324,7 @@ def _json_or_error(entry: Any) -> str:
 
 
 def _error_response(exc: RaysrvError) -> JSONResponse:
-    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Overloaded) else {}
-    if isinstance(exc, Unauthorized):
-        headers["WWW-Authenticate"] = "Bearer"
-    return JSONResponse(exc.to_json(), status_code=exc.status, headers=headers)
+    return JSONResponse(exc.to_json(), status_code=exc.status, headers=exc.headers())
 
 
 class PredictRoutes:
@@ -568,13 +560,10 @@ async def _receive_body(scope: dict[str, Any], receive: Any, limit: int) -> byte
 
 
 async def _send_json(send: Any, status: int, payload: Any) -> None:
-    """``payload`` (an error: its body, with ``Retry-After`` if it asks for one) as JSON."""
+    """``payload`` (an error: its body, with the headers it asks for) as JSON."""
     headers = [(b"content-type", b"application/json")]
     if isinstance(payload, RaysrvError):
-        if isinstance(payload, Overloaded):
-            headers.append((b"retry-after", str(payload.retry_after_s).encode()))
-        if isinstance(payload, Unauthorized):
-            headers.append((b"www-authenticate", b"Bearer"))
+        headers += [(k.lower().encode(), v.encode()) for k, v in payload.headers().items()]
         payload = payload.to_json()
     status, body = _encoded(status, payload)
     headers.append((b"content-length", str(len(body)).encode()))

@@ -31,7 +31,7 @@ from fastapi.responses import JSONResponse, Response
 
 from raysrv._model_spec import InputSpec
 from raysrv._server import Server, counted_bodies, json_object
-from raysrv.errors import BadRequest, ModelFailed, RaysrvError, Unauthorized
+from raysrv.errors import BadRequest, ModelFailed, RaysrvError
 from raysrv.metrics import Metrics
 
 __all__ = [
@@ -337,5 +337,4 @@ def add_oip_routes(api: FastAPI, server: Server, read_body: Any, metrics: Metric
 
 
 def _error(exc: RaysrvError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
-    return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
+    return JSONResponse({"error": exc.message}, status_code=exc.status, headers=exc.headers())

@@ -39,6 +39,10 @@ class RaysrvError(Exception):
         self.message = message
         self.transit_ms: float | None = None  # a query's trip to the ingress, once known
 
+    def headers(self) -> dict[str, str]:
+        """The HTTP headers that go with this error beside its body."""
+        return {}
+
     def to_json(self) -> dict[str, Any]:
         """The body; a query that said when it was sent (``sent_at``) also gets its trip to
         the ingress (``transit_ms``), as its answer would: the time lost before raysrv."""
@@ -56,6 +60,9 @@ class Unauthorized(RaysrvError):
 
     status = 401
     reason = "unauthorized"
+
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": "Bearer"}
 
 
 class NotFound(RaysrvError):
@@ -101,6 +108,9 @@ class Overloaded(RaysrvError):
     status = 503
     reason = "overloaded"
     retry_after_s = 1
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)}
 
 
 class DeadlineExpired(RaysrvError):
