@@ -296,7 +296,11 @@ def _parse_predict(
 
 def _json(value: Any) -> str:
     """``value`` as JSONResponse renders it."""
-    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return _ENCODER.encode(value)
+
+
+# one encoder for every answer: json.dumps makes one a call where any option is given
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
 NOT_JSON = ModelFailed("the answer holds NaN or an infinity, which JSON cannot carry")

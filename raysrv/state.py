@@ -26,7 +26,7 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
@@ -131,10 +131,10 @@ class MemoryStore:
         self._states = _Table(STATE_WINDOW, budget_bytes)
 
     async def put_prediction(self, query_id: str, record: dict[str, Any]) -> None:
-        self._predictions.put(query_id, _pack(record))
+        self._predictions.put(query_id, _pack_record(record))
 
     async def get_prediction(self, query_id: str) -> dict[str, Any] | None:
-        return _unpack(self._predictions.get(query_id))
+        return _unpack_record(self._predictions.get(query_id))
 
     async def put_feedback(self, query_id: str, label: Any) -> bool:
         if query_id in self._feedback:  # no await between the check and the put: one step
@@ -399,6 +399,29 @@ def _pack(value: Any) -> bytes:
 
 def _unpack(raw: bytes | None) -> Any:
     return None if raw is None else pickle.loads(raw)
+
+
+def _pack_record(record: dict[str, Any]) -> bytes:
+    """A prediction record packed, its input array as its raw bytes, dtype and shape: a
+    quarter of pickling the array, which every answered query pays."""
+    x = record.get("input")
+    if isinstance(x, np.ndarray):
+        record = {**record, "input": _RawArray(x.dtype.str, x.shape, x.tobytes())}
+    return _pack(record)
+
+
+def _unpack_record(raw: bytes | None) -> dict[str, Any] | None:
+    record = _unpack(raw)
+    if record is not None and isinstance(record.get("input"), _RawArray):
+        dtype, shape, data = record["input"]
+        record["input"] = np.frombuffer(bytearray(data), dtype=dtype).reshape(shape)
+    return record
+
+
+class _RawArray(NamedTuple):
+    dtype: str
+    shape: tuple[int, ...]
+    data: bytes
 
 
 def _jsonable(value: Any) -> Any:

@@ -896,3 +896,37 @@ def test_an_input_answered_in_time_keeps_its_answer_when_another_of_its_request_
     assert first["latency_ms"] < 500
     assert isinstance(second, RaysrvError)
     assert second.status == 504
+
+
+def test_query_ids_are_distinct_hex_across_reads_of_the_random_source() -> None:
+    from raysrv._server import IDS_A_READ, _QueryIds
+
+    ids = _QueryIds()
+    drawn = [ids.next() for _ in range(3 * IDS_A_READ + 5)]
+    assert len(set(drawn)) == len(drawn)
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in drawn)
+
+
+def test_the_wait_for_one_answer_ends_at_its_answer_or_its_timeout_and_leaves_it_be() -> None:
+    from raysrv._server import _until_done
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        slow = loop.create_future()
+        started = loop.time()
+        await _until_done(slow, 0.05)
+        assert loop.time() - started >= 0.04
+        assert not slow.done()
+        loop.call_later(0.01, slow.set_result, 3)
+        await _until_done(slow, 5.0)
+        assert slow.result() == 3
+        never = loop.create_future()
+        waiting = asyncio.create_task(_until_done(never, None))
+        await asyncio.sleep(0.01)
+        waiting.cancel()  # the caller left: its wait ends, the answer is still its owner's
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert not never.done()
+        assert not never._callbacks  # nothing of the finished wait stays on the answer
+
+    run(scenario())

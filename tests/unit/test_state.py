@@ -67,6 +67,28 @@ def test_memory_storeround_trip_and_window() -> None:
     asyncio.run(scenario())
 
 
+def test_a_memory_store_gives_back_a_records_input_array_as_it_was_put() -> None:
+    """An array input is kept as its raw bytes: it comes back equal, of its dtype and shape,
+    and the caller's own to change."""
+    import numpy as np
+
+    async def scenario() -> None:
+        store = MemoryStore()
+        for x in (np.arange(6, dtype=np.float32).reshape(2, 3), np.array([1, -2], np.int64)):
+            await store.put_prediction("q", {"app": "a", "input": x, "predictions": {"m": [1]}})
+            back = await store.get_prediction("q")
+            assert back is not None
+            assert back["predictions"] == {"m": [1]}
+            assert back["input"].dtype == x.dtype
+            assert back["input"].shape == x.shape
+            np.testing.assert_array_equal(back["input"], x)
+            back["input"][0] = 7  # writable, and not the stored copy
+            again = await store.get_prediction("q")
+            np.testing.assert_array_equal(again["input"], x)
+
+    asyncio.run(scenario())
+
+
 def test_a_memory_store_keeps_each_kind_within_its_byte_budget_the_newest_first() -> None:
     """Hostile traffic (large inputs, labels, endless contexts) pushes the oldest entries out:
     what each kind holds, as stored, stays within the budget, and the newest are kept."""
