@@ -45,6 +45,7 @@ PLACES = (  # (the place, a piece of the frame's file path), the first that matc
     ("asyncio", "asyncio/"),
     ("json", "json/"),
 )
+RATE_HZ = 200  # py-spy's samples a second
 FRAME = re.compile(r"\((?P<path>[^:()]*):\d+\)$")
 
 
@@ -82,10 +83,11 @@ def _cpu_s(pid: str) -> float:
 async def _sample(
     url: str, bodies: list[bytes], pid: str, seconds: float, out: Path, gil: bool
 ) -> tuple[float, float]:
-    """Inputs answered per second under ``wrk`` and the process's CPU microseconds per input."""
+    """Inputs answered per second under ``wrk``, the process's CPU microseconds per input, and
+    the samples' time per input in microseconds (each sample ``1 / RATE_HZ`` s of a thread)."""
     await wrk_saturation(url, bodies, 32, 3.0)  # warm-up
     spy = subprocess.Popen(
-        ["py-spy", "record", "-p", pid, "-d", str(round(seconds)), "-r", "200"]
+        ["py-spy", "record", "-p", pid, "-d", str(round(seconds)), "-r", str(RATE_HZ)]
         + ["-f", "raw", "-o", str(out), "--nonblocking"]
         + (["--gil"] if gil else []),
         stdout=subprocess.DEVNULL,
@@ -94,8 +96,10 @@ async def _sample(
     result = await wrk_saturation(url, bodies, 32, seconds + 1, count=fast_path.OUTPUT)
     used = _cpu_s(pid) - before
     spy.wait()
-    counted = result.extra["counted"]
-    return counted / result.duration_s, 1e6 * used / max(counted, 1)
+    counted = max(result.extra["counted"], 1)
+    sampled = sum(int(line.rpartition(" ")[2]) for line in out.read_text().splitlines())
+    rate = counted / result.duration_s
+    return rate, 1e6 * used / counted, 1e6 * sampled / RATE_HZ / (rate * seconds)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "stacks.txt"
-            rate, cpu_us = asyncio.run(_sample(url, bodies, pid, args.seconds, out, args.gil))
+            rate, cpu_us, sampled_us = asyncio.run(
+                _sample(url, bodies, pid, args.seconds, out, args.gil)
+            )
             found_shares = shares(out.read_text().splitlines())
             if args.stacks is not None:
                 args.stacks.write_text(out.read_text())
@@ -139,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
         ray.shutdown()
     print(
         f"{args.system}, {args.per_request} input(s) a request: {rate:.0f} inputs/s, "
-        f"the process's CPU {cpu_us:.0f} us an input"
+        f"the process's CPU {cpu_us:.0f} us an input, "
+        + ("the GIL held" if args.gil else "the sampled threads busy")
+        + f" {sampled_us:.0f} us an input"
     )
     for name, share in found_shares.items():
         if share >= 0.002:

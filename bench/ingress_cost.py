@@ -1,0 +1,96 @@
+"""CPU time per request of raysrv's own HTTP predict path, in one process, without Ray or Serve.
+
+    python -m bench.ingress_cost [--requests 20000] [--rounds 3]
+
+The digits example's MLP (:mod:`bench.fast_path`'s config, every input distinct) behind a
+:class:`raysrv._server.Server` whose pool runs on threads of this process, its ASGI app
+(:func:`raysrv._http.create_http_app`) called directly by 32 clients in one event loop, each
+sending one single-input JSON request after another. Prints, per round, the requests answered
+per second and this process's CPU microseconds per request: what raysrv's parsing, selection,
+deadline, scheduler, feedback record and answer cost on top of what Serve and uvicorn cost in
+front of them (``bench.ingress_profile`` measures those, live).
+
+Results: bench/RESULTS.md, "The fast path".
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import fast_path
+from bench.loadgen import make_inputs
+
+__all__ = ["main", "measure"]
+
+CLIENTS = 32
+ROUTE = f"/v1/{fast_path.APP}/predict"
+
+
+async def measure(requests: int, rounds: int) -> list[tuple[float, float]]:
+    """(requests per second, CPU microseconds per request) of each round."""
+    from examples.digits.build import build_all
+    from raysrv._http import create_http_app
+    from raysrv._server import Server
+    from raysrv._workers import ColocatedWorkers
+    from raysrv.app import prepare_spec
+    from raysrv.config import RaysrvSpec
+
+    path = build_all(Path("examples/digits/models"))["mlp"]
+    spec = prepare_spec(RaysrvSpec.model_validate(fast_path.spec(path, "colocated")))
+    workers = {p.name: ColocatedWorkers(p, metrics=False) for p in spec.resolved_pools()}
+    server = Server(spec, workers)
+    app = create_http_app(server, spec.ingress.max_body_bytes)
+    bodies = fast_path.bodies(make_inputs(64, (64,), seed=1), 1)
+
+    async def one(body: bytes) -> None:
+        sent: list[dict[str, Any]] = []
+        length = str(len(body)).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", length)]
+        scope = {"type": "http", "method": "POST", "path": ROUTE, "headers": headers}
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> dict[str, Any]:
+            return messages.pop() if messages else {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await app(scope, receive, send)
+        if sent[0]["status"] != 200:
+            raise RuntimeError(f"answered {sent[0]['status']}: {sent[1]['body'][:200]!r}")
+
+    async def client(k: int, n: int) -> None:
+        for i in range(n):
+            await one(bodies[(k + i) % len(bodies)])
+
+    each = requests // CLIENTS
+    out = []
+    try:
+        await server.profile()
+        for _ in range(rounds):
+            wall, cpu = time.perf_counter(), time.process_time()
+            await asyncio.gather(*(client(k, each) for k in range(CLIENTS)))
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            out.append((CLIENTS * each / wall, 1e6 * cpu / (CLIENTS * each)))
+    finally:
+        await server.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=20_000, help="a round")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    for k, (rate, cpu_us) in enumerate(asyncio.run(measure(args.requests, args.rounds))):
+        print(f"round {k}: {rate:7.0f} requests/s, {cpu_us:6.1f} us of CPU a request")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
