@@ -7,8 +7,9 @@
 
 Serve validates ``args`` into :class:`RaysrvSpec` (the builder's annotation) before calling it.
 Model sets are listed as their models here, relative file sources are resolved against the
-directory ``serve run`` was started in, and a model's ``build`` hook runs here, once, when its
-source file does not exist yet.
+spec's ``root`` (``raysrv run FILE`` sets it to FILE's directory; unset, the working directory
+of the process Serve builds the application in), and a model's ``build`` hook runs here, once,
+when its source file does not exist yet.
 """
 
 # No ``from __future__ import annotations`` here: Serve reads the builder's parameter annotation
@@ -40,8 +41,9 @@ def _prepare_model(model: ModelSpec, root: Path) -> ModelSpec:
 
 def prepare_spec(spec: RaysrvSpec, root: Path | None = None) -> RaysrvSpec:
     """``spec`` with its model sets listed and absolute model paths, after building the
-    missing ones that have a hook."""
-    base = root or Path.cwd()
+    missing ones that have a hook; relative paths from ``root``, else the spec's, else the
+    working directory."""
+    base = root or spec.base_dir()
     listed = spec.expanded(base)
     return listed.model_copy(update={"models": [_prepare_model(m, base) for m in listed.models]})
 
@@ -52,7 +54,8 @@ def build_app(args: RaysrvSpec) -> Application:
     Serve passes ``args`` already validated; Python callers may pass the plain dict.
     """
     given = args if isinstance(args, RaysrvSpec) else RaysrvSpec.model_validate(args)
-    spec = prepare_spec(given)
+    root = given.base_dir()
+    spec = prepare_spec(given, root)
     return Ingress.options(
         name="ingress",
         num_replicas=spec.ingress.replicas,
@@ -60,4 +63,4 @@ def build_app(args: RaysrvSpec) -> Application:
         max_ongoing_requests=spec.ingress.max_ongoing_requests,
         max_queued_requests=spec.ingress.max_queued_requests,
         user_config={},  # no knob overridden: every model and app as declared
-    ).bind(spec.model_dump(mode="json"), str(Path.cwd()))
+    ).bind(spec.model_dump(mode="json"), str(root))

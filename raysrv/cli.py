@@ -7,19 +7,27 @@
   thread (:data:`FAST_PATH`). Serve reads these settings once, as its controller starts, so a
   config file cannot carry them. A variable already set in the environment wins;
   ``--serve-proxy`` keeps Serve's Python proxy instead. The figures behind the choice:
-  ``bench/RESULTS.md``, "The fast path".
+  ``bench/RESULTS.md``, "The fast path". Serve builds an application wherever its controller
+  runs and does not tell the builder which file it came from, so ``raysrv run`` serves a copy
+  of the file (in a temporary directory) whose raysrv applications name the file's directory
+  as their ``root``: relative model paths are read from beside the file.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-__all__ = ["FAST_PATH", "main", "serve_environment"]
+import yaml
+
+__all__ = ["FAST_PATH", "main", "rooted", "serve_environment"]
 
 FAST_PATH = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
 
@@ -54,11 +62,28 @@ def _serve_command() -> str:
     return found
 
 
+def rooted(doc: dict[str, Any], root: Path) -> dict[str, Any]:
+    """The Serve config ``doc`` with ``root`` given to each raysrv application that names none,
+    so that its relative model paths are read from ``root`` wherever Serve builds it."""
+    from raysrv.validate import BUILDER
+
+    out = copy.deepcopy(doc)
+    for app in out.get("applications") or []:
+        if app.get("import_path") == BUILDER:
+            app["args"] = {"root": str(root), **(app.get("args") or {})}
+    return out
+
+
 def _run(config: str, serve_proxy: bool, rest: Sequence[str]) -> int:
     if _validate([config]):
         return 1
+    path = Path(config).resolve()
+    doc = rooted(yaml.safe_load(path.read_text()), path.parent)
+    served = Path(tempfile.mkdtemp(prefix="raysrv-run-")) / path.name  # kept for serve run
+    served.write_text(yaml.safe_dump(doc, sort_keys=False))
     serve = _serve_command()
-    os.execve(serve, [serve, "run", config, *rest], serve_environment(os.environ, serve_proxy))
+    argv = [serve, "run", str(served), *rest]
+    os.execve(serve, argv, serve_environment(os.environ, serve_proxy))
     return 1  # pragma: no cover - execve does not return
 
 

@@ -198,6 +198,13 @@ class IngressSpec(_Strict):
         "for handle callers, no late answer in those runs.",
     )
 
+    @field_validator("max_queued_requests")
+    @classmethod
+    def _a_queue_serve_takes(cls, queued: int) -> int:
+        if queued == 0:
+            raise ValueError("must be -1 (no bound) or at least 1, as Serve takes it; got 0")
+        return queued
+
     @field_validator("api_keys")
     @classmethod
     def _keys_hard_to_guess(cls, keys: tuple[str, ...]) -> tuple[str, ...]:
@@ -229,6 +236,19 @@ class RaysrvSpec(_Strict):
     )
     state: str = Field("memory", description="'memory' or a Redis URL (redis://host:port/db).")
     ingress: IngressSpec = Field(default_factory=IngressSpec, description="The HTTP/handle front.")
+    root: str | None = Field(
+        None,
+        description="Absolute directory that relative model paths (sources, model sets) are "
+        "read from. `raysrv run FILE` sets it to FILE's directory; unset, the working "
+        "directory of the process that builds the application (Serve's, wherever it runs).",
+    )
+
+    @field_validator("root")
+    @classmethod
+    def _root_absolute(cls, root: str | None) -> str | None:
+        if root is not None and not Path(root).expanduser().is_absolute():
+            raise ValueError(f"root must be an absolute directory, got {root!r}")
+        return root
 
     @field_validator("state")
     @classmethod
@@ -249,6 +269,10 @@ class RaysrvSpec(_Strict):
         if not self.model_sets:  # names from sets are known once their files are listed
             check_apps(self.apps, self.models)
         return self
+
+    def base_dir(self) -> Path:
+        """Where relative model paths are read from: ``root``, else the working directory."""
+        return Path(self.root).expanduser() if self.root else Path.cwd()
 
     def expanded(self, root: Path) -> RaysrvSpec:
         """This spec with every model set listed as its models (files matched under ``root``)."""

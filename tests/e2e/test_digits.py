@@ -44,17 +44,22 @@ def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, redis_url: str
 ) -> Iterator[str]:
     """The shipped example config on a free port with state in Redis, run by `serve run` or by
-    `raysrv run` (HAProxy in front)."""
+    `raysrv run` (HAProxy in front) from the repository's root, the file in a directory of its
+    own."""
     config = yaml.safe_load(CONFIG.read_text())
     port = free_port()
     config["http_options"]["port"] = port
     config["applications"][0]["args"]["state"] = redis_url
     path = tmp_path_factory.mktemp("e2e") / "config.yaml"
+    script, command = COMMANDS[request.param]
+    if script == "serve":  # Serve does not tell the builder where the file is: its root does
+        config["applications"][0]["args"]["root"] = str(path.parent)
     path.write_text(yaml.safe_dump(config))
+    # the relative sources (models/...) are read beside the file: the example's built models
+    (path.parent / "models").symlink_to(CONFIG.parent / "models", target_is_directory=True)
     log = (path.parent / "serve.log").open("wb")
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", *FAST_PATH)}
     env |= haproxy_ports()
-    script, command = COMMANDS[request.param]
     proc = subprocess.Popen(
         [str(Path(sys.executable).with_name(script)), command, str(path)],
         cwd=ROOT,

@@ -62,6 +62,12 @@ def test_bare_spec_is_valid() -> None:
         (lambda a: a["apps"][0].update(cache_size=-1), "apps[0].cache_size", "-1"),
         (lambda a: a["apps"][0].update(model=["cnn"]), "apps[0].model", "['cnn']"),
         (lambda a: a.update(state="postgres://x"), "args.state", "'postgres://x'"),
+        (
+            lambda a: a.update(ingress={"max_queued_requests": 0}),
+            "ingress.max_queued_requests",
+            "0",
+        ),
+        (lambda a: a.update(root="models"), "args.root", "'models'"),
     ],
 )
 def test_bad_field_is_named_with_its_value(mutate: Any, path: str, value: str) -> None:
@@ -175,12 +181,48 @@ def test_raysrv_run_serves_the_file_on_serves_fast_path_unless_told_otherwise(
     main(["run", "--serve-proxy", str(EXAMPLE)])
     (path, argv, env), (_, plain_argv, plain_env) = calls
     assert Path(path).name == "serve"
-    assert argv[1:] == ["run", str(EXAMPLE), "--non-blocking", "--address", "auto"]
+    assert argv[1] == "run"
+    assert argv[3:] == ["--non-blocking", "--address", "auto"]
     assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
     assert env["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "0"
-    assert plain_argv[1:] == ["run", str(EXAMPLE)]
+    assert plain_argv[1] == "run"
+    assert len(plain_argv) == 3
     assert "RAY_SERVE_ENABLE_HA_PROXY" not in plain_env
     assert set(FAST_PATH) == {"RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_THROUGHPUT_OPTIMIZED"}
+    # the file served is the example with its directory as the raysrv app's root, else as is
+    served = yaml.safe_load(Path(argv[2]).read_text())
+    example = _example()
+    assert _args(served).pop("root") == str(EXAMPLE.parent)
+    assert served == example
+
+
+def test_relative_model_paths_are_read_from_the_specs_root_which_raysrv_run_sets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relative source is read from ``root``, which ``raysrv run FILE`` sets to FILE's
+    directory wherever the command starts (one the file names already wins); without one, from
+    the working directory of the process that builds the application."""
+    from raysrv.app import prepare_spec
+
+    here, elsewhere = tmp_path / "deploy", tmp_path / "shell"
+    (here / "models").mkdir(parents=True)
+    elsewhere.mkdir()
+    (here / "models" / "m.onnx").write_bytes(b"")
+    monkeypatch.chdir(elsewhere)
+    raw = spec([model_spec("m", runtime="onnx", source="models/m.onnx")], [])
+    doc = {"applications": [{"name": "a", "import_path": "raysrv.app:build_app", "args": raw}]}
+    doc["applications"].append({"name": "other", "import_path": "pkg.mod:app", "args": {}})
+    given = {**raw, "root": "/elsewhere"}
+    mine = {"applications": [{"name": "a", "import_path": "raysrv.app:build_app", "args": given}]}
+    rooted_doc = cli.rooted(doc, here)
+    assert _args(rooted_doc)["root"] == str(here)
+    assert rooted_doc["applications"][1]["args"] == {}  # not raysrv's: left as it is
+    assert "root" not in _args(doc)  # the file read is not changed
+    assert _args(cli.rooted(mine, here))["root"] == "/elsewhere"
+    (model,) = prepare_spec(RaysrvSpec.model_validate(_args(rooted_doc))).models
+    assert model.source == str(here / "models" / "m.onnx")
+    with pytest.raises(ValueError, match="does not exist"):
+        prepare_spec(RaysrvSpec.model_validate(raw))  # from the working directory: not there
 
 
 def test_raysrv_run_starts_nothing_for_an_invalid_file(
