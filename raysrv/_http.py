@@ -153,11 +153,35 @@ def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
 STRING = {"type": "string"}
 
 
+ERROR = {  # every raysrv error's answer (RaysrvError.to_json)
+    "description": "An error: 400, 401, 404, 405, 409, 413, 415, 429, 503, 504 or 500",
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+}
+OIP_ERROR = {  # the Open Inference Protocol's error answer
+    "description": "An error, as the Open Inference Protocol answers one",
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "properties": {"error": {"type": "string"}},
+                "required": ["error"],
+            }
+        }
+    },
+}
+
+
 def _predict_operation(
     summary: str, name: str, request: type[BaseModel], response: type[BaseModel]
 ) -> dict[str, Any]:
-    json_of = {"application/json": {"schema": response.model_json_schema()}}
-    error = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+    one = response.model_json_schema()
+    each = {"anyOf": [one, {"$ref": "#/components/schemas/ErrorBody"}]}  # in order, as sent
+    many = {
+        "type": "object",
+        "required": ["results"],
+        "properties": {"results": {"type": "array", "items": each}},
+    }
+    json_of = {"application/json": {"schema": {"anyOf": [one, many]}}}
     body = _body_schema(request)
     body["requestBody"]["content"]["application/octet-stream"] = {
         "schema": {"type": "string", "format": "binary"},
@@ -171,10 +195,7 @@ def _predict_operation(
         **body,
         "responses": {
             "200": {"description": "The answer; with inputs: {results: [...]}", "content": json_of},
-            "default": {
-                "description": "An error: 400, 401, 404, 405, 413, 415, 429, 503, 504, 500",
-                "content": error,
-            },
+            "default": ERROR,
         },
     }
 
@@ -192,8 +213,10 @@ SECURITY = {
 
 
 def _document_predict_routes(api: FastAPI, keyed: bool) -> None:
-    """Put the routes :class:`PredictRoutes` answers into ``api``'s OpenAPI schema; with
-    ``keyed``, the API keys that :data:`KEYED` operations need."""
+    """Put the routes :class:`PredictRoutes` answers into ``api``'s OpenAPI schema, and every
+    operation's error answer (:data:`ERROR`, the protocol's :data:`OIP_ERROR` under ``/v2``)
+    in place of FastAPI's 422; with ``keyed``, the API keys that :data:`KEYED` operations
+    need."""
     build = api.openapi
 
     def openapi() -> dict[str, Any]:
@@ -209,6 +232,11 @@ def _document_predict_routes(api: FastAPI, keyed: bool) -> None:
             }
             components = schema.setdefault("components", {})
             components.setdefault("schemas", {})["ErrorBody"] = ErrorBody.model_json_schema()
+            for path, operations in schema["paths"].items():
+                for operation in operations.values():
+                    responses = operation.setdefault("responses", {})
+                    responses.pop("422", None)  # no route has a parameter FastAPI checks
+                    responses.setdefault("default", OIP_ERROR if path.startswith("/v2/") else ERROR)
             if keyed:
                 components["securitySchemes"] = SECURITY
                 for path, method in KEYED:

@@ -296,6 +296,47 @@ def _datatype(array: np.ndarray) -> str:
     return {"b": "BOOL", "i": "INT64", "u": "INT64", "f": "FP64"}.get(kind, "BYTES")
 
 
+_TENSOR = {
+    "type": "object",
+    "required": ["name", "shape", "datatype"],
+    "properties": {
+        "name": {"type": "string"},
+        "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+        "datatype": {"type": "string", "enum": [*DATATYPES, "BYTES"]},
+        "parameters": {"type": "object"},
+        "data": {"type": "array", "description": "Row-major values, flat or nested."},
+    },
+}
+INFER_BODY = {  # the infer request, for the OpenAPI schema
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["inputs"],
+                    "properties": {
+                        "id": {"type": "string"},
+                        "parameters": {
+                            "type": "object",
+                            "description": f"raysrv's options: {', '.join(OPTIONS)}; "
+                            f"{BINARY_ALL} for outputs as bytes.",
+                        },
+                        "inputs": {"type": "array", "items": _TENSOR, "minItems": 1},
+                        "outputs": {"type": "array", "items": {"type": "object"}},
+                    },
+                }
+            },
+            "application/octet-stream": {
+                "schema": {"type": "string", "format": "binary"},
+                "description": "The binary tensor data extension: the JSON request "
+                "(Inference-Header-Content-Length bytes), then the tensors' bytes.",
+            },
+        },
+    }
+}
+
+
 def add_oip_routes(api: FastAPI, server: Server, read_body: Any, metrics: Metrics) -> None:
     """The protocol's routes on ``api``; ``read_body(request)`` reads a body within the limit."""
 
@@ -316,7 +357,7 @@ def add_oip_routes(api: FastAPI, server: Server, read_body: Any, metrics: Metric
         tensor = {"name": "input", "datatype": _datatype_of(spec), "shape": shape}
         return JSONResponse({"name": model, "platform": "raysrv", "inputs": [tensor]})
 
-    @api.post("/v2/models/{model}/infer")
+    @api.post("/v2/models/{model}/infer", openapi_extra=INFER_BODY)
     async def infer(model: str, request: Request) -> Response:
         start = time.monotonic()
         try:

@@ -71,8 +71,17 @@ class NotFound(RaysrvError):
 
 
 class MethodNotAllowed(RaysrvError):
+    """A route was called with a method it does not take; ``Allow`` lists those it does."""
+
     status = 405
     reason = "method_not_allowed"
+
+    def __init__(self, message: str, allow: str = "POST") -> None:
+        super().__init__(message)
+        self.allow = allow
+
+    def headers(self) -> dict[str, str]:
+        return {"Allow": self.allow}
 
 
 class Conflict(RaysrvError):

@@ -10,9 +10,10 @@ its actions one at a time in the order they were submitted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -38,6 +39,7 @@ __all__ = [
     "model_spec",
     "one_model_pool",
     "saturated_batch_sizes",
+    "serve_http",
     "spec",
     "teach",
     "torch_linear",
@@ -358,3 +360,49 @@ def torch_linear(in_features: int = 4, out_features: int = 2) -> Any:
             torch.arange(in_features * out_features, dtype=torch.float32).reshape(out_features, -1)
         )
     return layer
+
+
+@contextlib.contextmanager
+def serve_http(make_server: Callable[[], Any], max_body_bytes: int = 1 << 20) -> Iterator[str]:
+    """raysrv's HTTP API over a real socket, without Ray: uvicorn in a thread of this process
+    serving :func:`raysrv._http.create_http_app` of ``make_server()`` (a :class:`Server`,
+    made on the server's own event loop, as its pools need); yields the base URL."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    from raysrv._http import create_http_app
+
+    class Lifespan:
+        def __init__(self) -> None:
+            self.app: Any = None
+
+        async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+            if scope["type"] != "lifespan":
+                await self.app(scope, receive, send)
+                return
+            while (await receive())["type"] == "lifespan.startup":
+                server = make_server()
+                self.app = create_http_app(server, max_body_bytes)
+                await send({"type": "lifespan.startup.complete"})
+            await server.close()
+            await send({"type": "lifespan.shutdown.complete"})
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = uvicorn.Config(Lifespan(), host="127.0.0.1", port=port, log_level="warning")
+    served = uvicorn.Server(config)
+    thread = threading.Thread(target=served.run, name="raysrv-http", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30.0
+    while not served.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the HTTP server did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        served.should_exit = True
+        thread.join(timeout=30.0)
