@@ -64,7 +64,7 @@ class Ingress:
             store=make_store(
                 self._spec.state,
                 self._metrics,
-                int(self._spec.ingress.store_budget_mb * (1 << 20)),
+                self._spec.ingress.store_budget_bytes(),
             ),
             metrics=self._metrics,
             root=None if root is None else Path(root),

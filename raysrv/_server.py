@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
+import hashlib
 import json
 import logging
 import math
@@ -485,7 +486,7 @@ class Server:
         if spec.model_sets:
             raise ValueError("list the model sets' models first: RaysrvSpec.expanded(root)")
         self.spec = spec
-        self._store = store or MemoryStore()
+        self._store = store or MemoryStore(budget_bytes=spec.ingress.store_budget_bytes())
         self._metrics = metrics or Metrics()
         self._clock = clock
         self._root = root or Path.cwd()
@@ -1047,12 +1048,13 @@ class Server:
             raise PayloadTooLarge(f"label of {size} bytes as JSON exceeds {limit} bytes")
 
     def _context(self, context: Any) -> str:
-        """The query's context as the key of its selection state ("" for none), or 413 past
-        ``max_context_chars``."""
+        """The key of the query's selection state: a hash of its context ("" for none), 32 hex
+        digits however long or odd the context (a store's keys stay one size and no context
+        reads as another app's in a Redis key), or 413 past ``max_context_chars``."""
         text = "" if context is None else str(context)
         if len(text) > (limit := self.spec.ingress.max_context_chars):
             raise PayloadTooLarge(f"context of {len(text)} characters exceeds {limit}")
-        return text
+        return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
     async def plan(self, model: str) -> dict[str, Any]:
         """What the analytic model predicts for ``model``'s batching now, and from what."""

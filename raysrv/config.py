@@ -198,6 +198,10 @@ class IngressSpec(_Strict):
         "for handle callers, no late answer in those runs.",
     )
 
+    def store_budget_bytes(self) -> int:
+        """``store_budget_mb`` in bytes."""
+        return int(self.store_budget_mb * (1 << 20))
+
     @field_validator("max_queued_requests")
     @classmethod
     def _a_queue_serve_takes(cls, queued: int) -> int:

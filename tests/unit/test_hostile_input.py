@@ -294,7 +294,7 @@ def test_a_query_takes_one_feedback_and_a_replay_is_a_409_that_teaches_nothing()
 
 
 def _learned(server: Server) -> Any:
-    return asyncio.run(server._state(server.apps["learn"], "u"))
+    return asyncio.run(server._state(server.apps["learn"], server._context("u")))
 
 
 def test_a_label_the_policy_cannot_read_is_a_400_and_the_query_may_be_labelled_again() -> None:
@@ -312,3 +312,79 @@ def test_labels_and_contexts_past_their_limits_are_a_413_before_anything_is_kept
     (refused,), _ = _feedbacks([10], context="u" * 17)
     assert refused.status_code == 413
     assert "context of 17 characters exceeds 16" in refused.json()["message"]
+
+
+BUDGET_MB = 1.0
+HOSTILE = RaysrvSpec.model_validate(
+    spec(
+        [model_spec("a"), model_spec("b")],
+        [
+            {
+                "name": "learn",
+                "models": ["a", "b"],
+                "context_field": "user",
+                "selection": {"policy": "exp3", "params": {"field": "sum"}},
+            },
+            {"name": "plain", "models": ["a"]},
+        ],
+        ingress={"store_budget_mb": BUDGET_MB},
+    )
+)
+
+
+def test_hostile_traffic_grows_the_ingress_by_less_than_its_store_budget() -> None:
+    """1,500 queries each with a context of its own at the longest allowed (each keys a
+    selection state), 1,500 feedbacks with labels near the largest allowed (90 MB of labels
+    kept as they came), and 1,500 requests to app names nobody serves: the Python heap of the
+    ingress (``tracemalloc``'s count of live allocations) grows by less than its three stores'
+    budgets of 1 MiB and a slack of 4 MiB, and the requests metric has one series for them
+    all. Every well-formed request is still answered."""
+    import tracemalloc
+
+    tags = _Tags()
+    server = Server(HOSTILE, {m: fake_workers(EchoModel()) for m in ("a", "b")}, metrics=tags)
+    label = "x" * 60_000  # within ingress.max_label_bytes (65,536)
+    context = "c" * 250  # within ingress.max_context_chars (256)
+    n = 1500
+
+    async def scenario() -> tuple[int, list[int]]:
+        transport = httpx.ASGITransport(app=create_http_app(server, 1 << 20, tags))
+        statuses = []
+        async with httpx.AsyncClient(transport=transport, base_url="http://raysrv") as c:
+
+            async def round_of(k: int) -> None:
+                learn = {"input": INPUT, "user": f"{k:06d}{context}"}
+                statuses.append((await c.post("/v1/learn/predict", json=learn)).status_code)
+                answer = await c.post("/v1/plain/predict", json={"input": INPUT})
+                feedback = {"query_id": answer.json()["query_id"], "label": label}
+                statuses.append((await c.post("/v1/plain/feedback", json=feedback)).status_code)
+                unknown = await c.post(f"/v1/nobody-{k}/predict", json={"input": INPUT})
+                statuses.append(unknown.status_code)
+
+            for k in range(50):  # warm-up: the allocator's and the client's own first costs
+                await round_of(k)
+            tracemalloc.start()
+            before = tracemalloc.get_traced_memory()[0]
+            for k in range(50, n):
+                await round_of(k)
+            grown = tracemalloc.get_traced_memory()[0] - before
+            tracemalloc.stop()
+        return grown, statuses
+
+    grown, statuses = asyncio.run(scenario())
+    assert statuses == [200, 200, 404] * n
+    budgets = 3 * BUDGET_MB * (1 << 20)
+    assert grown < budgets + 4 * (1 << 20), f"grew {grown / (1 << 20):.1f} MiB"
+    assert set(tags.tags) == {"learn", "plain", UNKNOWN_APP}
+
+
+def test_selection_states_are_keyed_by_a_hash_of_the_context() -> None:
+    """A context of any length or characters keys its state by 32 hex digits: distinct
+    contexts stay apart (one containing Redis's separator too), and a lone surrogate, which
+    JSON can carry, keys one as well."""
+    server = Server(HOSTILE, {m: fake_workers(EchoModel()) for m in ("a", "b")})
+    contexts = ["", "u", "u:v", "u" * 256, "\ud800", "é"]
+    keys = [server._context(c) for c in contexts]
+    assert len(set(keys)) == len(contexts)
+    assert all(len(k) == 32 and int(k, 16) >= 0 for k in keys)
+    assert server._context(None) == server._context("")
