@@ -491,14 +491,27 @@ def _body_type(scope: dict[str, Any], raw: bool = False) -> bytes:
 MAX_DIMS = 8  # of an x-raysrv-shape
 
 
-class Keys:
-    """The ingress's API keys (``ingress.api_keys``): with any, a caller of the predict, infer
-    and feedback routes must send one, as ``Authorization: Bearer KEY`` or ``x-api-key: KEY``.
-    The key sent is compared with every key, each in constant time, so that neither which key
-    nor how much of one matched shows in the time of the answer."""
+FEEDBACK_KEY = b"x-feedback-key"  # the header of an app's feedback key
 
-    def __init__(self, keys: tuple[str, ...]) -> None:
+
+class Keys:
+    """Keys of which a caller must send one: the ingress's API keys (``ingress.api_keys``), for
+    the predict, infer and feedback routes, as ``Authorization: Bearer KEY`` or ``x-api-key:
+    KEY``; or an app's feedback keys (``feedback_keys``), as ``x-feedback-key: KEY``
+    (``header``, without ``bearer``). The key sent is compared with every key, each in constant
+    time, so that neither which key nor how much of one matched shows in the time of the
+    answer."""
+
+    def __init__(
+        self,
+        keys: tuple[str, ...],
+        header: bytes = b"x-api-key",
+        bearer: bool = True,
+        whose: str = "the ingress's API keys",
+    ) -> None:
         self._keys = tuple(key.encode() for key in keys)
+        self._header, self._bearer, self._whose = header, bearer, whose
+        self._how = "Authorization: Bearer KEY" if bearer else f"{header.decode()}: KEY"
 
     def __bool__(self) -> bool:
         return bool(self._keys)
@@ -507,15 +520,15 @@ class Keys:
         """Nothing with no keys or a right one sent; else :class:`Unauthorized`."""
         if not self._keys:
             return
-        sent = _header(scope, b"x-api-key")
+        sent = _header(scope, self._header)
         scheme, _, token = _header(scope, b"authorization").partition(b" ")
-        if scheme.lower() == b"bearer":
+        if self._bearer and scheme.lower() == b"bearer":
             sent = token.strip()
         matched = False
         for key in self._keys:
             matched |= hmac.compare_digest(sent, key)
         if not matched:
-            raise Unauthorized("send one of the ingress's API keys: Authorization: Bearer KEY")
+            raise Unauthorized(f"send one of {self._whose}: {self._how}")
 
 
 def _header(scope: dict[str, Any], name: bytes) -> bytes:
@@ -626,9 +639,28 @@ def create_http_app(
 
     _document_predict_routes(api, bool(keys))
 
-    @api.post("/v1/{app}/feedback", openapi_extra=_body_schema(FeedbackRequest))
+    feedback_keys = {  # by app: only those that have any
+        a.name: Keys(a.feedback_keys, FEEDBACK_KEY, False, f"app {a.name!r}'s feedback keys")
+        for a in server.spec.apps
+        if a.feedback_keys
+    }
+
+    feedback_key = {  # in the schema: the header of an app's feedback_keys, where it has any
+        "name": FEEDBACK_KEY.decode(),
+        "in": "header",
+        "required": False,
+        "schema": STRING,
+        "description": "One of the app's feedback_keys, for an app that has any.",
+    }
+
+    @api.post(
+        "/v1/{app}/feedback",
+        openapi_extra={**_body_schema(FeedbackRequest), "parameters": [feedback_key]},
+    )
     async def feedback(app: str, request: Request) -> JSONResponse:
         keys.check(request.scope)
+        if app in feedback_keys:
+            feedback_keys[app].check(request.scope)
         data = json_object(await _read_body(request, max_body_bytes))
         try:
             parsed = FeedbackRequest.model_validate(data)

@@ -77,6 +77,23 @@ class SelectionSpec(_Strict):
         return self
 
 
+MIN_KEY_CHARS = 16  # an API key's least length
+
+
+def hard_to_guess(field: str, keys: tuple[str, ...]) -> tuple[str, ...]:
+    """``keys`` if each is at least ``MIN_KEY_CHARS`` printable ASCII characters without a
+    space; else the error, which names the key by its place, never by its text."""
+    for i, key in enumerate(keys):
+        if len(key) < MIN_KEY_CHARS or not key.isascii() or not key.isprintable():
+            raise ValueError(
+                f"{field}[{i}] must be at least {MIN_KEY_CHARS} printable ASCII characters "
+                f"(it has {len(key)})"
+            )
+        if " " in key:
+            raise ValueError(f"{field}[{i}] must not hold spaces")
+    return keys
+
+
 class AppSpec(_Strict):
     name: str = Field(pattern=_NAME, description="Endpoint name: POST /v1/{name}/predict.")
     models: list[str] = Field(min_length=1, description="Models this app may query.")
@@ -102,6 +119,18 @@ class AppSpec(_Strict):
         description="An ensemble stops waiting for stragglers this long before the deadline, "
         "to combine and answer in time (clipper §5.2.2).",
     )
+    feedback_keys: tuple[str, ...] = Field(
+        (),
+        repr=False,
+        description="Keys of which a feedback to this app must carry one, as 'x-feedback-key: "
+        "KEY' (else 401), compared in constant time: only those who hold one teach the app's "
+        "selection. None: any caller of the feedback route may.",
+    )
+
+    @field_validator("feedback_keys")
+    @classmethod
+    def _feedback_keys_hard_to_guess(cls, keys: tuple[str, ...]) -> tuple[str, ...]:
+        return hard_to_guess("feedback_keys", keys)
 
     @field_validator("models")
     @classmethod
@@ -131,9 +160,6 @@ class AppSpec(_Strict):
         if self.context_field in ("input", "slo_ms"):
             raise ValueError(f"context_field {self.context_field!r} collides with a request field")
         return self
-
-
-MIN_KEY_CHARS = 16  # an API key's least length
 
 
 class IngressSpec(_Strict):
@@ -212,15 +238,7 @@ class IngressSpec(_Strict):
     @field_validator("api_keys")
     @classmethod
     def _keys_hard_to_guess(cls, keys: tuple[str, ...]) -> tuple[str, ...]:
-        for i, key in enumerate(keys):  # a key is never repeated in a message
-            if len(key) < MIN_KEY_CHARS or not key.isascii() or not key.isprintable():
-                raise ValueError(
-                    f"api_keys[{i}] must be at least {MIN_KEY_CHARS} printable ASCII characters "
-                    f"(it has {len(key)})"
-                )
-            if " " in key:
-                raise ValueError(f"api_keys[{i}] must not hold spaces")
-        return keys
+        return hard_to_guess("api_keys", keys)
 
 
 class RaysrvSpec(_Strict):

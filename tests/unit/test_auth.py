@@ -112,3 +112,53 @@ def test_a_key_easy_to_guess_or_to_mangle_is_refused_by_index_never_repeated(key
     assert "api_keys[1]" in message
     assert key not in message
     assert json.dumps(key)[1:-1] not in message
+
+
+FEEDBACK_KEY = "feedback-key-of-app-one"
+
+
+def test_an_apps_feedback_keys_guard_its_feedback_alone() -> None:
+    """``feedback_keys`` of app ``one``: its feedback needs one in ``x-feedback-key`` (401
+    without, with a wrong one, or with it as a bearer token); its predictions and the other
+    app's feedback need none."""
+    keyed = RaysrvSpec.model_validate(
+        spec(
+            [model_spec("a")],
+            [
+                {"name": "one", "models": ["a"], "feedback_keys": [FEEDBACK_KEY]},
+                {"name": "two", "models": ["a"]},
+            ],
+        )
+    )
+
+    async def scenario() -> list[httpx.Response]:
+        server = Server(keyed, {"a": fake_workers(EchoModel())})
+        transport = httpx.ASGITransport(app=create_http_app(server, 4096))
+        async with httpx.AsyncClient(transport=transport, base_url="http://raysrv") as c:
+            one = (await c.post("/v1/one/predict", json={"input": INPUT})).json()["query_id"]
+            two = (await c.post("/v1/two/predict", json={"input": INPUT})).json()["query_id"]
+            sends = [
+                ("one", one, {}),
+                ("one", one, {"x-feedback-key": FEEDBACK_KEY[:-1]}),
+                ("one", one, {"authorization": f"Bearer {FEEDBACK_KEY}"}),
+                ("one", one, {"x-feedback-key": FEEDBACK_KEY}),
+                ("two", two, {}),
+            ]
+            return [
+                await c.post(f"/v1/{app}/feedback", json={"query_id": q, "label": 1}, headers=h)
+                for app, q, h in sends
+            ]
+
+    answers = asyncio.run(scenario())
+    assert [a.status_code for a in answers] == [401, 401, 401, 200, 200]
+    assert "x-feedback-key: KEY" in answers[0].json()["message"]
+    assert FEEDBACK_KEY not in answers[1].text
+
+
+def test_a_feedback_key_too_short_is_refused_by_index_never_repeated() -> None:
+    short = spec([model_spec("a")], [{"name": "one", "models": ["a"], "feedback_keys": ["short"]}])
+    with pytest.raises(ValidationError) as info:
+        RaysrvSpec.model_validate(short)
+    message = "; ".join(e["msg"] for e in info.value.errors())
+    assert "feedback_keys[0] must be at least 16" in message
+    assert "short" not in message

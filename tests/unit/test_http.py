@@ -333,6 +333,8 @@ def test_listing_health_and_openapi() -> None:
         body = predict["requestBody"]["content"]["application/json"]["schema"]
         assert "input" in body["properties"]
         assert "/v1/{app}/feedback" in schema["paths"]
+        feedback = schema["paths"]["/v1/{app}/feedback"]["post"]["parameters"]
+        assert {"app", "x-feedback-key"} == {p["name"] for p in feedback}
         for path, operations in schema["paths"].items():  # raysrv's errors, never FastAPI's
             for method, operation in operations.items():
                 assert "422" not in operation["responses"], (method, path)
