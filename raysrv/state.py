@@ -41,6 +41,7 @@ DEFAULT_WINDOW = 10_000
 DEFAULT_BUDGET = 64 << 20  # bytes each kind of entry may take in a memory store
 STATE_WINDOW = 1_000_000  # selection states a memory store keeps, within its budget
 DEFAULT_TTL_S = 3600
+STATE_TTL_S = 30 * 86_400  # a context's selection state in Redis, from its last feedback
 DEFAULT_TIMEOUT_S = 0.25
 DEFAULT_MAX_TRIES = 50
 DEFAULT_RETRY_AFTER_S = 1.0
@@ -168,7 +169,9 @@ class MemoryStore:
 
 
 class RedisStore:
-    """Redis-backed store shared by every ingress replica; records expire after ``ttl_s``.
+    """Redis-backed store shared by every ingress replica; records expire after ``ttl_s``, a
+    selection state ``state_ttl_s`` after it was last written (a context nobody teaches any more
+    does not stay for good).
 
     Connecting and each reply wait at most ``timeout_s`` (Redis answers in about a
     millisecond, so a longer wait means it is gone), with one immediate reconnect for a pooled
@@ -183,6 +186,7 @@ class RedisStore:
         url: str,
         prefix: str = "raysrv",
         ttl_s: int = DEFAULT_TTL_S,
+        state_ttl_s: int = STATE_TTL_S,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_tries: int = DEFAULT_MAX_TRIES,
         rng: np.random.Generator | None = None,
@@ -199,7 +203,7 @@ class RedisStore:
             retry=Retry(NoBackoff(), 1),
         )
         self._prefix = prefix
-        self._ttl_s = ttl_s
+        self._ttl_s, self._state_ttl_s = ttl_s, state_ttl_s
         self._max_tries = max_tries
         self._rng = rng or np.random.default_rng()
         self._watch_error = WatchError
@@ -238,7 +242,8 @@ class RedisStore:
         return None if raw is None else json.loads(raw)
 
     async def set_state(self, app: str, context: str, state: State) -> None:
-        await self._redis.set(self._key("state", app, context), json.dumps(state))
+        key = self._key("state", app, context)
+        await self._redis.set(key, json.dumps(state), ex=self._state_ttl_s)
 
     async def update_state(
         self, app: str, context: str, init: Callable[[], State], change: Callable[[State], State]
@@ -280,7 +285,7 @@ class RedisStore:
                 raw = await pipe.get(key)
                 state = change(init() if raw is None else json.loads(raw))
                 pipe.multi()
-                pipe.set(key, json.dumps(state))
+                pipe.set(key, json.dumps(state), ex=self._state_ttl_s)
                 await pipe.execute()
             except self._watch_error:
                 return None

@@ -40,6 +40,24 @@ def test_redis_store_round_trip_is_shared_between_clients(redis_url: str) -> Non
     asyncio.run(scenario())
 
 
+def test_a_selection_state_in_redis_expires_a_while_after_its_last_write(redis_url: str) -> None:
+    """Each write of a state, set or updated, gives it ``state_ttl_s`` more: a context nobody
+    teaches any more leaves Redis."""
+
+    async def scenario() -> list[int]:
+        store = RedisStore(redis_url, prefix="ttl", state_ttl_s=100)
+        try:
+            await store.set_state("a", "set", {"n": 1})
+            await store.update_state("a", "updated", zero, count_up)
+            raw = store._redis
+            return [await raw.ttl("ttl:state:a:set"), await raw.ttl("ttl:state:a:updated")]
+        finally:
+            await store.close()
+
+    for ttl in asyncio.run(scenario()):
+        assert 90 <= ttl <= 100
+
+
 def test_feedback_reaches_a_second_ingress_through_redis(redis_url: str) -> None:
     """Two servers (as two ingress replicas would be) share answered queries through Redis."""
     parsed = RaysrvSpec.model_validate(
