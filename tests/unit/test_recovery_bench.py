@@ -1,0 +1,30 @@
+"""``bench.recovery``'s account of a run: per event, the first answer after it and what failed
+or hung until the next."""
+
+from __future__ import annotations
+
+import math
+
+from bench.loadgen import RequestLog
+from bench.recovery import summarize
+
+
+def test_each_event_counts_what_was_sent_from_it_to_the_next() -> None:
+    log = RequestLog(
+        sent=[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
+        done=[0.01, 1.01, 3.5, 3.2, 4.01, 7.0, 6.01],
+        status=[200, 200, 503, 200, 200, 0, 200],
+    )
+    found = summarize(log, {"ingress": 2.0, "worker": 4.0}, slo_s=0.05)
+    ingress, worker = found["events"]["ingress"], found["events"]["worker"]
+    assert ingress == {"at_s": 2.0, "first_answer_s": 1.2, "sent": 2, "failed": {503: 1}, "hung": 1}
+    assert worker == {"at_s": 4.0, "first_answer_s": 0.01, "sent": 3, "failed": {0: 1}, "hung": 1}
+    assert (found["sent"], found["answered"], found["hung"]) == (7, 5, 2)
+    assert found["statuses"] == {200: 5, 503: 1, 0: 1}
+
+
+def test_an_event_never_followed_by_an_answer_says_so() -> None:
+    log = RequestLog(sent=[0.0, 2.0], done=[0.01, 2.5], status=[200, 0])
+    found = summarize(log, {"proxy": 1.0}, slo_s=0.05)
+    assert math.isnan(found["events"]["proxy"]["first_answer_s"])
+    assert found["events"]["proxy"]["failed"] == {0: 1}
