@@ -8,11 +8,11 @@ or, ``--placement colocated``, on threads of the ingress; ``--replicas`` ingress
 Serve's fast path (HAProxy in front, :data:`raysrv.cli.FAST_PATH`), under Poisson arrivals at
 ``--rate`` a second over HTTP, each request with a client timeout of ``TIMEOUT_S``. Every
 ``GAP_S`` seconds one event: ``kill -9`` of the (first) ingress replica's process, of one
-worker actor's process, of HAProxy's, then a redeploy of the application with another
-``ingress.seed`` (Serve rolls its replicas). Printed per event: seconds from it to the first
-answer of a request sent after it, and the requests that failed (by status; 0: no
-answer within the timeout or the connection broke) and those whose answer took longer than the
-SLO plus one second (hung), of the requests sent from the event to the next.
+worker actor's process, a redeploy of the application with another ``ingress.seed`` (Serve
+rolls its replicas), then ``kill -9`` of HAProxy's process. Printed per event: seconds from it
+to the first answer of a request sent after it, and of the requests sent from it to the next
+event, those that failed (by status; 0: no answer within the timeout or the connection broke)
+and those whose answer took longer than the SLO plus one second (hung).
 
 Results: bench/RESULTS.md, "Recovery".
 """
@@ -43,7 +43,7 @@ APP = "recovery"
 CONFIG = Path("examples/digits/config.yaml")
 TIMEOUT_S = 20.0
 GAP_S = 25.0  # between events, and before the first
-EVENTS = ("ingress", "worker", "proxy", "redeploy")
+EVENTS = ("ingress", "worker", "redeploy", "proxy")  # HAProxy's the longest: last
 PROCESSES = {  # what ``pgrep -f`` finds each killed process by
     "ingress": f"ServeReplica:{APP}:ingress",
     "worker": "ray::_RayWorker",
