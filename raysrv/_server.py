@@ -239,7 +239,8 @@ def _ms(seconds: float | None) -> float | None:
 class _transit_told:  # noqa: N801 - used as a function: ``with _transit_told(ask):``
     """A query's error carries its trip to the ingress, as its answer does: on a copy, since
     one error may answer several queries (a refused batch, a shared cache miss). A class
-    rather than a generator: every query enters it several times, and this costs a fifth."""
+    rather than a generator, as every query enters it several times: 0.3 us in and out against
+    0.9 us here."""
 
     __slots__ = ("_ask",)
 
@@ -255,6 +256,10 @@ class _transit_told:  # noqa: N801 - used as a function: ``with _transit_told(as
         return False
 
 
+ID_BYTES = 16
+IDS_A_READ = 256
+
+
 class _QueryIds:
     """Unguessable query ids, 32 hex digits each, as ``uuid4().hex`` would give, from the
     operating system's random source read ``ID_BYTES * IDS_A_READ`` bytes at a time rather
@@ -268,10 +273,6 @@ class _QueryIds:
             self._random, self._at = os.urandom(ID_BYTES * IDS_A_READ), 0
         at, self._at = self._at, self._at + ID_BYTES
         return self._random[at : self._at].hex()
-
-
-ID_BYTES = 16
-IDS_A_READ = 256
 
 
 def _told(exc: RaysrvError, ask: _Ask) -> RaysrvError:
@@ -338,7 +339,8 @@ def counted_bodies(
 
 async def _until_done(answer: asyncio.Future[Any], timeout: float | None) -> None:
     """Until ``answer`` is done or ``timeout`` seconds pass (None: no limit), leaving it be:
-    ``asyncio.wait`` of the one future, for a third of its cost, as every query waits so."""
+    ``asyncio.wait`` of the one future, as every query waits, for two thirds of its cost beyond
+    the await itself (5.4 us against 8.0 here)."""
     if answer.done():
         return
     loop = asyncio.get_running_loop()
@@ -1048,7 +1050,7 @@ class Server:
             raise PayloadTooLarge(f"label of {size} bytes as JSON exceeds {limit} bytes")
 
     def _context(self, context: Any) -> str:
-        """The key of the query's selection state: a hash of its context ("" for none), 32 hex
+        """The key of the query's selection state: a hash of its context (of "" for none), 32 hex
         digits however long or odd the context (a store's keys stay one size and no context
         reads as another app's in a Redis key), or 413 past ``max_context_chars``."""
         text = "" if context is None else str(context)
