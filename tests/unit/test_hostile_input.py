@@ -243,20 +243,20 @@ def test_only_well_formed_queries_within_their_slo_count_towards_what_is_kept_ba
     assert 0.0 < server.trip_back() < 0.5  # 25 trips known, each of about a millisecond
 
 
-LEARNING = RaysrvSpec.model_validate(
-    spec(
-        [model_spec("a"), model_spec("b")],
-        [
-            {
-                "name": "learn",
-                "models": ["a", "b"],
-                "context_field": "user",
-                "selection": {"policy": "exp3", "params": {"field": "sum"}},
-            }
-        ],
-        ingress={"max_context_chars": 16, "max_label_bytes": 64},
-    )
-)
+def _learning(ingress: dict[str, Any], *apps: dict[str, Any]) -> RaysrvSpec:
+    """Models ``a`` and ``b``; app ``learn`` over both, learning per ``user`` (exp3 on the
+    answers' ``sum``); then ``apps``."""
+    learn = {
+        "name": "learn",
+        "models": ["a", "b"],
+        "context_field": "user",
+        "selection": {"policy": "exp3", "params": {"field": "sum"}},
+    }
+    models = [model_spec("a"), model_spec("b")]
+    return RaysrvSpec.model_validate(spec(models, [learn, *apps], ingress=ingress))
+
+
+LEARNING = _learning({"max_context_chars": 16, "max_label_bytes": 64})
 
 
 def _feedbacks(labels: list[Any], context: str = "u") -> tuple[list[httpx.Response], Server]:
@@ -315,21 +315,7 @@ def test_labels_and_contexts_past_their_limits_are_a_413_before_anything_is_kept
 
 
 BUDGET_MB = 1.0
-HOSTILE = RaysrvSpec.model_validate(
-    spec(
-        [model_spec("a"), model_spec("b")],
-        [
-            {
-                "name": "learn",
-                "models": ["a", "b"],
-                "context_field": "user",
-                "selection": {"policy": "exp3", "params": {"field": "sum"}},
-            },
-            {"name": "plain", "models": ["a"]},
-        ],
-        ingress={"store_budget_mb": BUDGET_MB},
-    )
-)
+HOSTILE = _learning({"store_budget_mb": BUDGET_MB}, {"name": "plain", "models": ["a"]})
 
 
 def test_hostile_traffic_grows_the_ingress_by_less_than_its_store_budget() -> None:
