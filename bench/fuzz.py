@@ -28,6 +28,8 @@ from typing import Any
 __all__ = ["fuzz", "fuzz_server", "main"]
 
 KEY = "fuzz-key-0123456789abcdef"
+TEXT_MODEL = "raysrv.testing:TextModel"
+SERVED = {"app": ("one", "ab", "text"), "model": ("a", "b", "t"), "pool": ("a", "b", "t")}
 
 
 def fuzz_server(api_keys: tuple[str, ...] = ()) -> Any:
@@ -54,10 +56,6 @@ def fuzz_server(api_keys: tuple[str, ...] = ()) -> Any:
     return Server(RaysrvSpec.model_validate(raw), workers)
 
 
-TEXT_MODEL = "raysrv.testing:TextModel"
-SERVED = {"app": ("one", "ab", "text"), "model": ("a", "b", "t"), "pool": ("a", "b", "t")}
-
-
 def fuzz(base_url: str, cases: int, seed: int, headers: dict[str, str]) -> dict[str, Any]:
     """Each operation's count of cases, 5xx answers and failed checks, and their sums."""
     import requests
@@ -78,7 +76,8 @@ def fuzz(base_url: str, cases: int, seed: int, headers: dict[str, str]) -> dict[
 def _operation(
     operation: Any, cases: int, seed: int, session: Any, headers: dict[str, str]
 ) -> collections.Counter[str]:
-    """``cases`` positive and ``cases`` negative cases of one operation, checked."""
+    """``cases`` positive and as many negative cases of one operation, split between random
+    names in its path and each served one, checked."""
     from hypothesis.errors import Unsatisfiable
     from schemathesis import GenerationMode
     from schemathesis.core.failures import FailureGroup
