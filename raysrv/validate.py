@@ -43,9 +43,17 @@ def _join(prefix: str, loc: Iterable[Any]) -> str:
     return path
 
 
+SECRET_FIELDS = ("api_keys", "feedback_keys")  # their values are never printed
+HIDDEN = "<hidden>"
+
+
 def _from_validation(prefix: str, error: ValidationError) -> list[Problem]:
     return [
-        Problem(_join(prefix, e["loc"]), e["msg"].removeprefix("Value error, "), e.get("input"))
+        Problem(
+            _join(prefix, e["loc"]),
+            e["msg"].removeprefix("Value error, "),
+            HIDDEN if any(part in SECRET_FIELDS for part in e["loc"]) else e.get("input"),
+        )
         for e in error.errors()
     ]
 

@@ -165,6 +165,22 @@ def test_cli_exit_codes_and_messages(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "not valid YAML" in out
 
 
+@pytest.mark.parametrize(("where", "field"), [("ingress", "api_keys"), ("app", "feedback_keys")])
+def test_validate_names_a_weak_key_by_its_place_and_never_prints_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str, field: str
+) -> None:
+    doc = _example()
+    secret = "short-secret"
+    target = _args(doc).setdefault("ingress", {}) if where == "ingress" else _args(doc)["apps"][0]
+    target[field] = [secret]
+    path = tmp_path / "weak.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["validate", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert f"{field}[0] must be at least 16" in out
+    assert secret not in out
+
+
 def _exec_captured(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[str], dict]]:
     calls: list[tuple[str, list[str], dict]] = []
     monkeypatch.setattr(cli.os, "execve", lambda path, argv, env: calls.append((path, argv, env)))
