@@ -337,6 +337,13 @@ def counted_bodies(
     return bodies
 
 
+def _context_key(text: str) -> str:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+NO_CONTEXT = _context_key("")  # most queries': hashed once
+
+
 async def _until_done(answer: asyncio.Future[Any], timeout: float | None) -> None:
     """Until ``answer`` is done or ``timeout`` seconds pass (None: no limit), leaving it be:
     ``asyncio.wait`` of the one future, as every query waits, for two thirds of its cost beyond
@@ -1056,7 +1063,7 @@ class Server:
         text = "" if context is None else str(context)
         if len(text) > (limit := self.spec.ingress.max_context_chars):
             raise PayloadTooLarge(f"context of {len(text)} characters exceeds {limit}")
-        return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+        return _context_key(text) if text else NO_CONTEXT
 
     async def plan(self, model: str) -> dict[str, Any]:
         """What the analytic model predicts for ``model``'s batching now, and from what."""
