@@ -66,3 +66,21 @@ class SelectionPolicy(ABC):
     def observe(self, state: State, x: Any, feedback: Any, predictions: Mapping[str, Any]) -> State:
         """The state after learning that the right answer for ``x`` was ``feedback``."""
         return state
+
+    def unobserve(
+        self, state: State, x: Any, feedback: Any, predictions: Mapping[str, Any]
+    ) -> State:
+        """The state with an earlier ``observe`` of the same arguments taken back (a relabelled
+        feedback): its exact inverse when no other feedback of the context came between, else
+        that inverse taken on the state as it is now. A policy that learns must define it for
+        its apps to allow ``relabel``; one that does not learn has nothing to take back."""
+        if type(self).observe is not SelectionPolicy.observe:
+            raise NotImplementedError(f"selection policy {self.name!r} cannot undo a feedback")
+        return state
+
+    @classmethod
+    def can_unobserve(cls) -> bool:
+        """Whether the policy can take a feedback back (see :meth:`unobserve`)."""
+        return cls.observe is SelectionPolicy.observe or (
+            cls.unobserve is not SelectionPolicy.unobserve
+        )

@@ -14,7 +14,8 @@ Choices beyond clipper's text, each a parameter:
   ``eta / p_i`` per wrong answer, and a share of 0.001 per feedback already kept the weak models
   at a weight that cost a point of cumulative error and three after the failure;
 - ``p_i`` is recomputed from the state at feedback time: with feedback for other queries in
-  between, it is the current probability, not the one the query was drawn with.
+  between, it is the current probability, not the one the query was drawn with. ``unobserve``
+  takes the share back and solves for the weight the model had before its charge.
 
 Cost: O(k) per select and observe. The defaults were chosen on the failure run of
 ``python -m bench.selection`` (eta 0.2-0.5, gamma 0.01-0.02, share 0-0.01 tried).
@@ -22,13 +23,15 @@ Cost: O(k) per select and observe. The defaults were chosen on the failure run o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 from pydantic import Field
 
 from raysrv.policies.base import SelectionPolicy, State
-from raysrv.policies.feedback import FeedbackParams, loss, mix_weights, shared_update
+from raysrv.policies.feedback import FeedbackParams, loss, mix_weights, shared_update, unshare
 
 __all__ = ["Exp3Params", "Exp3Policy"]
 
@@ -67,3 +70,35 @@ class Exp3Policy(SelectionPolicy):
                 losses[i] = loss(predictions[model], feedback, self.params) / p[i]
         logw = shared_update(state["log_weights"], losses, self.params.eta, self.params.share)
         return {**state, "log_weights": logw}
+
+    def unobserve(
+        self, state: State, x: Any, feedback: Any, predictions: Mapping[str, Any]
+    ) -> State:
+        logw = unshare(state["log_weights"], self.params.share)
+        for i, model in enumerate(self.models):
+            if model in predictions:
+                logw[i] = self._before(logw, i, loss(predictions[model], feedback, self.params))
+        return {**state, "log_weights": (logw - logw.max()).tolist()}
+
+    def _before(self, logw: np.ndarray, i: int, charged: float) -> float:
+        """Model ``i``'s log weight ``w`` before it was charged ``eta charged / p_i``: the one
+        with ``w - eta charged / p_i(w) = logw[i]``, ``p_i(w)`` its probability at that weight
+        (bisection: the left side grows with ``w``)."""
+        target = float(logw[i])
+        if charged == 0.0:
+            return target
+        eta, gamma, k = self.params.eta, self.params.gamma, len(self.models)
+        rest = np.delete(logw, i)
+        others = float(rest.max() + np.log(np.exp(rest - rest.max()).sum()))
+
+        def probability(w: float) -> float:
+            return (1.0 - gamma) / (1.0 + math.exp(min(others - w, 700.0))) + gamma / k
+
+        low, high = target, target + eta * charged / probability(target)
+        for _ in range(100):
+            middle = (low + high) / 2.0
+            if middle - eta * charged / probability(middle) < target:
+                low = middle
+            else:
+                high = middle
+        return (low + high) / 2.0

@@ -8,6 +8,7 @@ the deadline counts as disagreeing (§5.2.2). ``observe`` sees each answering mo
 (full information, unlike Exp3) and updates ``s_i <- s_i exp(-eta L_i)``, then hands every model
 back ``share`` of the total weight (the fixed share of Auer et al.'s Exp3.S, clipper's ref. [6]
 §8) so that a model that failed and recovered earns its weight back (clipper Fig. 8).
+``unobserve`` takes the share back and gives each model its loss back.
 
 A model that did not answer a query is not charged for it. Cost: O(k) per call. The defaults
 were chosen on the failure run of ``python -m bench.selection`` (eta 0.2-1, share 1e-5 to 5e-3
@@ -28,6 +29,7 @@ from raysrv.policies.feedback import (
     answer,
     loss,
     mix_weights,
+    shared_undo,
     shared_update,
     vote,
 )
@@ -55,6 +57,16 @@ class Exp4Policy(SelectionPolicy):
         w = mix_weights(state["log_weights"], 0.0)
         return dict(zip(self.models, w.tolist(), strict=True))
 
+    @property
+    def _step(self) -> dict[str, float]:
+        return {"eta": self.params.eta, "share": self.params.share}
+
+    def _losses(self, feedback: Any, predictions: Mapping[str, Any]) -> list[float]:
+        return [
+            loss(predictions[m], feedback, self.params) if m in predictions else 0.0
+            for m in self.models
+        ]
+
     def select(self, state: State, x: Any) -> list[str]:
         return list(self.models)
 
@@ -67,9 +79,13 @@ class Exp4Policy(SelectionPolicy):
         return combined, confidence
 
     def observe(self, state: State, x: Any, feedback: Any, predictions: Mapping[str, Any]) -> State:
-        losses = [
-            loss(predictions[m], feedback, self.params) if m in predictions else 0.0
-            for m in self.models
-        ]
-        logw = shared_update(state["log_weights"], losses, self.params.eta, self.params.share)
+        logw = shared_update(
+            state["log_weights"], self._losses(feedback, predictions), **self._step
+        )
+        return {**state, "log_weights": logw}
+
+    def unobserve(
+        self, state: State, x: Any, feedback: Any, predictions: Mapping[str, Any]
+    ) -> State:
+        logw = shared_undo(state["log_weights"], self._losses(feedback, predictions), **self._step)
         return {**state, "log_weights": logw}

@@ -28,8 +28,11 @@ __all__ = [
     "agreement",
     "answer",
     "loss",
+    "check_label",
     "mix_weights",
+    "shared_undo",
     "shared_update",
+    "unshare",
     "vote",
 ]
 
@@ -60,7 +63,7 @@ def answer(value: Any, params: FeedbackParams) -> Any:
             raise ValueError(f"no {params.field!r} in {sorted(value)} (set the policy's field)")
         value = value[params.field]
     array = np.asarray(value)
-    if array.dtype.kind not in "biuf" and array.ndim == 0:
+    if array.dtype.kind in "US" and array.ndim == 0:
         return array.item()  # a string label
     if array.dtype.kind not in "biuf":
         raise ValueError(f"cannot read an answer from {value!r}")
@@ -74,6 +77,60 @@ def answer(value: Any, params: FeedbackParams) -> Any:
     if params.loss == "zero_one" and float(item).is_integer():
         return int(item)
     return item
+
+
+def check_label(
+    feedback: Any, predictions: Mapping[str, Any], params: FeedbackParams | None
+) -> None:
+    """Raise ``ValueError`` unless ``feedback`` fits each prediction. With ``params`` (a policy
+    that reads labels), it must read as an answer of the kind the prediction reads as: text
+    for models that answer text, a number for models that answer numbers or class scores; a
+    prediction that does not read as an answer sets no kind. Without (a policy that reads no
+    labels), a label must be of the kind of one of the prediction's outputs, and a mapping
+    label may only name its outputs, each with a value of that output's kind."""
+    if params is None:
+        for model, prediction in predictions.items():
+            _fits_outputs(feedback, prediction, model)
+        return
+    truth = answer(feedback, params)
+    for model, prediction in predictions.items():
+        try:
+            predicted = answer(prediction, params)
+        except ValueError:
+            continue
+        if isinstance(predicted, str) != isinstance(truth, str):
+            kind, answers = ("text", "numbers") if isinstance(truth, str) else ("number", "text")
+            raise ValueError(f"a {kind} label for model {model!r}, which answers {answers}")
+
+
+def _fits_outputs(feedback: Any, prediction: Any, model: str) -> None:
+    outputs = prediction if isinstance(prediction, Mapping) else {"output": prediction}
+    if isinstance(feedback, Mapping):
+        unknown = sorted(set(feedback) - set(outputs))
+        if unknown:
+            raise ValueError(f"{unknown} are not outputs of model {model!r}: {sorted(outputs)}")
+        pairs = [(feedback[name], [outputs[name]]) for name in feedback]
+    else:
+        pairs = [(feedback, list(outputs.values()))]
+    for value, candidates in pairs:
+        kind = _kind(value)
+        if kind is None or not any(_fit(kind, _kind(c)) for c in candidates):
+            raise ValueError(f"{value!r} is of no kind model {model!r} answers")
+
+
+def _kind(value: Any) -> str | None:
+    """``text``, ``number``, ``numbers`` (a flat list of them) or None for anything else."""
+    array = np.asarray(value) if not isinstance(value, Mapping) else np.asarray(None)
+    if array.dtype.kind in "US" and array.ndim == 0:
+        return "text"
+    if array.dtype.kind in "biuf":
+        return "number" if array.ndim == 0 else "numbers"
+    return None
+
+
+def _fit(label: str, output: str | None) -> bool:
+    """A label fits an output of its kind, and a number fits class scores (their index)."""
+    return label == output or (label == "number" and output == "numbers")
 
 
 def loss(prediction: Any, feedback: Any, params: FeedbackParams) -> float:
@@ -119,6 +176,25 @@ def shared_update(
     if share > 0.0:
         w = mix_weights(logw, share)
         logw = np.log(w)
+    return (logw - logw.max()).tolist()
+
+
+def unshare(log_weights: Sequence[float], share: float) -> np.ndarray:
+    """The log weights before :func:`shared_update`'s fixed share of ``share`` was handed back
+    (the mix solved for the weights it mixed; a weight it cannot have come from is kept at a
+    trillionth of the largest)."""
+    w = mix_weights(log_weights, 0.0)
+    if share > 0.0:
+        w = (w - share / w.size) / (1.0 - share)
+    return np.log(np.maximum(w, w.max() * 1e-12))
+
+
+def shared_undo(
+    log_weights: Sequence[float], losses: Sequence[float], eta: float, share: float
+) -> list[float]:
+    """The inverse of :func:`shared_update` with the same losses: the share taken back, then
+    ``s_i <- s_i exp(eta L_i)``."""
+    logw = unshare(log_weights, share) + eta * np.asarray(losses, dtype=float)
     return (logw - logw.max()).tolist()
 
 

@@ -12,7 +12,8 @@ discounted means of Garivier and Moulines). A model not yet scored is tried firs
   ``1 - mean loss + c sqrt(2 ln n / n_i)``, ``n`` the (discounted) count of all feedback and
   ``n_i`` the model's.
 
-Cost: O(k) per call. Only the model that answered learns (bandit feedback).
+Cost: O(k) per call. Only the model that answered learns (bandit feedback). ``unobserve``
+takes the model's count and loss back, then the decay.
 """
 
 from __future__ import annotations
@@ -78,6 +79,21 @@ class MeanLossPolicy(SelectionPolicy):
                 counts[i] += 1.0
                 losses[i] += loss(predictions[model], feedback, self.params)
         return {**state, "counts": counts, "losses": losses}
+
+    def unobserve(
+        self, state: State, x: Any, feedback: Any, predictions: Mapping[str, Any]
+    ) -> State:
+        counts, losses = list(state["counts"]), list(state["losses"])
+        for i, model in enumerate(self.models):
+            if model in predictions:
+                counts[i] = max(0.0, counts[i] - 1.0)
+                losses[i] = max(0.0, losses[i] - loss(predictions[model], feedback, self.params))
+        decay = self.params.decay
+        return {
+            **state,
+            "counts": [n / decay for n in counts],
+            "losses": [s / decay for s in losses],
+        }
 
 
 class EpsilonGreedyPolicy(MeanLossPolicy):

@@ -14,6 +14,7 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
+import ray
 from ray import serve
 
 from raysrv._heap import settle
@@ -22,6 +23,7 @@ from raysrv._server import Server, counted_bodies, unexpected
 from raysrv._workers import (
     AUTO_COLOCATE_MS,
     ColocatedWorkers,
+    Owner,
     RayWorkers,
     Workers,
     choose_placement,
@@ -32,6 +34,8 @@ from raysrv.metrics import ServeMetrics
 from raysrv.state import make_store
 
 logger = logging.getLogger(__name__)
+
+SERVE_NAMESPACE = "serve"  # where Serve names its replicas' actors
 
 __all__ = ["Ingress"]
 
@@ -50,17 +54,19 @@ class Ingress:
         relative sources of models added live are read from."""
         self._spec = RaysrvSpec.model_validate(spec)
         self._metrics = ServeMetrics()
-        # Each ingress replica owns its workers: Ray stops an actor with the process that
-        # created it, so workers shared with another (older) ingress replica would die under
-        # this one when that replica is replaced.
-        context = serve.get_replica_context()
-        scope = f"{context.app_name}:{context.replica_id.unique_id}"
-        workers = {p.name: await _workers(p, scope) for p in self._spec.resolved_pools()}
-        for pool in workers.values():
+        # Each ingress replica owns its workers, and takes over those of a replica that died
+        # (``RayWorkers.start``).
+        owner = (ray.get_runtime_context().get_actor_name() or "", SERVE_NAMESPACE)
+        app = serve.get_replica_context().app_name
+        orphan_s = self._spec.ingress.orphan_timeout_s
+        self._workers = {
+            p.name: await _workers(p, app, owner, orphan_s) for p in self._spec.resolved_pools()
+        }
+        for pool in self._workers.values():
             await pool.ready()
         self._server = Server(
             self._spec,
-            workers,
+            self._workers,
             store=make_store(
                 self._spec.state,
                 self._metrics,
@@ -71,6 +77,12 @@ class Ingress:
         )
         await self._server.profile()
         settle()  # start-up's objects out of the collector's full passes
+
+    async def __del__(self) -> None:
+        """Serve stops the replica in order: its workers end now, not ``orphan_timeout_s``
+        later."""
+        for pool in getattr(self, "_workers", {}).values():
+            pool.close()
 
     def __serve_build_asgi_app__(self) -> Any:
         return create_http_app(self._server, self._spec.ingress.max_body_bytes, self._metrics)
@@ -219,7 +231,7 @@ class Ingress:
             return exc.to_json()
 
 
-async def _workers(pool: ResolvedPool, scope: str) -> Workers:
+async def _workers(pool: ResolvedPool, app: str, owner: Owner, orphan_s: float) -> Workers:
     """The pool's workers: threads of this process where it is colocated, or ``auto`` chose
     that (its dedicated models loaded and timed off the event loop), else Ray actors."""
     placement, medians = pool.placement, None
@@ -229,7 +241,7 @@ async def _workers(pool: ResolvedPool, scope: str) -> Workers:
     if placement == "colocated":
         workers: Workers = await asyncio.to_thread(ColocatedWorkers, pool)
     else:
-        workers = RayWorkers(pool, scope)
+        workers = await RayWorkers.start(pool, app, owner, orphan_s)
     if medians is not None:
         workers.auto = {"batch_of_one_ms": medians, "colocate_within_ms": AUTO_COLOCATE_MS}
     return workers

@@ -15,9 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from raysrv.analytics import BatchBufferModel, fit_map2
-from raysrv.analytics.profiles import TableProfile
-
 __all__ = ["MIN_ARRIVALS", "PlanSnapshot", "predict"]
 
 MIN_ARRIVALS = 50  # arrivals needed before the arrival process is fitted
@@ -58,6 +55,9 @@ def predict(snap: PlanSnapshot) -> dict[str, Any]:
             f"{len(snap.run_p99)} batch sizes measured"
         )
         return view
+    from raysrv.analytics import BatchBufferModel, fit_map2
+    from raysrv.analytics.profiles import TableProfile
+
     arrival = fit_map2(gaps)
     view["inputs"].update(
         rate_per_s=arrival.rate, scv=arrival.scv, lag1=arrival.lag1_autocorrelation

@@ -7,10 +7,10 @@ A config names a plugin either by its registered name (``aimd``) or by an import
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-__all__ = ["import_object", "resolve"]
+__all__ = ["LazyClasses", "import_object", "resolve"]
 
 
 def import_object(path: str) -> Any:
@@ -45,3 +45,22 @@ def resolve(kind: str, name: str, registry: Mapping[str, type], base: type) -> t
             f"{kind} {name!r} is not a subclass of {base.__module__}.{base.__qualname__}"
         )
     return obj
+
+
+class LazyClasses(Mapping[str, type]):
+    """A registry whose classes may be given as import paths, imported when first looked up."""
+
+    def __init__(self, entries: Mapping[str, type | str]) -> None:
+        self._entries = dict(entries)
+
+    def __getitem__(self, name: str) -> type:
+        entry = self._entries[name]
+        if isinstance(entry, str):
+            entry = self._entries[name] = import_object(entry)
+        return entry
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)

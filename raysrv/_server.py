@@ -54,6 +54,8 @@ from raysrv.errors import (
     Rejected,
 )
 from raysrv.metrics import UNKNOWN_APP, Metrics
+from raysrv.policies.base import State
+from raysrv.policies.feedback import FeedbackParams, check_label
 from raysrv.state import MemoryStore, StateStore
 
 logger = logging.getLogger(__name__)
@@ -335,6 +337,18 @@ def counted_bodies(
             latency = None
             bodies.append(entry)
     return bodies
+
+
+def _label_fits(
+    app: str, label: Any, selection: policies.SelectionPolicy, predictions: Mapping[str, Any]
+) -> None:
+    """400 unless ``label`` fits ``predictions`` (:func:`check_label`), as the app's policy
+    reads them if it reads labels."""
+    reading = selection.params if isinstance(selection.params, FeedbackParams) else None
+    try:
+        check_label(label, predictions, reading)
+    except ValueError as exc:
+        raise BadRequest(f"label {_shown(label)} does not fit app {app!r}: {exc}") from None
 
 
 def _context_key(text: str) -> str:
@@ -1017,10 +1031,38 @@ class Server:
     async def feedback(self, app: str, query_id: str, label: Any) -> dict[str, Any]:
         """Join ``label`` with the answered query and let the app's selection policy learn.
         One feedback a query: a second gets 409, so that no caller can replay one query's
-        feedback to steer the selection every caller of its context gets."""
+        feedback to steer the selection every caller of its context gets; with the app's
+        ``relabel``, a second replaces the first, whose effect the policy takes back. A label
+        must read as an answer of the kind the query's predictions read as (400)."""
         target = self._app(app)
         self._check_label(label)
+        record, x = await self._answered(target, query_id)
+        selection, predictions = target.selection, record["predictions"]
+        _label_fits(app, label, selection, predictions)
+        relabelled, old = await self._keep_feedback(target, query_id, label)
+
+        def learn(state: State) -> State:
+            if relabelled:
+                state = selection.unobserve(state, x, old, predictions)
+            return selection.observe(state, x, label, predictions)
+
+        try:  # atomic: concurrent feedback loses no update (§5.3)
+            await self._store.update_state(app, record["context"], selection.init, learn)
+        except BaseException as exc:
+            if relabelled:  # not used: the old label stands, as the policy still has it
+                await self._store.swap_feedback(query_id, old)
+            else:  # not used: it may be given again
+                await self._store.drop_feedback(query_id)
+            if isinstance(exc, ValueError):  # the policy cannot read the label
+                raise BadRequest(f"label {_shown(label)} does not fit app {app!r}: {exc}") from None
+            raise
+        self._metrics.feedback(app)
+        return {"query_id": query_id, "app": app, "accepted": True, "relabelled": relabelled}
+
+    async def _answered(self, target: _App, query_id: str) -> tuple[dict[str, Any], Any]:
+        """The stored record of the app's answered query and its input as the model read it."""
         record = await self._store.get_prediction(query_id)
+        app = target.spec.name
         if record is None or record["app"] != app:
             raise NotFound(
                 f"no answered query {_shown(query_id)} in app {app!r} (unknown or expired)"
@@ -1028,23 +1070,15 @@ class Server:
         x = record["input"]
         if not target.input.text:
             x = np.asarray(x, dtype=target.input.dtype)
-        selection, predictions = target.selection, record["predictions"]
-        if not await self._store.put_feedback(query_id, label):
-            raise Conflict(f"query {_shown(query_id)} has had its feedback: one a query")
-        try:
-            await self._store.update_state(  # atomic: concurrent feedback loses no update (§5.3)
-                app,
-                record["context"],
-                selection.init,
-                lambda state: selection.observe(state, x, label, predictions),
-            )
-        except BaseException as exc:
-            await self._store.drop_feedback(query_id)  # not used: it may be given again
-            if isinstance(exc, ValueError):  # the policy cannot read the label
-                raise BadRequest(f"label {_shown(label)} does not fit app {app!r}: {exc}") from None
-            raise
-        self._metrics.feedback(app)
-        return {"query_id": query_id, "app": app, "accepted": True}
+        return record, x
+
+    async def _keep_feedback(self, target: _App, query_id: str, label: Any) -> tuple[bool, Any]:
+        """Store ``label`` as the query's feedback: whether it replaced one, and that one."""
+        if target.spec.relabel:
+            return await self._store.swap_feedback(query_id, label)
+        if await self._store.put_feedback(query_id, label):
+            return False, None
+        raise Conflict(f"query {_shown(query_id)} has had its feedback: one a query")
 
     def _check_label(self, label: Any) -> None:
         """400 for a label JSON cannot hold, 413 for one larger than ``max_label_bytes``."""

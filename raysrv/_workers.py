@@ -30,11 +30,16 @@ what torch's allocator holds on the device (:func:`device_bytes`; an onnxruntime
 allocates outside it and is not seen there). A LOAD ends with one batch of one run on zeros,
 so that a model's first INFER costs what later ones do.
 
-Workers are named after the Serve application, the ingress replica, the pool and a hash of its
-spec, and created with ``get_if_exists``: a restarted ingress finds its own. Every ingress replica
-owns its workers: Ray stops an actor with the process that created it. A crashed worker fails the
-action it was running and is restarted by Ray with its dedicated model loaded again and nothing
-else; an INFER for a model it no longer holds answers ``not_loaded``.
+A pool's workers form a group, owned by one ingress replica at a time. They are detached actors
+named after the Serve application, the pool, a hash of its spec, the group's number and their
+own, so they outlive the replica that made them: an ingress replica, as it starts, takes over
+the first group of its pool's spec whose owner is gone (:meth:`RayWorkers.start`), with its
+dedicated models loaded, before it makes a new one. A worker asks Ray every
+``ORPHAN_CHECK_S`` whether its owner's actor is alive, and exits once it has been without an
+owner for the ingress's ``orphan_timeout_s``; a replica that stops in order ends its workers
+at once (:meth:`RayWorkers.close`). A crashed worker fails the action it was running and is
+restarted by Ray with its dedicated model loaded again and nothing else; an INFER for a model
+it no longer holds answers ``not_loaded``.
 
 The executors run at the worker's priority, or as many steps of niceness lower as the pool's
 ``resources.niceness`` (INFERs) and ``resources.load_niceness`` (LOADs, UNLOADs) say.
@@ -45,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import math
 import os
 import resource
@@ -66,9 +72,12 @@ from raysrv.config import ModelSpec, ResolvedPool
 from raysrv.metrics import LATENCY_BOUNDARIES_MS
 from raysrv.runtimes import Runtime, load_runtime
 
+logger = logging.getLogger(__name__)
+
 __all__ = [
     "Call",
     "ColocatedWorkers",
+    "Owner",
     "PoolWorker",
     "RayWorkers",
     "Report",
@@ -81,6 +90,11 @@ __all__ = [
 MAX_EARLY_WAIT_S = 1.0  # an action that arrives before its window waits at most this long
 ORDER_WAIT_S = 0.05  # how long a call waits for the ingress's earlier call to the worker
 MAX_CALLS = 256  # calls a worker accepts at once
+ORPHAN_CHECK_S = 1.0  # how often a worker asks whether its owner is alive
+MAX_GROUPS = 256  # groups of one pool's spec looked through for one to take over
+WORKERS_NAMESPACE = "raysrv"  # the Ray namespace of every pool's worker actors
+
+Owner = tuple[str, str]  # an ingress replica's actor name and Ray namespace
 
 
 @dataclass(frozen=True, slots=True)
@@ -428,6 +442,9 @@ class Workers:
         """Each worker's :meth:`PoolWorker.ready`, once its dedicated models are loaded."""
         raise NotImplementedError
 
+    def close(self) -> None:
+        """End the workers (their owner stops); nothing to do for threads of this process."""
+
 
 def _worker_args(pool: ResolvedPool) -> tuple[list[dict[str, Any]], tuple[int, int]]:
     """What each worker of ``pool`` is made with, wherever it runs: its dedicated models (as
@@ -439,9 +456,11 @@ def _worker_args(pool: ResolvedPool) -> tuple[list[dict[str, Any]], tuple[int, i
 def _actor_options(pool: ResolvedPool, name: str) -> dict[str, Any]:
     options: dict[str, Any] = {
         "name": name,
+        "namespace": WORKERS_NAMESPACE,
         "get_if_exists": True,
         "num_cpus": pool.resources.num_cpus,
         "num_gpus": pool.resources.num_gpus,
+        "lifetime": "detached",
         "max_restarts": -1,
         "max_concurrency": MAX_CALLS,
     }
@@ -482,20 +501,85 @@ class ColocatedWorkers(Workers):
         return [worker.ready() for worker in self.workers]
 
 
+def alive(owner: Owner) -> bool:
+    """Whether Ray knows a live actor of ``owner``'s name (a dead one's name is free again)."""
+    import ray
+
+    try:
+        ray.get_actor(owner[0], namespace=owner[1])
+    except ValueError:
+        return False
+    return True
+
+
 class _RayWorker(PoolWorker):
     def __init__(
-        self, capacity_bytes: int | None, pinned: list[dict[str, Any]], niceness: tuple[int, int]
+        self,
+        capacity_bytes: int | None,
+        pinned: list[dict[str, Any]],
+        niceness: tuple[int, int],
+        orphan_timeout_s: float,
     ) -> None:
         super().__init__(capacity_bytes, pinned, niceness)
         self.start_metrics()
+        self._dedicated = frozenset(spec["name"] for spec in pinned)
+        self._owner: Owner | None = None
+        self._claims = asyncio.Lock()
+        watch = partial(self._watch_owner, orphan_timeout_s)
+        threading.Thread(target=watch, name="owner", daemon=True).start()
+
+    async def claim(self, owner: Owner) -> bool:
+        """Take the worker for ``owner`` unless another owner that is alive holds it. A worker
+        taken over keeps only its dedicated models (after the LOADs already sent) and numbers
+        calls afresh."""
+        owner = tuple(owner)  # type: ignore[assignment]  # a list, once it crossed Ray
+        async with self._claims:
+            held = self._owner
+            if held == owner:
+                return True
+            if held is not None and await asyncio.to_thread(alive, held):
+                return False
+            await asyncio.wrap_future(self._loads.submit(self._keep_dedicated))
+            self._owner, self._next = owner, None
+            return True
+
+    def _keep_dedicated(self) -> None:
+        for name in list(self._models):
+            if name not in self._dedicated:
+                del self._models[name]
+
+    def _watch_owner(self, timeout_s: float) -> None:
+        """On its own thread: end this actor, for good, once it has had no live owner for
+        ``timeout_s``."""
+        import ray
+
+        seen = time.monotonic()  # made by its owner, which claims it next
+        while True:
+            time.sleep(ORPHAN_CHECK_S)
+            owner = self._owner
+            if owner is not None and alive(owner):
+                seen = time.monotonic()
+            elif time.monotonic() - seen >= timeout_s:
+                ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+                return
 
 
 class RayWorkers(Workers):
-    """A pool's workers as Ray actors (see the module docstring)."""
+    """A pool's workers as Ray actors (see the module docstring); made by :meth:`start`."""
 
     placement = "workers"
 
-    def __init__(self, pool: ResolvedPool, scope: str) -> None:
+    def __init__(self, actors: list[Any], owner: Owner, renew_s: float) -> None:
+        self.actors = actors
+        self._calls = [0] * len(actors)
+        self._renewal = asyncio.create_task(self._renew(owner, renew_s))
+
+    @classmethod
+    async def start(
+        cls, pool: ResolvedPool, app: str, owner: Owner, orphan_timeout_s: float
+    ) -> RayWorkers:
+        """The pool's workers for ``owner`` (an ingress replica): the first group of the pool's
+        spec in ``app`` that has no live owner, else a new group."""
         import ray
 
         pinned, niceness = _worker_args(pool)
@@ -504,13 +588,44 @@ class RayWorkers(Workers):
         key = json.dumps({**shape, "pinned": pinned}, sort_keys=True).encode()
         digest = hashlib.sha256(key).hexdigest()[:12]
         remote = ray.remote(_RayWorker)
-        self.actors = [
-            remote.options(
-                **_actor_options(pool, f"raysrv:{scope}:{pool.name}:{digest}:{i}")
-            ).remote(pool.capacity_bytes, pinned, niceness)
-            for i in range(pool.workers)
-        ]
-        self._calls = [0] * pool.workers
+        args = (pool.capacity_bytes, pinned, niceness, orphan_timeout_s)
+        if not await asyncio.to_thread(alive, owner):
+            raise RuntimeError(f"the owner {owner} of pool {pool.name!r} is not a live actor")
+
+        def actor(group: int, i: int) -> Any:
+            name = f"raysrv:{app}:{pool.name}:{digest}:{group}:{i}"
+            return remote.options(**_actor_options(pool, name)).remote(*args)
+
+        for group in range(MAX_GROUPS):
+            leader = actor(group, 0)  # the group's: whoever holds it holds the others
+            if not await leader.claim.remote(owner):
+                continue
+            actors = [leader] + [actor(group, i) for i in range(1, pool.workers)]
+            taken = await asyncio.gather(*(a.claim.remote(owner) for a in actors[1:]))
+            if all(taken):
+                return cls(actors, owner, min(orphan_timeout_s / 4.0, 5.0))
+        raise RuntimeError(f"pool {pool.name!r}: all {MAX_GROUPS} groups of workers are held")
+
+    async def _renew(self, owner: Owner, every_s: float) -> None:
+        """Claim the workers again every ``every_s``: one that Ray restarted after a crash has
+        forgotten its owner and would end itself after ``orphan_timeout_s``."""
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                held = await asyncio.gather(*(a.claim.remote(owner) for a in self.actors))
+            except Exception as exc:  # a worker restarting: the next round claims it
+                logger.warning("claiming workers again: %s", exc)
+                continue
+            if not all(held):
+                logger.error("workers %s are held by another ingress", held)
+
+    def close(self) -> None:
+        """End the workers now (the owner stops in order)."""
+        import ray
+
+        self._renewal.cancel()
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
 
     def __len__(self) -> int:
         return len(self.actors)
@@ -520,8 +635,6 @@ class RayWorkers(Workers):
         return self.actors[worker].run.remote(calls, self._calls[worker])
 
     async def ready(self) -> list[dict[str, Any]]:
-        import asyncio
-
         return list(await asyncio.gather(*(a.ready.remote() for a in self.actors)))
 
 

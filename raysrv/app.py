@@ -62,5 +62,6 @@ def build_app(args: RaysrvSpec) -> Application:
         ray_actor_options=spec.ingress_resources(),
         max_ongoing_requests=spec.ingress.max_ongoing_requests,
         max_queued_requests=spec.ingress.max_queued_requests,
+        health_check_period_s=spec.ingress.health_check_period_s,
         user_config={},  # no knob overridden: every model and app as declared
     ).bind(spec.model_dump(mode="json"), str(root))

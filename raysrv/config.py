@@ -119,6 +119,11 @@ class AppSpec(_Strict):
         description="An ensemble stops waiting for stragglers this long before the deadline, "
         "to combine and answer in time (clipper §5.2.2).",
     )
+    relabel: bool = Field(
+        False,
+        description="A second feedback for a query replaces the first: the selection takes the "
+        "old label back and learns the new one. Off: one feedback a query, a second gets 409.",
+    )
     feedback_keys: tuple[str, ...] = Field(
         (),
         repr=False,
@@ -144,6 +149,11 @@ class AppSpec(_Strict):
     def _selection_fits_models(self) -> AppSpec:
         cls = policies.policy_class(self.selection.policy)
         cls.check(self.models, cls.Params.model_validate(self.selection.params))
+        if self.relabel and not cls.can_unobserve():
+            raise ValueError(
+                f"relabel: true needs a selection policy that can take a feedback back; "
+                f"{self.selection.policy!r} defines no unobserve"
+            )
         return self
 
     @model_validator(mode="after")
@@ -186,8 +196,10 @@ class IngressSpec(_Strict):
         64.0,
         gt=0.0,
         le=1 << 20,
-        description="MiB that each of the in-memory store's predictions, feedbacks and "
-        "selection states may take (state: memory, or Redis's fallback); the oldest go first.",
+        description="MiB that each of the store's predictions, feedbacks and selection states "
+        "may take in memory (state: memory, or Redis's fallback), per ingress replica, and "
+        "that predictions and feedbacks may take in Redis, all replicas together; the oldest "
+        "go first.",
     )
     api_keys: tuple[str, ...] = Field(
         (),
@@ -198,6 +210,20 @@ class IngressSpec(_Strict):
     )
     max_ongoing_requests: int = Field(
         256, ge=1, description="Requests in flight per ingress replica before Serve queues them."
+    )
+    health_check_period_s: float = Field(
+        1.0,
+        gt=0.0,
+        le=3600.0,
+        description="How often Serve checks each ingress replica: a replica that died is "
+        "replaced within about this long (Serve's own default: 10 s).",
+    )
+    orphan_timeout_s: float = Field(
+        60.0,
+        gt=0.0,
+        le=86_400.0,
+        description="Seconds the worker actors of an ingress replica that died wait for a new "
+        "replica to take them over, models loaded, before they exit.",
     )
     max_queued_requests: int = Field(
         128,

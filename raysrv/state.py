@@ -60,6 +60,11 @@ class StateStore(Protocol):
         racing feedbacks of one query: exactly one is kept."""
         ...
 
+    async def swap_feedback(self, query_id: str, label: Any) -> tuple[bool, Any]:
+        """Keep ``label`` as the query's feedback, in place of any: whether it had one, and
+        that one. Two racing swaps of one query: each gets what the other replaced, or none."""
+        ...
+
     async def drop_feedback(self, query_id: str) -> None:
         """Forget the query's feedback (one that could not be used), so it may be given again."""
         ...
@@ -143,6 +148,11 @@ class MemoryStore:
         self._feedback.put(query_id, _pack(label))
         return True
 
+    async def swap_feedback(self, query_id: str, label: Any) -> tuple[bool, Any]:
+        old = self._feedback.get(query_id)  # no await between the get and the put: one step
+        self._feedback.put(query_id, _pack(label))
+        return old is not None, _unpack(old)
+
     async def drop_feedback(self, query_id: str) -> None:
         self._feedback.pop(query_id)
 
@@ -168,10 +178,59 @@ class MemoryStore:
         return None
 
 
+# A write of a record within its kind's byte budget, in one round trip. The kind's ledger keeps
+# each entry's expiry (a sorted set) and size (a hash) and their total: what expired on its own
+# leaves the ledger first, then the entries due to expire soonest, the oldest of one TTL, go
+# until the total is within the budget (the entry just written stays). ARGV[4]: ``set``; ``nx``,
+# nothing written over an entry; ``get``, the entry replaced is returned.
+_PUT_WITHIN_BUDGET = """
+local key, ledger, sizes, total = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local value, ttl, budget, mode = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+local old = redis.call('GET', key)
+if old and mode == 'nx' then
+  return {0, false}
+end
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) + tonumber(clock[2]) / 1e6
+for _, gone in ipairs(redis.call('ZRANGEBYSCORE', ledger, '-inf', now)) do
+  redis.call('DECRBY', total, tonumber(redis.call('HGET', sizes, gone) or '0'))
+  redis.call('HDEL', sizes, gone)
+end
+redis.call('ZREMRANGEBYSCORE', ledger, '-inf', now)
+local before = tonumber(redis.call('HGET', sizes, key) or '0')
+redis.call('SET', key, value, 'EX', ttl)
+redis.call('ZADD', ledger, now + ttl, key)
+redis.call('HSET', sizes, key, #value)
+local held = redis.call('INCRBY', total, #value - before)
+while held > budget do
+  local oldest = redis.call('ZRANGE', ledger, 0, 0)[1]
+  if not oldest or oldest == key then
+    break
+  end
+  held = redis.call('DECRBY', total, tonumber(redis.call('HGET', sizes, oldest) or '0'))
+  redis.call('HDEL', sizes, oldest)
+  redis.call('ZREM', ledger, oldest)
+  redis.call('DEL', oldest)
+end
+return {1, old}
+"""
+_FORGET = """
+redis.call('DECRBY', KEYS[4], tonumber(redis.call('HGET', KEYS[3], KEYS[1]) or '0'))
+redis.call('HDEL', KEYS[3], KEYS[1])
+redis.call('ZREM', KEYS[2], KEYS[1])
+return redis.call('DEL', KEYS[1])
+"""
+
+
 class RedisStore:
     """Redis-backed store shared by every ingress replica; records expire after ``ttl_s``, a
     selection state ``state_ttl_s`` after it was last written (a context nobody teaches any more
     does not stay for good).
+
+    Predictions and feedbacks each stay within ``budget_bytes`` of their JSON, all replicas
+    together: every write runs one script that keeps a ledger of the kind's entries and drops
+    the oldest past the budget (``_PUT_WITHIN_BUDGET``). Redis's own cost per key, and the
+    ledger's (about 100 bytes an entry), come on top.
 
     Connecting and each reply wait at most ``timeout_s`` (Redis answers in about a
     millisecond, so a longer wait means it is gone), with one immediate reconnect for a pooled
@@ -190,6 +249,7 @@ class RedisStore:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_tries: int = DEFAULT_MAX_TRIES,
         rng: np.random.Generator | None = None,
+        budget_bytes: int = DEFAULT_BUDGET,
     ) -> None:
         import redis.asyncio as aioredis
         from redis.asyncio.retry import Retry
@@ -204,6 +264,9 @@ class RedisStore:
         )
         self._prefix = prefix
         self._ttl_s, self._state_ttl_s = ttl_s, state_ttl_s
+        self._budget = budget_bytes
+        self._put = self._redis.register_script(_PUT_WITHIN_BUDGET)
+        self._forget = self._redis.register_script(_FORGET)
         self._max_tries = max_tries
         self._rng = rng or np.random.default_rng()
         self._watch_error = WatchError
@@ -218,20 +281,32 @@ class RedisStore:
     def _key(self, *parts: str) -> str:
         return ":".join((self._prefix, *parts))
 
+    def _ledger(self, kind: str) -> list[str]:
+        """The keys of ``kind``'s ledger: entries' expiries, their sizes, their total."""
+        return [self._key("ledger", kind), self._key("sizes", kind), self._key("bytes", kind)]
+
+    async def _put_entry(self, kind: str, query_id: str, raw: str, mode: str) -> list[Any]:
+        keys = [self._key(kind, query_id), *self._ledger(kind)]
+        return await self._put(keys=keys, args=[raw, self._ttl_s, self._budget, mode])
+
     async def put_prediction(self, query_id: str, record: dict[str, Any]) -> None:
-        raw = json.dumps(record, default=_jsonable)
-        await self._redis.set(self._key("pred", query_id), raw, ex=self._ttl_s)
+        await self._put_entry("pred", query_id, json.dumps(record, default=_jsonable), "set")
 
     async def get_prediction(self, query_id: str) -> dict[str, Any] | None:
         raw = await self._redis.get(self._key("pred", query_id))
         return None if raw is None else json.loads(raw)
 
     async def put_feedback(self, query_id: str, label: Any) -> bool:
-        key, raw = self._key("feedback", query_id), json.dumps(label)
-        return bool(await self._redis.set(key, raw, ex=self._ttl_s, nx=True))
+        written, _ = await self._put_entry("feedback", query_id, json.dumps(label), "nx")
+        return bool(written)
+
+    async def swap_feedback(self, query_id: str, label: Any) -> tuple[bool, Any]:
+        _, old = await self._put_entry("feedback", query_id, json.dumps(label), "get")
+        return old is not None, None if old is None else json.loads(old)
 
     async def drop_feedback(self, query_id: str) -> None:
-        await self._redis.delete(self._key("feedback", query_id))
+        keys = [self._key("feedback", query_id), *self._ledger("feedback")]
+        await self._forget(keys=keys)
 
     async def get_feedback(self, query_id: str) -> Any:
         raw = await self._redis.get(self._key("feedback", query_id))
@@ -375,6 +450,9 @@ class FallbackStore:
     async def put_feedback(self, query_id: str, label: Any) -> bool:
         return await self._call("put_feedback", lambda s: s.put_feedback(query_id, label))
 
+    async def swap_feedback(self, query_id: str, label: Any) -> tuple[bool, Any]:
+        return await self._call("swap_feedback", lambda s: s.swap_feedback(query_id, label))
+
     async def drop_feedback(self, query_id: str) -> None:
         await self._call("drop_feedback", lambda s: s.drop_feedback(query_id))
 
@@ -439,9 +517,10 @@ def make_store(
     state: str, metrics: Metrics | None = None, budget_bytes: int = DEFAULT_BUDGET
 ) -> StateStore:
     """The store a spec's ``state`` names: ``memory``, or a Redis URL with a memory fallback;
-    ``budget_bytes`` bounds each kind of entry in memory."""
+    ``budget_bytes`` bounds each kind of entry in memory, and predictions and feedbacks in
+    Redis."""
     if state == "memory":
         return MemoryStore(budget_bytes=budget_bytes)
-    redis = RedisStore(state)
+    redis = RedisStore(state, budget_bytes=budget_bytes)
     memory = MemoryStore(budget_bytes=budget_bytes)
     return FallbackStore(redis, redis.down_errors, metrics, memory=memory)

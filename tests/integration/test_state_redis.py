@@ -213,3 +213,60 @@ def test_a_frozen_redis_costs_one_timeout_then_its_copy_wins_again(tmp_path: Pat
     with private_redis(tmp_path) as (url, proc):
         asyncio.run(scenario(url, proc))
     assert metrics.fallbacks == Counter(update_state=1, put_prediction=1)
+
+
+def test_redis_keeps_predictions_and_feedbacks_within_their_byte_budget(redis_url: str) -> None:
+    """100 records of about 1 KB against a budget of 20,000 bytes, then 100 such feedbacks: each
+    kind holds at most its budget of JSON, the newest, and its ledger's total is what it holds."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    budget, prefix = 20_000, "budgeted"
+
+    def held(kind: str) -> dict[str, int]:
+        keys = client.keys(f"{prefix}:{kind}:*")
+        return {k.decode().rsplit(":", 1)[1]: client.strlen(k) for k in keys}
+
+    async def scenario() -> None:
+        store = RedisStore(redis_url, prefix=prefix, budget_bytes=budget)
+        try:
+            for i in range(100):
+                record = {"app": "a", "context": "", "input": "x" * 1000, "predictions": {}}
+                await store.put_prediction(f"q{i}", record)
+                assert await store.put_feedback(f"q{i}", "y" * 1000)
+            assert await store.swap_feedback("q99", "z" * 1500) == (True, "y" * 1000)
+            await store.drop_feedback("q98")
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
+    for kind in ("pred", "feedback"):
+        kept = held(kind)
+        assert budget - 2_000 < sum(kept.values()) <= budget
+        assert int(client.get(f"{prefix}:bytes:{kind}")) == sum(kept.values())
+        assert client.zcard(f"{prefix}:ledger:{kind}") == len(kept)
+        newest = sorted(kept, key=lambda q: int(q[1:]))
+        assert newest == [
+            f"q{i}"
+            for i in range(100 - len(kept) - (kind == "feedback"), 100)
+            if not (kind == "feedback" and i == 98)
+        ]
+
+
+def test_what_expired_leaves_the_redis_budget_ledger(redis_url: str) -> None:
+    import redis
+
+    client, prefix = redis.Redis.from_url(redis_url), "expiring"
+
+    async def scenario() -> None:
+        store = RedisStore(redis_url, prefix=prefix, ttl_s=1, budget_bytes=10_000)
+        try:
+            await store.put_prediction("old", {"input": "x" * 5000})
+            await asyncio.sleep(2.1)
+            await store.put_prediction("new", {"input": "x" * 100})
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
+    assert int(client.get(f"{prefix}:bytes:pred")) == client.strlen(f"{prefix}:pred:new")
+    assert client.zrange(f"{prefix}:ledger:pred", 0, -1) == [f"{prefix}:pred:new".encode()]

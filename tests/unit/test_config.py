@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from raysrv import cli
 from raysrv.cli import FAST_PATH, main
 from raysrv.config import LiveConfig, ModelSpec, RaysrvSpec
+from raysrv.policies import SelectionPolicy
 from raysrv.testing import model_spec, spec
 from raysrv.validate import validate_document, validate_file
 
@@ -116,6 +117,34 @@ def test_selection_params_must_fit_the_app() -> None:
     _args(doc)["apps"][0]["selection"] = {"policy": "split", "params": {"weights": {"resnet": 1}}}
     problems = _problems(doc)
     assert any("apps[0]" in p and "'resnet'" in p for p in problems), problems
+
+
+class LearnsForGood(SelectionPolicy):
+    """A policy that learns from feedback and cannot take any back."""
+
+    name = "learns_for_good"
+
+    def select(self, state: dict[str, Any], x: Any) -> list[str]:
+        return [self.models[0]]
+
+    def observe(self, state: dict[str, Any], x: Any, feedback: Any, predictions: Any) -> Any:
+        return {**state, "seen": state.get("seen", 0) + 1}
+
+
+@pytest.mark.parametrize(
+    "policy", ["single", "split", "exp3", "exp4", "epsilon_greedy", "ucb1", "forgetful"]
+)
+def test_relabel_needs_a_policy_that_can_take_a_feedback_back(policy: str) -> None:
+    doc = _example()
+    app = _args(doc)["apps"][0]
+    path = f"{__name__}:LearnsForGood"
+    app["selection"] = {"policy": path if policy == "forgetful" else policy}
+    app["relabel"] = True
+    problems = _problems(doc)
+    if policy == "forgetful":
+        assert any("relabel: true" in p and "defines no unobserve" in p for p in problems)
+    else:
+        assert problems == []
 
 
 def test_gpu_device_needs_gpus() -> None:

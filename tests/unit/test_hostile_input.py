@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from typing import Any
 
@@ -243,14 +244,15 @@ def test_only_well_formed_queries_within_their_slo_count_towards_what_is_kept_ba
     assert 0.0 < server.trip_back() < 0.5  # 25 trips known, each of about a millisecond
 
 
-def _learning(ingress: dict[str, Any], *apps: dict[str, Any]) -> RaysrvSpec:
+def _learning(ingress: dict[str, Any], *apps: dict[str, Any], **learn_app: Any) -> RaysrvSpec:
     """Models ``a`` and ``b``; app ``learn`` over both, learning per ``user`` (exp3 on the
-    answers' ``sum``); then ``apps``."""
+    answers' ``sum``; ``learn_app`` sets more of it); then ``apps``."""
     learn = {
         "name": "learn",
         "models": ["a", "b"],
         "context_field": "user",
         "selection": {"policy": "exp3", "params": {"field": "sum"}},
+        **learn_app,
     }
     models = [model_spec("a"), model_spec("b")]
     return RaysrvSpec.model_validate(spec(models, [learn, *apps], ingress=ingress))
@@ -259,9 +261,11 @@ def _learning(ingress: dict[str, Any], *apps: dict[str, Any]) -> RaysrvSpec:
 LEARNING = _learning({"max_context_chars": 16, "max_label_bytes": 64})
 
 
-def _feedbacks(labels: list[Any], context: str = "u") -> tuple[list[httpx.Response], Server]:
+def _feedbacks(
+    labels: list[Any], context: str = "u", learning: RaysrvSpec = LEARNING
+) -> tuple[list[httpx.Response], Server]:
     """One query of the learning app, then each of ``labels`` as its feedback in turn."""
-    server = Server(LEARNING, {m: fake_workers(EchoModel()) for m in ("a", "b")})
+    server = Server(learning, {m: fake_workers(EchoModel()) for m in ("a", "b")})
 
     async def scenario() -> list[httpx.Response]:
         transport = httpx.ASGITransport(app=create_http_app(server, 4096))
@@ -297,10 +301,56 @@ def _learned(server: Server) -> Any:
     return asyncio.run(server._state(server.apps["learn"], server._context("u")))
 
 
+RELABEL = _learning({}, relabel=True)
+
+
+def test_with_relabel_a_second_label_replaces_the_first_and_teaches_as_if_alone() -> None:
+    """The app allows relabelling: the wrong label 3 (the models answer 10), then the right
+    one; the policy takes 3 back, so the state is what the right label alone teaches."""
+    (answer, *feedback), server = _feedbacks([3, 10], learning=RELABEL)
+    assert [r.status_code for r in feedback] == [200, 200]
+    assert [r.json()["relabelled"] for r in feedback] == [False, True]
+    assert asyncio.run(server._store.get_feedback(answer.json()["query_id"])) == 10
+    _, right_once = _feedbacks([10], learning=RELABEL)
+    _, wrong_once = _feedbacks([3], learning=RELABEL)
+    learned = {
+        name: _learned(s)["log_weights"]
+        for name, s in [("relabelled", server), ("right", right_once), ("wrong", wrong_once)]
+    }
+    assert learned["relabelled"] == pytest.approx(learned["right"], abs=1e-9)
+    assert learned["wrong"] != pytest.approx(learned["right"], abs=1e-3)
+
+
 def test_a_label_the_policy_cannot_read_is_a_400_and_the_query_may_be_labelled_again() -> None:
     (_, *feedback), _ = _feedbacks([[], 10, 10])
     assert [r.status_code for r in feedback] == [400, 200, 409]
     assert "does not fit" in feedback[0].json()["message"]
+
+
+@pytest.mark.parametrize("app", ["learn", "plain"])
+def test_a_label_of_another_kind_than_the_answers_is_a_400(app: str) -> None:
+    """The models answer numbers: a text label is refused whether the app's policy learns
+    (``exp3``) or not (``single``, which would otherwise keep any label)."""
+    learning = _learning({}, {"name": "plain", "models": ["a"]})
+    server = Server(learning, {m: fake_workers(EchoModel()) for m in ("a", "b")})
+
+    async def scenario() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=create_http_app(server, 4096))
+        async with httpx.AsyncClient(transport=transport, base_url="http://raysrv") as c:
+            answer = await c.post(f"/v1/{app}/predict", json={"input": INPUT})
+            query_id = answer.json()["query_id"]
+            return [
+                await c.post(f"/v1/{app}/feedback", json={"query_id": query_id, "label": x})
+                for x in ("ten", {"sum": "ten"}, None, {"total": 10}, {"sum": 10})
+            ]
+
+    refused = asyncio.run(scenario())
+    assert [r.status_code for r in refused] == [400, 400, 400, 400, 200]
+    if app == "learn":
+        assert re.search(r"a text label for model '[ab]', which answers numbers", refused[0].text)
+    else:
+        assert "'ten' is of no kind model 'a' answers" in refused[0].json()["message"]
+        assert "['total'] are not outputs of model 'a'" in refused[3].json()["message"]
 
 
 def test_labels_and_contexts_past_their_limits_are_a_413_before_anything_is_kept() -> None:
@@ -329,7 +379,7 @@ def test_hostile_traffic_grows_the_ingress_by_less_than_its_store_budget() -> No
 
     tags = _Tags()
     server = Server(HOSTILE, {m: fake_workers(EchoModel()) for m in ("a", "b")}, metrics=tags)
-    label = "x" * 60_000  # within ingress.max_label_bytes (65,536)
+    label = {"sum": 10.0, "pad": "x" * 60_000}  # within ingress.max_label_bytes (65,536)
     context = "c" * 250  # within ingress.max_context_chars (256)
     n = 1500
 
@@ -340,10 +390,11 @@ def test_hostile_traffic_grows_the_ingress_by_less_than_its_store_budget() -> No
 
             async def round_of(k: int) -> None:
                 learn = {"input": INPUT, "user": f"{k:06d}{context}"}
-                statuses.append((await c.post("/v1/learn/predict", json=learn)).status_code)
-                answer = await c.post("/v1/plain/predict", json={"input": INPUT})
+                answer = await c.post("/v1/learn/predict", json=learn)
+                plain = await c.post("/v1/plain/predict", json={"input": INPUT})
                 feedback = {"query_id": answer.json()["query_id"], "label": label}
-                statuses.append((await c.post("/v1/plain/feedback", json=feedback)).status_code)
+                taught = await c.post("/v1/learn/feedback", json=feedback)
+                statuses.extend(r.status_code for r in (answer, plain, taught))
                 unknown = await c.post(f"/v1/nobody-{k}/predict", json={"input": INPUT})
                 statuses.append(unknown.status_code)
 
@@ -358,7 +409,7 @@ def test_hostile_traffic_grows_the_ingress_by_less_than_its_store_budget() -> No
         return grown, statuses
 
     grown, statuses = asyncio.run(scenario())
-    assert statuses == [200, 200, 404] * n
+    assert statuses == [200, 200, 200, 404] * n
     budgets = 3 * BUDGET_MB * (1 << 20)
     assert grown < budgets + 4 * (1 << 20), f"grew {grown / (1 << 20):.1f} MiB"
     assert set(tags.tags) == {"learn", "plain", UNKNOWN_APP}

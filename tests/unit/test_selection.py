@@ -76,6 +76,30 @@ def test_learning_policies_move_to_the_right_model_and_away_when_it_fails(name: 
     assert errors[2500:3000].mean() < 0.10 + 0.05  # moved to c
 
 
+@pytest.mark.parametrize("name", ["exp3", "exp4", "epsilon_greedy", "ucb1"])
+def test_unobserve_takes_the_last_feedback_back_exactly(name: str) -> None:
+    """After 40 feedbacks, one more and then its ``unobserve``: the state before it, weights
+    (normalised) or counts and losses, to rounding; the feedback had moved it."""
+    policy, rng = _policy(name), np.random.default_rng(4)
+    state = policy.init()
+    for _ in range(40):
+        chosen = policy.select(state, None)
+        predictions = {m: {"label": int(rng.integers(3))} for m in chosen}
+        state = policy.observe(state, None, {"label": int(rng.integers(3))}, predictions)
+    predictions = {m: {"label": 1} for m in policy.select(state, None)}
+    moved = policy.observe(state, None, 2, predictions)
+    back = policy.unobserve(moved, None, 2, predictions)
+
+    def seen(s: dict[str, list[float]]) -> list[float]:
+        if "log_weights" in s:
+            w = np.exp(np.asarray(s["log_weights"]))
+            return list(w / w.sum())
+        return s["counts"] + s["losses"]
+
+    assert seen(back) == pytest.approx(seen(state), abs=1e-12)
+    assert seen(moved) != pytest.approx(seen(state), abs=1e-6)
+
+
 def test_exp3_draws_by_weight_and_charges_the_model_that_answered() -> None:
     policy = _policy("exp3", eta=0.5, gamma=0.0, share=0.0)
     state = policy.init()

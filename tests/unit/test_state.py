@@ -46,6 +46,10 @@ async def round_trip(store: StateStore) -> None:
     await store.drop_feedback("q1")
     assert await store.get_feedback("q1") is None
     assert await store.put_feedback("q1", {"label": 3})
+    assert await store.swap_feedback("q1", {"label": 5}) == (True, {"label": 3})  # relabel
+    assert await store.get_feedback("q1") == {"label": 5}
+    assert await store.swap_feedback("q3", 7) == (False, None)
+    assert await store.get_feedback("q3") == 7
     assert await store.get_state("a", "u") is None
     await store.set_state("a", "u", {"weights": [0.5, 0.5]})
     assert await store.get_state("a", "u") == {"weights": [0.5, 0.5]}

@@ -1,0 +1,108 @@
+"""Worker actors outlive an ingress replica that dies: a new replica takes them over with their
+models loaded, and a group that no replica takes over ends itself after ``orphan_timeout_s``.
+
+An ingress replica is killed with ``ray.kill``, which ends its process as a crash would:
+Serve never calls its ``__del__``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ray
+from ray import serve
+
+from raysrv._workers import WORKERS_NAMESPACE
+from raysrv.app import build_app
+from raysrv.testing import model_spec, spec
+from tests.integration.conftest import RayCluster
+
+APP = "orphans"
+
+
+def _spec(**ingress: Any) -> dict[str, Any]:
+    apps = [{"name": "echo", "models": ["echo"], "cache_size": 0}]
+    return spec([model_spec("echo")], apps, ingress={"num_cpus": 0.1, **ingress})
+
+
+def _workers() -> dict[str, int]:
+    """The app's live worker actors, by name, and their processes."""
+    names = [
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == WORKERS_NAMESPACE and a["name"].startswith(f"raysrv:{APP}:")
+    ]
+    found = {}
+    for name in names:
+        try:  # one may end between the listing and its answer
+            actor = ray.get_actor(name, namespace=WORKERS_NAMESPACE)
+            found[name] = ray.get(actor.ready.remote(), timeout=60)["pid"]
+        except (ValueError, ray.exceptions.RayActorError):
+            continue
+    return found
+
+
+def _replicas() -> set[str]:
+    return {
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["name"].startswith(f"SERVE_REPLICA::{APP}#ingress#")
+    }
+
+
+def _kill(replica: str) -> None:
+    ray.kill(ray.get_actor(replica, namespace="serve"), no_restart=True)
+
+
+def _until(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    give_up = time.monotonic() + timeout_s
+    while time.monotonic() < give_up:
+        if found := check():
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"not within {timeout_s} s: {what}")
+
+
+def _answers(handle: Any) -> bool:
+    answer = handle.predict.remote("echo", [1.0, 2.0, 3.0, 4.0]).result(timeout_s=60)
+    return answer.get("output", {}).get("sum") == 10.0
+
+
+def test_a_new_ingress_replica_takes_over_the_workers_of_one_that_died(
+    serve_session: RayCluster,
+) -> None:
+    handle = serve.run(
+        build_app(_spec(replicas=2, orphan_timeout_s=600)), name=APP, route_prefix=f"/{APP}"
+    )
+    before = _workers()
+    groups = {name.split(":")[-2] for name in before}
+    assert groups == {"0", "1"}, before  # a live replica's group is never taken
+    replicas = _replicas()
+    dead = sorted(replicas)[0]
+    _kill(dead)
+    _until(lambda: len(_replicas() - {dead}) == 2, 60, "a replica in place of the one killed")
+    _until(lambda: serve.status().applications[APP].status == "RUNNING", 60, "the app running")
+    assert _workers() == before  # the same actors, never restarted: taken over, not remade
+    assert all(_answers(handle) for _ in range(20))
+
+    serve.delete(APP)  # replicas stopped in order end their workers at once
+    _until(lambda: not _workers(), 20, "the workers ended with their replicas")
+
+
+def test_workers_that_no_replica_takes_over_end_after_the_orphan_timeout(
+    serve_session: RayCluster,
+) -> None:
+    # Serve checks the replica only once a minute: it will not start another in its place.
+    args = _spec(orphan_timeout_s=3.0, health_check_period_s=60.0)
+    handle = serve.run(build_app(args), name=APP, route_prefix=f"/{APP}")
+    assert _answers(handle)
+    workers = _workers()
+    assert len(workers) == 1
+    (replica,) = _replicas()
+    _kill(replica)
+    _until(lambda: replica not in _replicas(), 20, "the replica gone")
+    assert _workers() == workers  # they outlive their owner
+    serve.delete(APP)
+    _until(lambda: not _workers(), 30, "the orphaned workers ended")
