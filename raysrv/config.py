@@ -20,7 +20,8 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from raysrv import policies
 from raysrv._model_spec import (
@@ -267,6 +268,31 @@ class IngressSpec(_Strict):
         return hard_to_guess("api_keys", keys)
 
 
+SECRET_FIELDS = ("api_keys", "feedback_keys")  # their values appear in no error
+HIDDEN = "<hidden>"
+
+
+def keys_hidden(error: ValidationError) -> ValidationError:
+    """``error`` with every input that is, or holds, a value of ``SECRET_FIELDS`` hidden."""
+    details = [
+        InitErrorDetails(
+            type=PydanticCustomError(e["type"], e["msg"]),
+            loc=e["loc"],
+            input=HIDDEN if any(p in SECRET_FIELDS for p in e["loc"]) else _masked(e["input"]),
+        )
+        for e in error.errors()
+    ]
+    return ValidationError.from_exception_data(error.title, details)
+
+
+def _masked(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: HIDDEN if k in SECRET_FIELDS else _masked(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_masked(v) for v in value]
+    return value
+
+
 class RaysrvSpec(_Strict):
     """The whole spec: pools, models, the apps that serve them, shared state and the ingress."""
 
@@ -304,6 +330,16 @@ class RaysrvSpec(_Strict):
         if state != "memory" and not re.match(r"^rediss?://", state):
             raise ValueError(f"state must be 'memory' or a redis:// URL, got {state!r}")
         return state
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keys_never_shown(cls, data: Any, handler: Any) -> RaysrvSpec:
+        """Errors as pydantic gives them, but with the values of ``SECRET_FIELDS`` hidden in
+        their inputs: Serve prints a spec's errors, and its logs would keep the keys."""
+        try:
+            return handler(data)
+        except ValidationError as exc:
+            raise keys_hidden(exc) from None
 
     @model_validator(mode="after")
     def _names_resolve(self) -> RaysrvSpec:

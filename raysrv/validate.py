@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from raysrv.config import LiveConfig, RaysrvSpec
+from raysrv.config import HIDDEN, SECRET_FIELDS, LiveConfig, RaysrvSpec
 
 __all__ = ["BUILDER", "Problem", "validate_document", "validate_file"]
 
@@ -41,10 +41,6 @@ def _join(prefix: str, loc: Iterable[Any]) -> str:
     for part in loc:
         path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
     return path
-
-
-SECRET_FIELDS = ("api_keys", "feedback_keys")  # their values are never printed
-HIDDEN = "<hidden>"
 
 
 def _from_validation(prefix: str, error: ValidationError) -> list[Problem]:

@@ -210,6 +210,25 @@ def test_validate_names_a_weak_key_by_its_place_and_never_prints_it(
     assert secret not in out
 
 
+def test_pydantics_own_errors_never_show_a_key(tmp_path: Path) -> None:
+    """What plain ``serve run`` prints: Serve validates ``args`` into :class:`RaysrvSpec` and
+    shows pydantic's text, inputs included. A weak key, and a strong one in an app whose other
+    field is wrong (the error's input is the whole app), appear only as ``<hidden>``."""
+    weak, strong = "short-secret", "a-strong-key-0123456789"
+    args = _args(_example())
+    args.setdefault("ingress", {})["api_keys"] = [weak]
+    args["apps"][0]["feedback_keys"] = [strong]
+    args["apps"][0]["relabel"] = True
+    args["apps"][0]["selection"] = {"policy": f"{__name__}:LearnsForGood"}
+    with pytest.raises(ValidationError) as raised:
+        RaysrvSpec.model_validate(args)
+    text = str(raised.value)
+    assert "api_keys[0] must be at least 16" in text
+    assert "defines no unobserve" in text
+    assert weak not in text and strong not in text
+    assert "<hidden>" in text
+
+
 def _exec_captured(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[str], dict]]:
     calls: list[tuple[str, list[str], dict]] = []
     monkeypatch.setattr(cli.os, "execve", lambda path, argv, env: calls.append((path, argv, env)))
