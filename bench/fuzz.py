@@ -34,8 +34,8 @@ SERVED = {"app": ("one", "ab", "text"), "model": ("a", "b", "t"), "pool": ("a", 
 
 def fuzz_server(api_keys: tuple[str, ...] = ()) -> Any:
     """The server the fuzzing talks to (call on its event loop): models of numbers (``a``,
-    ``b``) and of text (``t``), apps over one, over two learning from feedback (``exp3``) and
-    over the text model; with ``api_keys``, the ingress's keys."""
+    ``b``) and of text (``t``), apps over one, over two learning from feedback (``exp3``, on
+    the answers' ``sum``) and over the text model; with ``api_keys``, the ingress's keys."""
     from raysrv._server import Server
     from raysrv.config import RaysrvSpec
     from raysrv.runtimes import PythonRuntime
@@ -46,7 +46,11 @@ def fuzz_server(api_keys: tuple[str, ...] = ()) -> Any:
         [model_spec("a"), model_spec("b"), model_spec("t", source=TEXT_MODEL, input=text)],
         [
             {"name": "one", "models": ["a"], "cache_size": 16},
-            {"name": "ab", "models": ["a", "b"], "selection": {"policy": "exp3"}},
+            {
+                "name": "ab",
+                "models": ["a", "b"],
+                "selection": {"policy": "exp3", "params": {"field": "sum"}},
+            },
             {"name": "text", "models": ["t"]},
         ],
         ingress={"api_keys": list(api_keys)},

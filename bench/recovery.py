@@ -7,12 +7,13 @@ The digits example's application (``examples/digits/config.yaml``, its models on
 or, ``--placement colocated``, on threads of the ingress; ``--replicas`` ingress replicas) on
 Serve's fast path (HAProxy in front, :data:`raysrv.cli.FAST_PATH`), under Poisson arrivals at
 ``--rate`` a second over HTTP, each request with a client timeout of ``TIMEOUT_S``. Every
-``GAP_S`` seconds one event: ``kill -9`` of the (first) ingress replica's process, of one
-worker actor's process, a redeploy of the application with another ``ingress.seed`` (Serve
-rolls its replicas), then ``kill -9`` of HAProxy's process. Printed per event: seconds from it
-to the first answer of a request sent after it, and of the requests sent from it to the next
-event, those that failed (by status; 0: no answer within the timeout or the connection broke)
-and those whose answer took longer than the SLO plus one second (hung).
+``GAP_S`` seconds, and ``GAP_S`` after a redeploy ends, one event: ``kill -9`` of the (first)
+ingress replica's process, of one worker actor's process, a redeploy of the application with
+another ``ingress.seed`` (Serve rolls its replicas), then ``kill -9`` of HAProxy's process.
+Printed per event: seconds from it to the first answer of a request sent after it, and of the
+requests sent from it to the next event, those that failed (by status; 0: no answer within the
+timeout or the connection broke) and those whose answer took longer than the SLO plus one
+second (hung).
 
 Results: bench/RESULTS.md, "Recovery".
 """
@@ -43,6 +44,7 @@ APP = "recovery"
 CONFIG = Path("examples/digits/config.yaml")
 TIMEOUT_S = 20.0
 GAP_S = 25.0  # between events, and before the first
+SLACK_S = 60.0  # load past the last event's slot, for a redeploy that takes long
 EVENTS = ("ingress", "worker", "redeploy", "proxy")  # HAProxy's the longest: last
 PROCESSES = {  # what ``pgrep -f`` finds each killed process by
     "ingress": f"ServeReplica:{APP}:ingress",
@@ -83,16 +85,20 @@ def _kill(what: str) -> int:
 
 
 async def _events(t0: float, placement: str, replicas: int, happened: dict[str, float]) -> None:
-    """Each of :data:`EVENTS` in turn, ``GAP_S`` apart, its time (s from ``t0``) noted."""
+    """Each of :data:`EVENTS` in turn, ``GAP_S`` apart and ``GAP_S`` after the last one ended
+    (a redeploy returns once the new replicas run), its time (s from ``t0``) noted."""
+    ended = t0
     for k, event in enumerate(EVENTS):
         if event == "worker" and placement != "workers":
             continue  # colocated models have no worker process of their own
-        await asyncio.sleep(max(0.0, t0 + GAP_S * (k + 1) - time.perf_counter()))
+        at = max(t0 + GAP_S * (k + 1), ended + GAP_S)
+        await asyncio.sleep(max(0.0, at - time.perf_counter()))
         happened[event] = time.perf_counter() - t0
         if event == "redeploy":
             await asyncio.to_thread(_deploy, spec(placement, replicas, seed=1))
         else:
             _kill(event)
+        ended = time.perf_counter()
 
 
 def summarize(log: RequestLog, happened: dict[str, float], slo_s: float) -> dict[str, Any]:
@@ -128,7 +134,7 @@ def summarize(log: RequestLog, happened: dict[str, float], slo_s: float) -> dict
 async def recovery(port: int, rate: float, placement: str, replicas: int) -> dict[str, Any]:
     """The run: load through every event and ``GAP_S`` after the last."""
     events = [e for e in EVENTS if placement == "workers" or e != "worker"]
-    duration = GAP_S * (len(EVENTS) + 1)
+    duration = GAP_S * (len(EVENTS) + 1) + SLACK_S
     bodies = encode_bodies(make_inputs(256, (64,), seed=3))
     url = f"http://127.0.0.1:{port}/{APP}/v1/digits/predict"
     offsets = poisson_offsets(rate, np.random.default_rng(0), duration_s=duration)

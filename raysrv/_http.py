@@ -24,6 +24,7 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from raysrv._model_spec import NUMERIC
 from raysrv._oip import HEADER as INFER_HEADER
@@ -40,6 +41,7 @@ from raysrv.errors import (
     BadRequest,
     MethodNotAllowed,
     ModelFailed,
+    NotFound,
     PayloadTooLarge,
     RaysrvError,
     Unauthorized,
@@ -355,6 +357,24 @@ def _json_or_error(entry: Any) -> str:
         return _json(NOT_JSON.to_json())
 
 
+async def _routing_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """No route, or not this method, for a request of the FastAPI app: the documented error
+    body, not Starlette's ``{"detail"}``."""
+    asked = f"{request.method} {_shown_path(request.url.path)}"
+    if exc.status_code == 405:
+        allow = (exc.headers or {}).get("Allow", "")
+        return _error_response(MethodNotAllowed(f"{asked}: use {allow}", allow))
+    if exc.status_code == 404:
+        return _error_response(NotFound(f"no route for {asked}"))
+    body = {"error": "http_error", "message": str(exc.detail), "status": exc.status_code}
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
+def _shown_path(path: str) -> str:
+    """A request's path as an error quotes it: its first 100 characters."""
+    return path if len(path) <= 100 else f"{path[:100]}... ({len(path)} characters)"
+
+
 def _error_response(exc: RaysrvError) -> JSONResponse:
     return JSONResponse(exc.to_json(), status_code=exc.status, headers=exc.headers())
 
@@ -631,6 +651,8 @@ def create_http_app(
         where = server.metric_tag(app) if app is not None else where
         metrics.error(where, exc)
         return _error_response(exc)
+
+    api.add_exception_handler(StarletteHTTPException, _routing_error)  # type: ignore[arg-type]
 
     @api.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

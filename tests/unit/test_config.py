@@ -225,7 +225,8 @@ def test_pydantics_own_errors_never_show_a_key(tmp_path: Path) -> None:
     text = str(raised.value)
     assert "api_keys[0] must be at least 16" in text
     assert "defines no unobserve" in text
-    assert weak not in text and strong not in text
+    assert weak not in text
+    assert strong not in text
     assert "<hidden>" in text
 
 
@@ -252,7 +253,11 @@ def test_raysrv_run_serves_the_file_on_serves_fast_path_unless_told_otherwise(
     assert plain_argv[1] == "run"
     assert len(plain_argv) == 3
     assert "RAY_SERVE_ENABLE_HA_PROXY" not in plain_env
-    assert set(FAST_PATH) == {"RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_THROUGHPUT_OPTIMIZED"}
+    assert set(FAST_PATH) == {
+        "RAY_SERVE_ENABLE_HA_PROXY",
+        "RAY_SERVE_THROUGHPUT_OPTIMIZED",
+        "RAY_SERVE_PROXY_HEALTH_CHECK_PERIOD_S",
+    }
     # the file served is the example with its directory as the raysrv app's root, else as is
     served = yaml.safe_load(Path(argv[2]).read_text())
     example = _example()
