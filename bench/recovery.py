@@ -1,10 +1,12 @@
 """Time to the first answer after a failure, under load: the ingress, a worker, the HTTP proxy
 killed, and a redeploy.
 
-    python -m bench.recovery [--rate 40] [--placement workers] [--replicas 1] [--out JSON]
+    python -m bench.recovery [--rate 40] [--placement workers] [--replicas 1]
+                             [--max-queued N] [--out JSON]
 
 The digits example's application (``examples/digits/config.yaml``, its models on worker actors
-or, ``--placement colocated``, on threads of the ingress; ``--replicas`` ingress replicas) on
+or, ``--placement colocated``, on threads of the ingress; ``--replicas`` ingress replicas;
+``--max-queued``: the ingress's ``max_queued_requests``) on
 Serve's fast path (HAProxy in front, :data:`raysrv.cli.FAST_PATH`), under Poisson arrivals at
 ``--rate`` a second over HTTP, each request with a client timeout of ``TIMEOUT_S``. Every
 ``GAP_S`` seconds, and ``GAP_S`` after a redeploy ends, one event: ``kill -9`` of the (first)
@@ -53,14 +55,14 @@ PROCESSES = {  # what ``pgrep -f`` finds each killed process by
 }
 
 
-def spec(placement: str, replicas: int, seed: int = 0) -> dict[str, Any]:
-    """The example's raysrv spec, its models placed by ``placement``."""
+def spec(placement: str, ingress: dict[str, Any], seed: int = 0) -> dict[str, Any]:
+    """The example's raysrv spec, its models placed by ``placement``, with ``ingress``."""
     doc = yaml.safe_load(CONFIG.read_text())
     args = doc["applications"][0]["args"]
     for model in args["models"]:
         model["placement"] = placement
     args["root"] = str(CONFIG.parent.resolve())
-    args["ingress"] = {"replicas": replicas, "seed": seed, "num_cpus": 0}
+    args["ingress"] = {**ingress, "seed": seed, "num_cpus": 0}
     return args
 
 
@@ -84,7 +86,9 @@ def _kill(what: str) -> int:
     return pids[0]
 
 
-async def _events(t0: float, placement: str, replicas: int, happened: dict[str, float]) -> None:
+async def _events(
+    t0: float, placement: str, ingress: dict[str, Any], happened: dict[str, float]
+) -> None:
     """Each of :data:`EVENTS` in turn, ``GAP_S`` apart and ``GAP_S`` after the last one ended
     (a redeploy returns once the new replicas run), its time (s from ``t0``) noted."""
     ended = t0
@@ -95,7 +99,7 @@ async def _events(t0: float, placement: str, replicas: int, happened: dict[str, 
         await asyncio.sleep(max(0.0, at - time.perf_counter()))
         happened[event] = time.perf_counter() - t0
         if event == "redeploy":
-            await asyncio.to_thread(_deploy, spec(placement, replicas, seed=1))
+            await asyncio.to_thread(_deploy, spec(placement, ingress, seed=1))
         else:
             _kill(event)
         ended = time.perf_counter()
@@ -131,7 +135,9 @@ def summarize(log: RequestLog, happened: dict[str, float], slo_s: float) -> dict
     }
 
 
-async def recovery(port: int, rate: float, placement: str, replicas: int) -> dict[str, Any]:
+async def recovery(
+    port: int, rate: float, placement: str, ingress: dict[str, Any]
+) -> dict[str, Any]:
     """The run: load through every event and ``GAP_S`` after the last."""
     events = [e for e in EVENTS if placement == "workers" or e != "worker"]
     duration = GAP_S * (len(EVENTS) + 1) + SLACK_S
@@ -141,10 +147,10 @@ async def recovery(port: int, rate: float, placement: str, replicas: int) -> dic
     happened: dict[str, float] = {}
     async with HttpClient(url, bodies, timeout_s=TIMEOUT_S) as client:
         t0 = time.perf_counter()
-        watcher = asyncio.create_task(_events(t0, placement, replicas, happened))
+        watcher = asyncio.create_task(_events(t0, placement, ingress, happened))
         log = await replay_log(client, offsets, 0)
         await watcher
-    slo_s = spec(placement, replicas)["models"][0]["slo_ms"] / 1000.0
+    slo_s = spec(placement, ingress)["models"][0]["slo_ms"] / 1000.0
     found = summarize(log, happened, slo_s)
     found["events_run"] = events
     return found
@@ -155,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=40.0, help="requests a second")
     parser.add_argument("--placement", choices=("workers", "colocated"), default="workers")
     parser.add_argument("--replicas", type=int, default=1, help="ingress replicas")
+    parser.add_argument("--max-queued", type=int, help="the ingress's max_queued_requests")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
 
@@ -165,8 +172,11 @@ def main(argv: list[str] | None = None) -> int:
 
     port = start_ray()
     try:
-        _deploy(spec(args.placement, args.replicas))
-        found = asyncio.run(recovery(port, args.rate, args.placement, args.replicas))
+        ingress: dict[str, Any] = {"replicas": args.replicas}
+        if args.max_queued is not None:
+            ingress["max_queued_requests"] = args.max_queued
+        _deploy(spec(args.placement, ingress))
+        found = asyncio.run(recovery(port, args.rate, args.placement, ingress))
     finally:
         import ray
 
