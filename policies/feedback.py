@@ -27,8 +27,8 @@ __all__ = [
     "FeedbackParams",
     "agreement",
     "answer",
-    "loss",
     "check_label",
+    "loss",
     "mix_weights",
     "shared_undo",
     "shared_update",
@@ -120,7 +120,9 @@ def _fits_outputs(feedback: Any, prediction: Any, model: str) -> None:
 
 def _kind(value: Any) -> str | None:
     """``text``, ``number``, ``numbers`` (a flat list of them) or None for anything else."""
-    array = np.asarray(value) if not isinstance(value, Mapping) else np.asarray(None)
+    if isinstance(value, Mapping):
+        return None
+    array = np.asarray(value)
     if array.dtype.kind in "US" and array.ndim == 0:
         return "text"
     if array.dtype.kind in "biuf":
