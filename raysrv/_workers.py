@@ -543,6 +543,12 @@ class _RayWorker(PoolWorker):
             self._owner, self._next = owner, None
             return True
 
+    async def release(self, owner: Owner) -> None:
+        """Give the worker up if ``owner`` holds it (a group it could not take whole)."""
+        async with self._claims:
+            if self._owner == tuple(owner):
+                self._owner = None
+
     def _keep_dedicated(self) -> None:
         for name in list(self._models):
             if name not in self._dedicated:
@@ -604,6 +610,7 @@ class RayWorkers(Workers):
             taken = await asyncio.gather(*(a.claim.remote(owner) for a in actors[1:]))
             if all(taken):
                 return cls(actors, owner, min(orphan_timeout_s / 4.0, 5.0))
+            await asyncio.gather(*(a.release.remote(owner) for a in actors))  # another's
         raise RuntimeError(f"pool {pool.name!r}: all {MAX_GROUPS} groups of workers are held")
 
     async def _renew(self, owner: Owner, every_s: float) -> None:
@@ -617,7 +624,8 @@ class RayWorkers(Workers):
                 logger.warning("claiming workers again: %s", exc)
                 continue
             if not all(held):
-                logger.error("workers %s are held by another ingress", held)
+                lost = [i for i, ok in enumerate(held) if not ok]
+                logger.error("workers %s of this replica are held by another ingress", lost)
 
     def close(self) -> None:
         """End the workers now (the owner stops in order)."""

@@ -273,16 +273,29 @@ HIDDEN = "<hidden>"
 
 
 def keys_hidden(error: ValidationError) -> ValidationError:
-    """``error`` with every input that is, or holds, a value of ``SECRET_FIELDS`` hidden."""
+    """``error`` with every input that is, or holds, a value of ``SECRET_FIELDS`` hidden, and
+    that of a key the spec does not know whose name speaks of keys or secrets (a misspelled
+    ``api_keys`` holds keys)."""
     details = [
         InitErrorDetails(
             type=PydanticCustomError(e["type"], e["msg"]),
             loc=e["loc"],
-            input=HIDDEN if any(p in SECRET_FIELDS for p in e["loc"]) else _masked(e["input"]),
+            input=HIDDEN if _secret(e) else _masked(e["input"]),
         )
         for e in error.errors()
     ]
     return ValidationError.from_exception_data(error.title, details)
+
+
+def _secret(error: Any) -> bool:
+    if error["type"] == "extra_forbidden" and error["loc"]:
+        return looks_secret(str(error["loc"][-1]))
+    return any(p in SECRET_FIELDS for p in error["loc"])
+
+
+def looks_secret(name: str) -> bool:
+    """Whether an unknown key's name speaks of keys or secrets: its value is then not shown."""
+    return any(word in name.lower() for word in ("key", "token", "secret", "password"))
 
 
 def _masked(value: Any) -> Any:

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from raysrv.config import HIDDEN, SECRET_FIELDS, LiveConfig, RaysrvSpec
+from raysrv.config import HIDDEN, SECRET_FIELDS, LiveConfig, RaysrvSpec, looks_secret
 
 __all__ = ["BUILDER", "Problem", "validate_document", "validate_file"]
 
@@ -55,13 +55,14 @@ def _from_validation(prefix: str, error: ValidationError) -> list[Problem]:
 
 
 def _unknown_keys(prefix: str, data: Any, schema: type[BaseModel]) -> list[Problem]:
+    """Keys ``schema`` does not know, with their values unless their names speak of keys or
+    secrets (a misspelled ``api_keys`` holds keys)."""
     if not isinstance(data, dict):
         return []
     known = set(schema.model_fields) | {f.alias for f in schema.model_fields.values() if f.alias}
+    message = f"unknown key; known keys: {', '.join(sorted(known))}"
     return [
-        Problem(
-            _join(prefix, [key]), f"unknown key; known keys: {', '.join(sorted(known))}", data[key]
-        )
+        Problem(_join(prefix, [key]), message, HIDDEN if looks_secret(str(key)) else data[key])
         for key in data
         if key not in known
     ]

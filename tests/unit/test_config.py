@@ -230,6 +230,24 @@ def test_pydantics_own_errors_never_show_a_key(tmp_path: Path) -> None:
     assert "<hidden>" in text
 
 
+def test_a_misspelled_key_field_is_named_and_its_value_never_shown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    secret = "a-strong-key-0123456789"
+    doc = _example()
+    _args(doc).setdefault("ingress", {})["api_key"] = [secret]  # for api_keys
+    path = tmp_path / "misspelled.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["validate", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "ingress.api_key" in out
+    assert secret not in out
+    with pytest.raises(ValidationError) as raised:  # as plain serve run shows it
+        RaysrvSpec.model_validate(_args(doc))
+    assert "api_key" in str(raised.value)
+    assert secret not in str(raised.value)
+
+
 def _exec_captured(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[str], dict]]:
     calls: list[tuple[str, list[str], dict]] = []
     monkeypatch.setattr(cli.os, "execve", lambda path, argv, env: calls.append((path, argv, env)))
