@@ -57,24 +57,24 @@ __all__ = [
     "policy_class",
 ]
 
+_LATER = {  # module attributes imported when first read
+    name: f"raysrv.batching.{module}:{name}"
+    for module, names in {
+        "ctmc": ("CTMCParams", "CTMCPolicy"),
+        "clipper": ("DelayedParams", "DelayedPolicy", "QuantileParams", "QuantilePolicy"),
+    }.items()
+    for name in names
+}
 POLICIES = LazyClasses(
     {
         FixedPolicy.name: FixedPolicy,
         AIMDPolicy.name: AIMDPolicy,
         DeadlinePolicy.name: DeadlinePolicy,
-        "ctmc": "raysrv.batching.ctmc:CTMCPolicy",
-        "delayed": "raysrv.batching.clipper:DelayedPolicy",
-        "quantile": "raysrv.batching.clipper:QuantilePolicy",
+        "ctmc": _LATER["CTMCPolicy"],
+        "delayed": _LATER["DelayedPolicy"],
+        "quantile": _LATER["QuantilePolicy"],
     }
 )
-_LATER = {  # module attributes imported when first read
-    "CTMCParams": "raysrv.batching.ctmc:CTMCParams",
-    "CTMCPolicy": "raysrv.batching.ctmc:CTMCPolicy",
-    "DelayedParams": "raysrv.batching.clipper:DelayedParams",
-    "DelayedPolicy": "raysrv.batching.clipper:DelayedPolicy",
-    "QuantileParams": "raysrv.batching.clipper:QuantileParams",
-    "QuantilePolicy": "raysrv.batching.clipper:QuantilePolicy",
-}
 
 
 def __getattr__(name: str) -> Any:

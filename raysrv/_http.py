@@ -34,6 +34,7 @@ from raysrv._server import (
     Server,
     counted_bodies,
     json_object,
+    shown,
     unexpected,
     unexpected_error,
 )
@@ -360,7 +361,7 @@ def _json_or_error(entry: Any) -> str:
 async def _routing_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     """No route, or not this method, for a request of the FastAPI app: the documented error
     body, not Starlette's ``{"detail"}``."""
-    asked = f"{request.method} {_shown_path(request.url.path)}"
+    asked = f"{request.method} {shown(request.url.path)}"
     if exc.status_code == 405:
         allow = (exc.headers or {}).get("Allow", "")
         return _error_response(MethodNotAllowed(f"{asked}: use {allow}", allow))
@@ -368,11 +369,6 @@ async def _routing_error(request: Request, exc: StarletteHTTPException) -> JSONR
         return _error_response(NotFound(f"no route for {asked}"))
     body = {"error": "http_error", "message": str(exc.detail), "status": exc.status_code}
     return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
-
-
-def _shown_path(path: str) -> str:
-    """A request's path as an error quotes it: its first 100 characters."""
-    return path if len(path) <= 100 else f"{path[:100]}... ({len(path)} characters)"
 
 
 def _error_response(exc: RaysrvError) -> JSONResponse:
@@ -504,8 +500,8 @@ def _body_type(scope: dict[str, Any], raw: bool = False) -> bytes:
     if raw and media == BINARY:
         return BINARY
     wanted = "application/json" + (" or application/octet-stream" if raw else "")
-    shown = given.decode("latin-1")[:60] if given else "none"
-    raise UnsupportedMediaType(f"content-type must be {wanted}, got {shown!r}")
+    sent = given.decode("latin-1")[:60] if given else "none"
+    raise UnsupportedMediaType(f"content-type must be {wanted}, got {sent!r}")
 
 
 MAX_DIMS = 8  # of an x-raysrv-shape
@@ -721,10 +717,10 @@ def _model_routes(api: FastAPI, server: Server, max_body_bytes: int, metrics: Me
     async def models() -> Response:
         # rendered DESCRIBE_CHUNK models at a time, handing the event loop back between
         # chunks: a thousand models make about a megabyte of JSON
-        shown = await server.describe_models()
+        described = await server.describe_models()
         parts = []
-        for start in range(0, len(shown), DESCRIBE_CHUNK):
-            parts.extend(_json(m) for m in shown[start : start + DESCRIBE_CHUNK])
+        for start in range(0, len(described), DESCRIBE_CHUNK):
+            parts.extend(_json(m) for m in described[start : start + DESCRIBE_CHUNK])
             await asyncio.sleep(0)
         body = '{"models":[' + ",".join(parts) + "]}"
         return Response(body, media_type="application/json")

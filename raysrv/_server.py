@@ -68,6 +68,7 @@ __all__ = [
     "counted_bodies",
     "json_depth",
     "json_object",
+    "shown",
     "unexpected",
     "unexpected_error",
 ]
@@ -86,7 +87,7 @@ _STEP[[ord("]"), ord("}")]] = -1
 SHOWN_NAME = 64  # characters of a caller's name or id an error message repeats
 
 
-def _shown(name: object) -> str:
+def shown(name: object) -> str:
     """A name or id a caller sent, as an error message repeats it: its ``repr``, cut after
     ``SHOWN_NAME`` characters."""
     text = repr(name)
@@ -348,7 +349,7 @@ def _label_fits(
     try:
         check_label(label, predictions, reading)
     except ValueError as exc:
-        raise BadRequest(f"label {_shown(label)} does not fit app {app!r}: {exc}") from None
+        raise BadRequest(f"label {shown(label)} does not fit app {app!r}: {exc}") from None
 
 
 def _context_key(text: str) -> str:
@@ -388,13 +389,13 @@ def _in_transit(sent_at: float | None) -> float:
     if sent_at is None:
         return 0.0
     if isinstance(sent_at, bool) or not isinstance(sent_at, (int, float)):
-        raise BadRequest(f"sent_at must be wall-clock seconds, got {_shown(sent_at)}")
+        raise BadRequest(f"sent_at must be wall-clock seconds, got {shown(sent_at)}")
     trip = time.time() - float(sent_at)
     if not math.isfinite(trip) or not -SENT_AT_SKEW_S <= trip <= SENT_AT_MAX_AGE_S:
         raise BadRequest(
             f"sent_at must be the wall-clock time the query was sent, within "
             f"{SENT_AT_MAX_AGE_S:.0f} s before this server's clock and {SENT_AT_SKEW_S:.0f} s "
-            f"after it; got {_shown(sent_at)}, {trip:.3g} s ago"
+            f"after it; got {shown(sent_at)}, {trip:.3g} s ago"
         )
     return max(0.0, trip)
 
@@ -547,7 +548,7 @@ class Server:
         """The pool serving ``model``, or :class:`NotFound`."""
         spec = self._models.get(model)
         if spec is None:
-            raise NotFound(f"unknown model {_shown(model)}; known: {sorted(self._models)[:20]}")
+            raise NotFound(f"unknown model {shown(model)}; known: {sorted(self._models)[:20]}")
         return self._pool(spec)
 
     async def profile(self) -> None:
@@ -628,7 +629,7 @@ class Server:
     def _app(self, name: str) -> _App:
         app = self.apps.get(name)
         if app is None:
-            raise NotFound(f"unknown app {_shown(name)}; serving: {sorted(self.apps)}")
+            raise NotFound(f"unknown app {shown(name)}; serving: {sorted(self.apps)}")
         return app
 
     async def predict(
@@ -1054,7 +1055,7 @@ class Server:
             else:  # not used: it may be given again
                 await self._store.drop_feedback(query_id)
             if isinstance(exc, ValueError):  # the policy cannot read the label
-                raise BadRequest(f"label {_shown(label)} does not fit app {app!r}: {exc}") from None
+                raise BadRequest(f"label {shown(label)} does not fit app {app!r}: {exc}") from None
             raise
         self._metrics.feedback(app)
         return {"query_id": query_id, "app": app, "accepted": True, "relabelled": relabelled}
@@ -1065,7 +1066,7 @@ class Server:
         app = target.spec.name
         if record is None or record["app"] != app:
             raise NotFound(
-                f"no answered query {_shown(query_id)} in app {app!r} (unknown or expired)"
+                f"no answered query {shown(query_id)} in app {app!r} (unknown or expired)"
             )
         x = record["input"]
         if not target.input.text:
@@ -1078,7 +1079,7 @@ class Server:
             return await self._store.swap_feedback(query_id, label)
         if await self._store.put_feedback(query_id, label):
             return False, None
-        raise Conflict(f"query {_shown(query_id)} has had its feedback: one a query")
+        raise Conflict(f"query {shown(query_id)} has had its feedback: one a query")
 
     def _check_label(self, label: Any) -> None:
         """400 for a label JSON cannot hold, 413 for one larger than ``max_label_bytes``."""
@@ -1162,7 +1163,7 @@ class Server:
     def timeline(self, pool: str, since: float = 0.0, after: int = -1) -> dict[str, list[Any]]:
         """``Pool.timeline`` of the pool named ``pool``, or :class:`NotFound`."""
         if pool not in self.pools:
-            raise NotFound(f"unknown pool {_shown(pool)}; pools: {sorted(self.pools)}")
+            raise NotFound(f"unknown pool {shown(pool)}; pools: {sorted(self.pools)}")
         return self.pools[pool].timeline(since, after)
 
     async def close(self) -> None:
