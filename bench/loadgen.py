@@ -100,7 +100,8 @@ class Client(Protocol):
 
 
 class HttpClient:
-    """POSTs pre-encoded JSON bodies to one URL over a pooled aiohttp session."""
+    """POSTs pre-encoded JSON bodies to one URL over a pooled aiohttp session, each with
+    ``headers`` besides the JSON content type."""
 
     kind = "http"
 
@@ -110,18 +111,20 @@ class HttpClient:
         bodies: Sequence[bytes],
         connections: int = 512,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        headers: dict[str, str] | None = None,
     ) -> None:
         self.url = url
         self._bodies = bodies
         self._connections = connections
         self._timeout_s = timeout_s
+        self._headers = {"Content-Type": "application/json", **(headers or {})}
         self._session: Any = None
 
     async def __aenter__(self) -> HttpClient:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=self._connections),
             timeout=aiohttp.ClientTimeout(total=self._timeout_s),
-            headers={"Content-Type": "application/json"},
+            headers=self._headers,
         )
         return self
 

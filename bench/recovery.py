@@ -2,13 +2,15 @@
 killed, and a redeploy.
 
     python -m bench.recovery [--rate 40] [--placement workers] [--replicas 1]
-                             [--max-queued N] [--out JSON]
+                             [--max-queued N] [--serve-timeout] [--out JSON]
 
 The digits example's application (``examples/digits/config.yaml``, its models on worker actors
 or, ``--placement colocated``, on threads of the ingress; ``--replicas`` ingress replicas;
 ``--max-queued``: the ingress's ``max_queued_requests``) on
 Serve's fast path (HAProxy in front, :data:`raysrv.cli.FAST_PATH`), under Poisson arrivals at
-``--rate`` a second over HTTP, each request with a client timeout of ``TIMEOUT_S``. Every
+``--rate`` a second over HTTP, each request with a client timeout of ``TIMEOUT_S`` and, with
+``--serve-timeout``, Serve's own per-request timeout header set to the SLO plus
+``SERVE_SLACK_S`` (past it Serve answers 408, wherever the request waits). Every
 ``GAP_S`` seconds, and ``GAP_S`` after a redeploy ends, one event: ``kill -9`` of the (first)
 ingress replica's process, of one worker actor's process, a redeploy of the application with
 another ``ingress.seed`` (Serve rolls its replicas), then ``kill -9`` of HAProxy's process.
@@ -47,6 +49,8 @@ CONFIG = Path("examples/digits/config.yaml")
 TIMEOUT_S = 20.0
 GAP_S = 25.0  # between events, and before the first
 SLACK_S = 60.0  # load past the last event's slot, for a redeploy that takes long
+SERVE_SLACK_S = 0.5  # --serve-timeout: Serve gives up on a request this long past its SLO
+SERVE_TIMEOUT_HEADER = "x-request-timeout-seconds"
 EVENTS = ("ingress", "worker", "redeploy", "proxy")  # HAProxy's the longest: last
 PROCESSES = {  # what ``pgrep -f`` finds each killed process by
     "ingress": f"ServeReplica:{APP}:ingress",
@@ -136,7 +140,7 @@ def summarize(log: RequestLog, happened: dict[str, float], slo_s: float) -> dict
 
 
 async def recovery(
-    port: int, rate: float, placement: str, ingress: dict[str, Any]
+    port: int, rate: float, placement: str, ingress: dict[str, Any], serve_timeout: bool = False
 ) -> dict[str, Any]:
     """The run: load through every event and ``GAP_S`` after the last."""
     events = [e for e in EVENTS if placement == "workers" or e != "worker"]
@@ -144,13 +148,14 @@ async def recovery(
     bodies = encode_bodies(make_inputs(256, (64,), seed=3))
     url = f"http://127.0.0.1:{port}/{APP}/v1/digits/predict"
     offsets = poisson_offsets(rate, np.random.default_rng(0), duration_s=duration)
+    slo_s = spec(placement, ingress)["models"][0]["slo_ms"] / 1000.0
+    headers = {SERVE_TIMEOUT_HEADER: f"{slo_s + SERVE_SLACK_S:g}"} if serve_timeout else {}
     happened: dict[str, float] = {}
-    async with HttpClient(url, bodies, timeout_s=TIMEOUT_S) as client:
+    async with HttpClient(url, bodies, timeout_s=TIMEOUT_S, headers=headers) as client:
         t0 = time.perf_counter()
         watcher = asyncio.create_task(_events(t0, placement, ingress, happened))
         log = await replay_log(client, offsets, 0)
         await watcher
-    slo_s = spec(placement, ingress)["models"][0]["slo_ms"] / 1000.0
     found = summarize(log, happened, slo_s)
     found["events_run"] = events
     return found
@@ -162,6 +167,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--placement", choices=("workers", "colocated"), default="workers")
     parser.add_argument("--replicas", type=int, default=1, help="ingress replicas")
     parser.add_argument("--max-queued", type=int, help="the ingress's max_queued_requests")
+    parser.add_argument(
+        "--serve-timeout",
+        action="store_true",
+        help=f"send {SERVE_TIMEOUT_HEADER}: the SLO plus {SERVE_SLACK_S} s",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
 
@@ -176,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.max_queued is not None:
             ingress["max_queued_requests"] = args.max_queued
         _deploy(spec(args.placement, ingress))
-        found = asyncio.run(recovery(port, args.rate, args.placement, ingress))
+        found = asyncio.run(recovery(port, args.rate, args.placement, ingress, args.serve_timeout))
     finally:
         import ray
 

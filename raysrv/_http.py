@@ -174,6 +174,21 @@ OIP_ERROR = {  # the Open Inference Protocol's error answer
 }
 
 
+SERVE_TIMEOUT = {  # Ray Serve's own per-request timeout, honoured before raysrv sees a request
+    "name": "x-request-timeout-seconds",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "number"},
+    "description": "Seconds after which Ray Serve gives up on the request and answers 408, "
+    "wherever it waits: also in Serve's proxy while no ingress replica is up.",
+}
+SERVE_TIMED_OUT = {
+    "description": "Ray Serve gave up on the request at its x-request-timeout-seconds "
+    "(or http_options.request_timeout_s): a line of text, not raysrv's error body",
+    "content": {"text/plain": {"schema": STRING}},
+}
+
+
 def _predict_operation(
     summary: str, name: str, request: type[BaseModel], response: type[BaseModel]
 ) -> dict[str, Any]:
@@ -194,10 +209,14 @@ def _predict_operation(
     }
     return {
         "summary": summary,
-        "parameters": [{"name": name, "in": "path", "required": True, "schema": STRING}],
+        "parameters": [
+            {"name": name, "in": "path", "required": True, "schema": STRING},
+            SERVE_TIMEOUT,
+        ],
         **body,
         "responses": {
             "200": {"description": "The answer; with inputs: {results: [...]}", "content": json_of},
+            "408": SERVE_TIMED_OUT,
             "default": ERROR,
         },
     }

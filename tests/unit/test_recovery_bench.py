@@ -1,11 +1,14 @@
 """``bench.recovery``'s account of a run: per event, the first answer after it and what failed
-or hung until the next."""
+or hung until the next; and its client's headers (Serve's per-request timeout)."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 
-from bench.loadgen import RequestLog
+from aiohttp import web
+
+from bench.loadgen import HttpClient, RequestLog
 from bench.recovery import summarize
 
 
@@ -28,3 +31,30 @@ def test_an_event_never_followed_by_an_answer_says_so() -> None:
     found = summarize(log, {"proxy": 1.0}, slo_s=0.05)
     assert math.isnan(found["events"]["proxy"]["first_answer_s"])
     assert found["events"]["proxy"]["failed"] == {0: 1}
+
+
+def test_the_http_client_sends_its_headers_with_the_json_type() -> None:
+    seen: list[dict[str, str]] = []
+
+    async def record(request: web.Request) -> web.Response:
+        seen.append(dict(request.headers))
+        return web.Response(status=408)
+
+    async def scenario() -> int:
+        app = web.Application()
+        app.router.add_post("/p", record)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        try:
+            headers = {"x-request-timeout-seconds": "0.55"}
+            async with HttpClient(f"http://127.0.0.1:{port}/p", [b"{}"], headers=headers) as c:
+                return await c.send(0)
+        finally:
+            await runner.cleanup()
+
+    assert asyncio.run(scenario()) == 408
+    assert seen[0]["x-request-timeout-seconds"] == "0.55"
+    assert seen[0]["Content-Type"] == "application/json"
