@@ -2,7 +2,8 @@
 refusals, goodput held at capacity, and how soon answers are normal again.
 
     python -m bench.overload [--serve-proxy] [--factor 3] [--seconds 20] [--slo-ms 200]
-        [--passes 2000] [--systems raysrv baseline] [--bound-raysrv] [--out JSON]
+        [--passes 2000] [--systems raysrv baseline] [--bound-raysrv] [--capacity C]
+        [--ongoing N] [--queued N] [--ingress KEY=VALUE ...] [--out JSON]
 
 One Ray instance, started with ``raysrv run``'s environment (:data:`raysrv.cli.FAST_PATH`:
 HAProxy ingress, gRPC handles, user code on the replica's main thread), or with Serve's
@@ -32,6 +33,13 @@ failed), statuses, goodput within the SLO during the overload as a share of the 
 answers late (after the SLO), refusals (429/503) and their latency p50 and p99, and the
 recovery: from the overload's end, when the requests start to be normal, every one answered
 within the SLO over each later ``WINDOW_S`` of scheduled times (:func:`recovery_s`).
+
+``--capacity C`` takes C answers a second as the capacity in place of the closed loop's (which
+behind Serve's proxy varies from run to run as raysrv refuses more or less of that loop), so
+that runs with different bounds get the same load; ``--ongoing N`` and ``--queued N`` set the
+bounded system's ``max_ongoing_requests`` and ``max_queued_requests`` in place of the ones from
+capacity and SLO. ``--ingress KEY=VALUE``: a field of raysrv's ``ingress``, as
+``max_ongoing_requests=auto max_queued_requests=1``.
 Writes every request's scheduled time, latency and status to ``--out``.
 """
 
@@ -155,11 +163,13 @@ def deploy(
     ongoing: int | None = None,
     queued: int = 1,
     model: dict[str, Any] | None = None,
+    ingress: dict[str, Any] | None = None,
 ) -> str:
     """Deploy ``system`` (untuned without a ``capacity``); its URL. With one, Serve's bounds
     in front of the baseline's replica, or of raysrv's ingress (``--bound-raysrv``), are set
     from it and the SLO (``max_ongoing_requests`` to ``ongoing`` where one is given), and
-    ``max_queued_requests`` to ``queued``; raysrv's model with the fields of ``model`` set."""
+    ``max_queued_requests`` to ``queued``; raysrv's model with the fields of ``model`` set, and
+    its ingress with those of ``ingress``."""
     from ray import serve
     from ray.serve.schema import LoggingConfig
 
@@ -173,7 +183,7 @@ def deploy(
         bound = {"max_ongoing_requests": ongoing, "max_queued_requests": queued}
     if system == "raysrv":
         spec = raysrv_spec(path, slo_ms)
-        spec["ingress"].update(bound)
+        spec["ingress"].update(ingress or {}, **bound)
         spec["models"][0].update(model or {})
         serve.run(build_app(spec), name=system, route_prefix=f"/{system}", logging_config=quiet)
         return f"/{system}/v1/zoo/predict"
@@ -246,7 +256,10 @@ async def _one(system: str, port: int, args: argparse.Namespace, path: Path) -> 
     rng = np.random.default_rng(7)
     inputs = digits_like(rng, INPUTS).tolist()
     model = policy_params(args.param) if system == "raysrv" else None
-    url = f"http://{HOST}:{port}" + deploy(system, path, args.slo_ms, None, model=model)
+    ingress = dict(args.ingress)
+    url = f"http://{HOST}:{port}" + deploy(
+        system, path, args.slo_ms, None, model=model, ingress=ingress
+    )
     slo_s = args.slo_ms / 1000.0
     async with TimedClient(url, inputs, args.slo_ms) as client:
         await closed_loop(client, MAX_BATCH, 3.0)  # warm-up
@@ -257,8 +270,12 @@ async def _one(system: str, port: int, args: argparse.Namespace, path: Path) -> 
     print(f"{system}: capacity {capacity:.0f} answers/s {statuses}", file=sys.stderr)
     if not capacity:
         raise RuntimeError(f"{system} answered nothing at {url}")
+    capacity = args.capacity or capacity
     if system == "baseline" or args.bound_raysrv:
-        url = f"http://{HOST}:{port}" + deploy(system, path, args.slo_ms, capacity, model=model)
+        bounds = {"ongoing": args.ongoing, "queued": args.queued}
+        url = f"http://{HOST}:{port}" + deploy(
+            system, path, args.slo_ms, capacity, **bounds, model=model, ingress=ingress
+        )
     low, high = 0.5 * capacity, args.factor * capacity
     gen = np.random.default_rng(11)
     over = (BEFORE_S, BEFORE_S + args.seconds)
@@ -317,8 +334,12 @@ def policy_params(params: list[tuple[str, Any]]) -> dict[str, Any] | None:
 
 
 def _param(item: str) -> tuple[str, Any]:
+    """``KEY=VALUE``, the value read as JSON, else kept as text (``auto``)."""
     key, _, value = item.partition("=")
-    return key, json.loads(value)
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
 
 
 def parser() -> argparse.ArgumentParser:
@@ -333,6 +354,9 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="raysrv's ingress bounded by Serve as the baseline is (from capacity and SLO)",
     )
+    parser.add_argument("--capacity", type=float, help="answers/s taken as the capacity")
+    parser.add_argument("--ongoing", type=int, help="the bounded max_ongoing_requests")
+    parser.add_argument("--queued", type=int, default=1, help="the bounded max_queued_requests")
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
     parser.add_argument(
         "--param",
@@ -341,6 +365,14 @@ def parser() -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=JSON",
         help="a parameter of raysrv's deadline policy, e.g. plan_arrivals=1",
+    )
+    parser.add_argument(
+        "--ingress",
+        nargs="*",
+        type=_param,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a field of raysrv's ingress, e.g. max_ongoing_requests=auto",
     )
     parser.add_argument("--out", type=Path, default=Path("bench/out/overload.json"))
     return parser

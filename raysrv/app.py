@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ray.serve import Application
 
+from raysrv._admission import auto_bound, longest_slo_ms
 from raysrv._deployments import Ingress
 from raysrv._plugins import import_object
 from raysrv.config import ModelSpec, RaysrvSpec
@@ -49,18 +50,23 @@ def prepare_spec(spec: RaysrvSpec, root: Path | None = None) -> RaysrvSpec:
 
 
 def build_app(args: RaysrvSpec) -> Application:
-    """The Serve application of one raysrv spec: the ingress, owning the workers of every pool.
+    """The Serve application of one raysrv spec: the ingress, owning the workers of every pool,
+    Serve's bound on its requests in flight timed here if ``auto`` (:mod:`raysrv._admission`).
 
     Serve passes ``args`` already validated; Python callers may pass the plain dict.
     """
     given = args if isinstance(args, RaysrvSpec) else RaysrvSpec.model_validate(args)
     root = given.base_dir()
     spec = prepare_spec(given, root)
+    ongoing = spec.ingress.max_ongoing_requests
+    if ongoing == "auto":
+        slo_ms = longest_slo_ms(spec.models, spec.apps)
+        ongoing = auto_bound(spec.resolved_pools(), slo_ms)
     return Ingress.options(
         name="ingress",
         num_replicas=spec.ingress.replicas,
         ray_actor_options=spec.ingress_resources(),
-        max_ongoing_requests=spec.ingress.max_ongoing_requests,
+        max_ongoing_requests=ongoing,
         max_queued_requests=spec.ingress.max_queued_requests,
         health_check_period_s=spec.ingress.health_check_period_s,
         user_config={},  # no knob overridden: every model and app as declared

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -209,8 +209,12 @@ class IngressSpec(_Strict):
         "one, as 'Authorization: Bearer KEY' or 'x-api-key: KEY' (else 401); compared in "
         "constant time. None: those routes are open, as on the examples' 127.0.0.1.",
     )
-    max_ongoing_requests: int = Field(
-        256, ge=1, description="Requests in flight per ingress replica before Serve queues them."
+    max_ongoing_requests: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        256,
+        description="Requests in flight per ingress replica before Serve queues them; 'auto': "
+        "as many as its pools' workers answer within the SLO in full batches, each model timed "
+        "where the application is built (for Serve's Python proxy, with max_queued_requests "
+        "1; bench/RESULTS.md, 'Overload').",
     )
     health_check_period_s: float = Field(
         1.0,

@@ -51,3 +51,8 @@ def test_param_sets_the_deadline_policys_parameters_of_raysrv_only_when_given() 
         }
     }
     assert policy_params(parser().parse_args([]).param) is None  # the model's own defaults
+
+
+def test_ingress_sets_raysrvs_ingress_fields_as_json_or_as_text() -> None:
+    args = parser().parse_args(["--ingress", "max_ongoing_requests=auto", "max_queued_requests=1"])
+    assert dict(args.ingress) == {"max_ongoing_requests": "auto", "max_queued_requests": 1}
