@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import logging
 import math
-import statistics
-import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from raysrv._model_spec import ModelSpec, ResolvedPool
+from raysrv._workers import median_run_s
 
 if TYPE_CHECKING:
     from raysrv.config import AppSpec
@@ -61,25 +60,10 @@ def full_batch(model: ModelSpec) -> int:
     return int(getattr(policy.params, "max_batch_size", policy.max_batch_size))
 
 
-def _timed(pool: ResolvedPool, model: ModelSpec, size: int) -> float:
-    """The median seconds of ``RUNS`` batches of ``size`` of ``model`` run here."""
-    from raysrv.runtimes import load_runtime
-
-    runtime = load_runtime(pool.worker_model(model))
-    batch = model.input.batch(size)
-    runtime.predict_batch(batch)
-    times = []
-    for _ in range(RUNS):
-        start = time.perf_counter()
-        runtime.predict_batch(batch)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def auto_bound(pools: list[ResolvedPool], slo_ms: dict[str, float]) -> int:
-    """The sum of :func:`admitted` over ``pools``, each model timed here at its full batch,
-    with the longest SLO it is served under (``slo_ms`` by model name); :data:`FALLBACK` if
-    a pool cannot be timed here."""
+    """The sum of :func:`admitted` over ``pools``, each model timed here at its full batch (the
+    median of ``RUNS``), with the longest SLO it is served under (``slo_ms`` by model name);
+    :data:`FALLBACK` if a pool cannot be timed here."""
     total = 0
     for pool in pools:
         if pool.device != "cpu" or pool.capacity_bytes is not None or not pool.pinned:
@@ -92,7 +76,7 @@ def auto_bound(pools: list[ResolvedPool], slo_ms: dict[str, float]) -> int:
             return FALLBACK
         for model in pool.pinned:
             size = full_batch(model)
-            batch_s = _timed(pool, model, size)
+            batch_s = median_run_s(pool, model, size, RUNS)
             total += admitted(size, batch_s, pool.workers, slo_ms[model.name] / 1000.0)
             logger.info("max_ongoing_requests: auto: %s, %d in %.2f s", model.name, size, batch_s)
     return max(1, total)

@@ -398,6 +398,20 @@ AUTO_COLOCATE_MS = 2.0
 AUTO_RUNS = 7  # timed runs of a batch of one per model, after one untimed
 
 
+def median_run_s(pool: ResolvedPool, model: ModelSpec, size: int, runs: int) -> float:
+    """The median seconds of ``runs`` batches of ``size`` of ``model``, loaded as ``pool``'s
+    workers load it and run in this process, after one untimed batch."""
+    runtime = load_runtime(pool.worker_model(model))
+    batch = model.input.batch(size)
+    runtime.predict_batch(batch)
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        runtime.predict_batch(batch)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def choose_placement(pool: ResolvedPool) -> tuple[Placement, dict[str, float]]:
     """Where an ``auto`` pool's workers run, and the median ms of a batch of one of each of
     its dedicated models timed here (none where the pool's kind decides): colocated if every
@@ -407,18 +421,7 @@ def choose_placement(pool: ResolvedPool) -> tuple[Placement, dict[str, float]]:
     models = pool.pinned
     if pool.device != "cpu" or not models or any(m.runtime == "python" for m in models):
         return "workers", {}
-    medians = {}
-    for model in models:
-        runtime = load_runtime(pool.worker_model(model))
-        batch = model.input.batch(1)
-        runtime.predict_batch(batch)
-        times = []
-        for _ in range(AUTO_RUNS):
-            start = time.perf_counter()
-            runtime.predict_batch(batch)
-            times.append(time.perf_counter() - start)
-        medians[model.name] = statistics.median(times) * 1000.0
-        del runtime
+    medians = {m.name: median_run_s(pool, m, 1, AUTO_RUNS) * 1000.0 for m in models}
     cheap = max(medians.values()) <= AUTO_COLOCATE_MS
     return "colocated" if cheap else "workers", medians
 
