@@ -71,7 +71,7 @@ from bench.loadgen import (
 )
 from raysrv.cli import FAST_PATH
 
-__all__ = ["main", "recovery_s", "summarize"]
+__all__ = ["key_value", "main", "recovery_s", "summarize"]
 
 HOST = "127.0.0.1"
 MAX_BATCH = 16
@@ -333,7 +333,7 @@ def policy_params(params: list[tuple[str, Any]]) -> dict[str, Any] | None:
     }
 
 
-def _param(item: str) -> tuple[str, Any]:
+def key_value(item: str) -> tuple[str, Any]:
     """``KEY=VALUE``, the value read as JSON, else kept as text (``auto``)."""
     key, _, value = item.partition("=")
     try:
@@ -361,7 +361,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--param",
         nargs="*",
-        type=_param,
+        type=key_value,
         default=[],
         metavar="KEY=JSON",
         help="a parameter of raysrv's deadline policy, e.g. plan_arrivals=1",
@@ -369,7 +369,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--ingress",
         nargs="*",
-        type=_param,
+        type=key_value,
         default=[],
         metavar="KEY=VALUE",
         help="a field of raysrv's ingress, e.g. max_ongoing_requests=auto",

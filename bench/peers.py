@@ -1,7 +1,8 @@
 """LitServe, BentoML, plain Ray Serve and raysrv side by side: one model, one run.
 
     python -m bench.peers [--seconds 20] [--slo-ms 200] [--passes 2000]
-        [--systems litserve bentoml serve serve-proxy raysrv raysrv-proxy] [--out JSON]
+        [--systems litserve bentoml serve serve-proxy raysrv raysrv-proxy]
+        [--raysrv FIELD=JSON ...] [--raysrv-ingress FIELD=VALUE ...] [--out JSON]
 
 Every system serves the :mod:`bench.overload` model (a :mod:`bench.zoo` model, one onnxruntime
 thread, a batch of 16 in about 120 ms) from one worker process, in batches of at most
@@ -18,7 +19,9 @@ thread, a batch of 16 in about 120 ms) from one worker process, in batches of at
   ``SERVE_BOUNDS`` instead: room for a batch to form behind the one running, no bound on the
   queue (neither setting answers the most within the SLO on both loads);
 * ``raysrv`` and ``raysrv-proxy``: raysrv's defaults (the ``deadline`` policy), the model on a
-  worker actor, each query carrying its SLO and when it was scheduled, in the same two modes.
+  worker actor, each query carrying its SLO and when it was scheduled, in the same two modes;
+  ``--raysrv`` sets fields of its model, ``--raysrv-ingress`` of its ingress
+  (``max_ongoing_requests=auto max_queued_requests=1``).
 
 "The capacity" bounds and every offered load are from one figure for all: ``MAX_BATCH`` over
 the median time of a batch of ``MAX_BATCH`` in this process before any server starts, what
@@ -62,7 +65,7 @@ import aiohttp
 import numpy as np
 
 from bench.loadgen import REJECTED, RequestLog, closed_loop, poisson_offsets, replay
-from bench.overload import TimedClient, raysrv_body
+from bench.overload import TimedClient, key_value, raysrv_body
 
 __all__ = ["goodput", "latencies", "main", "model_capacity", "request_body", "table"]
 
@@ -326,6 +329,7 @@ def ray_mode(
                 bound,
                 *SERVE_BOUNDS.get(system, (None, 1)),
                 model=dict(_setting(s) for s in args.raysrv),
+                ingress=dict(args.raysrv_ingress),
             )
             points.append(
                 asyncio.run(measure(system, f"http://{HOST}:{port}{route}", capacity, args))
@@ -356,6 +360,7 @@ def _child(
         command += ["--seconds", f"{args.seconds:g}", "--slo-ms", f"{args.slo_ms:g}"]
         command += ["--passes", str(args.passes), "--systems", *systems, "--out", str(out)]
         command += ["--raysrv", *args.raysrv]
+        command += ["--raysrv-ingress", *(f"{k}={json.dumps(v)}" for k, v in args.raysrv_ingress)]
         subprocess.run(command, check=True)
         return json.loads(out.read_text())["points"]
 
@@ -407,6 +412,14 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="FIELD=JSON",
         help="raysrv's model with these fields set (pipeline_depth=1, placement='\"colocated\"')",
+    )
+    parser.add_argument(
+        "--raysrv-ingress",
+        nargs="*",
+        type=key_value,
+        default=[],
+        metavar="FIELD=VALUE",
+        help="raysrv's ingress with these fields set (max_ongoing_requests=auto)",
     )
     parser.add_argument("--out", type=Path, default=Path("bench/out/peers.json"))
     parser.add_argument("--ray-mode", choices=sorted(RAY_MODES), help=argparse.SUPPRESS)
