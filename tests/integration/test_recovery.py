@@ -1,5 +1,7 @@
 """Worker actors outlive an ingress replica that dies: a new replica takes them over with their
 models loaded, and a group that no replica takes over ends itself after ``orphan_timeout_s``.
+While no replica is up, a request that carries Serve's ``x-request-timeout-seconds`` gets a
+408 when it runs out; without it, it waits for a replica.
 
 An ingress replica is killed with ``ray.kill``, which ends its process as a crash would:
 Serve never calls its ``__del__``.
@@ -11,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import ray
 from ray import serve
 
@@ -106,3 +109,22 @@ def test_workers_that_no_replica_takes_over_end_after_the_orphan_timeout(
     assert _workers() == workers  # they outlive their owner
     serve.delete(APP)
     _until(lambda: not _workers(), 30, "the orphaned workers ended")
+
+
+def test_while_no_ingress_replica_is_up_serves_timeout_header_bounds_the_wait(
+    serve_session: RayCluster,
+) -> None:
+    # Serve checks the replica only once a minute: none takes the killed one's place meanwhile.
+    args = _spec(health_check_period_s=60.0)
+    handle = serve.run(build_app(args), name=APP, route_prefix=f"/{APP}")
+    assert _answers(handle)
+    url = f"{serve_session.http}/{APP}/v1/echo/predict"
+    body = {"input": [1.0, 2.0, 3.0, 4.0]}
+    (replica,) = _replicas()
+    _kill(replica)
+    _until(lambda: replica not in _replicas(), 20, "the replica gone")
+    timeout = {"x-request-timeout-seconds": "1"}
+    with httpx.Client(timeout=60.0) as client:
+        answer = client.post(url, json=body, headers=timeout)
+    assert answer.status_code == 408, answer.text  # Serve gave up, not the client's 60 s
+    serve.delete(APP)
