@@ -174,17 +174,10 @@ OIP_ERROR = {  # the Open Inference Protocol's error answer
 }
 
 
-SERVE_TIMEOUT = {  # Ray Serve's own per-request timeout, honoured before raysrv sees a request
-    "name": "x-request-timeout-seconds",
-    "in": "header",
-    "required": False,
-    "schema": {"type": "number"},
-    "description": "Seconds after which Ray Serve gives up on the request and answers 408, "
-    "wherever it waits: also in Serve's proxy while no ingress replica is up.",
-}
-SERVE_TIMED_OUT = {
-    "description": "Ray Serve gave up on the request at its x-request-timeout-seconds "
-    "(or http_options.request_timeout_s): a line of text, not raysrv's error body",
+SERVE_TIMED_OUT = {  # Ray Serve's own answer: raysrv never reads the header
+    "description": "Ray Serve gave up on the request when its x-request-timeout-seconds header "
+    "(or http_options.request_timeout_s) ran out, wherever it waited: also in Serve's proxy "
+    "while no ingress replica is up. A line of text, not raysrv's error body",
     "content": {"text/plain": {"schema": STRING}},
 }
 
@@ -209,10 +202,7 @@ def _predict_operation(
     }
     return {
         "summary": summary,
-        "parameters": [
-            {"name": name, "in": "path", "required": True, "schema": STRING},
-            SERVE_TIMEOUT,
-        ],
+        "parameters": [{"name": name, "in": "path", "required": True, "schema": STRING}],
         **body,
         "responses": {
             "200": {"description": "The answer; with inputs: {results: [...]}", "content": json_of},
