@@ -1,6 +1,6 @@
 """CPU time per request of raysrv's own HTTP predict path, in one process, without Ray or Serve.
 
-    python -m bench.ingress_cost [--requests 20000] [--rounds 3]
+    python -m bench.ingress_cost [--requests 20000] [--rounds 3] [--refused]
 
 The digits example's MLP (:mod:`bench.fast_path`'s config, every input distinct) behind a
 :class:`raysrv._server.Server` whose pool runs on threads of this process, its ASGI app
@@ -8,7 +8,10 @@ The digits example's MLP (:mod:`bench.fast_path`'s config, every input distinct)
 sending one single-input JSON request after another. Prints, per round, the requests answered
 per second and this process's CPU microseconds per request: what raysrv's parsing, selection,
 deadline, scheduler, feedback record and answer cost on top of what Serve and uvicorn cost in
-front of them (``bench.ingress_profile`` measures those, live).
+front of them (``bench.ingress_profile`` measures those, live). ``--refused``: the model
+batched by ``deadline`` and every request with an SLO (``REFUSED_SLO_MS``) shorter than a
+batch of one, so that each is refused (429, "cannot meet deadline") as it would be under
+overload: what a refusal costs the ingress.
 
 Results: bench/RESULTS.md, "The fast path".
 """
@@ -28,11 +31,13 @@ from bench.loadgen import make_inputs
 __all__ = ["main", "measure"]
 
 CLIENTS = 32
+REFUSED_SLO_MS = 0.001
 ROUTE = f"/v1/{fast_path.APP}/predict"
 
 
-async def measure(requests: int, rounds: int) -> list[tuple[float, float]]:
-    """(requests per second, CPU microseconds per request) of each round."""
+async def measure(requests: int, rounds: int, refused: bool = False) -> list[tuple[float, float]]:
+    """(requests per second, CPU microseconds per request) of each round; with ``refused``,
+    of requests all refused."""
     from examples.digits.build import build_all
     from raysrv._http import create_http_app
     from raysrv._server import Server
@@ -41,11 +46,17 @@ async def measure(requests: int, rounds: int) -> list[tuple[float, float]]:
     from raysrv.config import RaysrvSpec
 
     path = build_all(Path("examples/digits/models"))["mlp"]
-    spec = prepare_spec(RaysrvSpec.model_validate(fast_path.spec(path, "colocated")))
+    raw = fast_path.spec(path, "colocated")
+    if refused:
+        raw["models"][0]["batching"] = {"policy": "deadline", "params": {"max_batch_size": 32}}
+    spec = prepare_spec(RaysrvSpec.model_validate(raw))
     workers = {p.name: ColocatedWorkers(p, metrics=False) for p in spec.resolved_pools()}
     server = Server(spec, workers)
     app = create_http_app(server, spec.ingress.max_body_bytes)
     bodies = fast_path.bodies(make_inputs(64, (64,), seed=1), 1)
+    if refused:
+        bodies = [b[:-1] + f',"slo_ms":{REFUSED_SLO_MS}}}'.encode() for b in bodies]
+    expected = 429 if refused else 200
 
     async def one(body: bytes) -> None:
         sent: list[dict[str, Any]] = []
@@ -61,7 +72,7 @@ async def measure(requests: int, rounds: int) -> list[tuple[float, float]]:
             sent.append(message)
 
         await app(scope, receive, send)
-        if sent[0]["status"] != 200:
+        if sent[0]["status"] != expected:
             raise RuntimeError(f"answered {sent[0]['status']}: {sent[1]['body'][:200]!r}")
 
     async def client(k: int, n: int) -> None:
@@ -86,8 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=20_000, help="a round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--refused", action="store_true", help="every request refused")
     args = parser.parse_args(argv)
-    for k, (rate, cpu_us) in enumerate(asyncio.run(measure(args.requests, args.rounds))):
+    rounds = asyncio.run(measure(args.requests, args.rounds, args.refused))
+    for k, (rate, cpu_us) in enumerate(rounds):
         print(f"round {k}: {rate:7.0f} requests/s, {cpu_us:6.1f} us of CPU a request")
     return 0
 
