@@ -309,6 +309,7 @@ class DeadlinePolicy(BatchingPolicy):
         self._probing = False  # the last batch was sent as a probe (``_probe``)
         self._idle_refusals = 0  # refusals in a row with a replica idle
         self._arrivals: deque[float] = deque(maxlen=ARRIVALS)  # the last ones seen
+        self._memo: dict[int, float] | None = None  # estimates by size, during one decide
 
     @property
     def max_batch_size(self) -> int:
@@ -318,8 +319,15 @@ class DeadlinePolicy(BatchingPolicy):
         """Planned time from a batch's start to its answers being back: p99 of the measured run
         times of ``size`` (interpolated for sizes not measured; its own, even where a larger
         size runs faster) scaled by the learned spread, plus the margin and the learned
-        overrun; 0 before any measurement."""
-        return self._planned(size) + self._learned()
+        overrun; 0 before any measurement. Within one :meth:`decide`, where none of these
+        change, each size's is worked out once."""
+        memo = self._memo
+        if memo is None:
+            return self._planned(size) + self._learned()
+        found = memo.get(size)
+        if found is None:
+            found = memo[size] = self._planned(size) + self._learned()
+        return found
 
     def bind(self, runs: RunTimes) -> None:
         """Also learn overruns and the runs' spread with the other models of ``runs``'s group
@@ -412,6 +420,13 @@ class DeadlinePolicy(BatchingPolicy):
         }
 
     def decide(self, view: BatcherView) -> Decision:
+        self._memo = {}
+        try:
+            return self._decide(view)
+        finally:
+            self._memo = None
+
+    def _decide(self, view: BatcherView) -> Decision:
         if self.params.refuse_behind_queue and self.params.plan_arrivals > 0.0:
             self._count_arrivals(view.queue)  # the plan of step (1) counts on their rate
         urgent = [q for q in view.queue if q.priority <= 0]
