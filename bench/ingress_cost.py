@@ -13,7 +13,7 @@ batched by ``deadline`` and every request with an SLO (``REFUSED_SLO_MS``) short
 batch of one, so that each is refused (429, "cannot meet deadline") as it would be under
 overload: what a refusal costs the ingress.
 
-Results: bench/RESULTS.md, "The fast path".
+Results: bench/RESULTS.md, "The fast path" (answers) and "Overload" (refusals).
 """
 
 from __future__ import annotations
