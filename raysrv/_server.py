@@ -349,7 +349,12 @@ def _label_fits(
     try:
         check_label(label, predictions, reading)
     except ValueError as exc:
-        raise BadRequest(f"label {shown(label)} does not fit app {app!r}: {exc}") from None
+        raise _unfit(app, label, exc) from None
+
+
+def _unfit(app: str, label: Any, why: ValueError) -> BadRequest:
+    """The 400 of a label that ``app``'s policy, or its predictions, cannot take."""
+    return BadRequest(f"label {shown(label)} does not fit app {app!r}: {why}")
 
 
 def _context_key(text: str) -> str:
@@ -1055,7 +1060,7 @@ class Server:
             else:  # not used: it may be given again
                 await self._store.drop_feedback(query_id)
             if isinstance(exc, ValueError):  # the policy cannot read the label
-                raise BadRequest(f"label {shown(label)} does not fit app {app!r}: {exc}") from None
+                raise _unfit(app, label, exc) from None
             raise
         self._metrics.feedback(app)
         return {"query_id": query_id, "app": app, "accepted": True, "relabelled": relabelled}
