@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 import numpy as np
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
@@ -349,7 +350,16 @@ NOT_JSON = ModelFailed("the answer holds NaN or an infinity, which JSON cannot c
 def _encoded(status: int, payload: Any) -> tuple[int, bytes]:
     """``payload`` as JSON, with its ``status``. An answer whose output holds NaN or an
     infinity, which JSON has no numbers for, becomes a 500 error body; in ``{"results"}``
-    that answer's entry alone, so that the other inputs keep theirs."""
+    that answer's entry alone, so that the other inputs keep theirs.
+
+    A payload of finite numbers is written by orjson, in a tenth of the standard encoder's
+    time; orjson would write NaN as ``null``, so any other goes to the standard one, which
+    refuses it, as does what orjson cannot write (an integer past 64 bits)."""
+    if _all_finite(payload):
+        try:
+            return status, orjson.dumps(payload, option=orjson.OPT_NON_STR_KEYS)
+        except TypeError:
+            pass
     try:
         return status, _json(payload).encode()
     except ValueError:
@@ -358,6 +368,24 @@ def _encoded(status: int, payload: Any) -> tuple[int, bytes]:
         entries = [_json_or_error(entry) for entry in payload["results"]]
         return status, ('{"results":[' + ",".join(entries) + "]}").encode()
     return NOT_JSON.status, _json(NOT_JSON.to_json()).encode()
+
+
+def _all_finite(value: Any) -> bool:
+    """False if ``value`` holds a float that is NaN or infinite (or, rarely, floats whose sum
+    overflows: a list of floats is summed in C, and a sum is finite only where each term is)."""
+    kind = type(value)
+    if kind is float:
+        return math.isfinite(value)
+    if kind is list or kind is tuple:
+        if value and type(value[0]) is float:
+            try:
+                return math.isfinite(sum(value))
+            except TypeError:  # not numbers alone
+                pass
+        return all(map(_all_finite, value))
+    if kind is dict:
+        return all(map(_all_finite, value.values()))
+    return True
 
 
 def _json_or_error(entry: Any) -> str:
@@ -422,7 +450,9 @@ class PredictRoutes:
             body = await _receive_body(scope, receive, self._limit)
             if body is None:
                 return  # the client left before its body arrived: nobody to answer
-            data = self._binary(scope, body, kind, name) if binary else json_object(body)
+            data = (
+                self._binary(scope, body, kind, name) if binary else json_object(body, exact=False)
+            )
             status, payload = await self._answer(kind, name, data, start)
         except RaysrvError as exc:
             self._metrics.error(where, exc)

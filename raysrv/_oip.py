@@ -63,7 +63,7 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], 
     """An infer request's JSON header and the tensor bytes after it: with no
     ``Inference-Header-Content-Length`` (``header_length``), the whole body is the header."""
     if header_length is None:
-        return json_object(body), memoryview(b"")
+        return json_object(body, exact=False), memoryview(b"")
     digits = header_length.isascii() and header_length.isdigit() and len(header_length) < 16
     if not digits or int(header_length) > len(body):
         raise BadRequest(
@@ -71,7 +71,7 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], 
             f"{len(body)}, got {header_length!r}"
         )
     length = int(header_length)
-    return json_object(body[:length]), memoryview(body)[length:]
+    return json_object(body[:length], exact=False), memoryview(body)[length:]
 
 
 def read_infer(

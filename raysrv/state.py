@@ -26,7 +26,7 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -485,26 +485,23 @@ def _unpack(raw: bytes | None) -> Any:
 
 
 def _pack_record(record: dict[str, Any]) -> bytes:
-    """A prediction record packed, its input array as its raw bytes, dtype and shape: a
-    quarter of pickling the array, which every answered query pays."""
+    """A prediction record packed, its input array as its dtype, shape and raw bytes under
+    ``RAW_INPUT``: a sixth of pickling the array, which every answered query pays."""
     x = record.get("input")
     if isinstance(x, np.ndarray):
-        record = {**record, "input": _RawArray(x.dtype.str, x.shape, x.tobytes())}
+        record = {**record, "input": None, RAW_INPUT: (x.dtype.str, x.shape, x.tobytes())}
     return _pack(record)
 
 
 def _unpack_record(raw: bytes | None) -> dict[str, Any] | None:
     record = _unpack(raw)
-    if record is not None and isinstance(record.get("input"), _RawArray):
-        dtype, shape, data = record["input"]
+    if record is not None and RAW_INPUT in record:
+        dtype, shape, data = record.pop(RAW_INPUT)
         record["input"] = np.frombuffer(bytearray(data), dtype=dtype).reshape(shape)
     return record
 
 
-class _RawArray(NamedTuple):
-    dtype: str
-    shape: tuple[int, ...]
-    data: bytes
+RAW_INPUT = "input_array"  # a packed record's input array, as plain values
 
 
 def _jsonable(value: Any) -> Any:

@@ -274,6 +274,41 @@ def test_an_output_json_cannot_carry_is_a_500_body_for_its_input_alone() -> None
 
 
 @pytest.mark.parametrize(
+    "payload",
+    [
+        {"output": [0.5, 1, True, None], "query_id": "é", "nested": {"a": [[1.5], []]}},
+        {"output": [1e308, 1e308]},  # finite values whose sum is not: the standard encoder
+        {"output": 2**70},  # past orjson's 64 bits: the standard encoder
+        {"output": [np.float64(0.25)], 3: "key"},  # a float subclass, a key not a string
+    ],
+)
+def test_an_answer_of_finite_values_is_encoded_as_the_standard_encoder_reads_it(
+    payload: dict[Any, Any],
+) -> None:
+    status, body = raysrv._http._encoded(200, payload)
+    assert status == 200
+    assert json.loads(body) == json.loads(json.dumps(payload))
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"output": [1.0, float("nan")]},
+        {"output": {"scores": [[0.5], [float("inf")]]}},
+        {"output": [2, -float("inf")]},
+        {"output": [np.float64("nan")]},
+        {"output": 1.0, "confidence": float("nan")},
+    ],
+)
+def test_an_answer_holding_a_non_finite_float_is_the_documented_500(
+    payload: dict[str, Any],
+) -> None:
+    status, body = raysrv._http._encoded(200, payload)
+    assert status == 500
+    assert json.loads(body)["error"] == "model_failed"
+
+
+@pytest.mark.parametrize(
     ("kwargs", "query", "fragment"),
     [
         (_raw(np.zeros(4, np.float32), shape="4,2"), "", "holds 32 bytes, got 16"),
