@@ -1,7 +1,34 @@
-"""Partitioned models (gillis §III-IV, serf §III): layer grouping, fork-join, placement groups.
+"""Partitioned models (gillis §III-IV): layer grouping, parallelization options, the performance
+model and the latency-optimal planner. Pure planning code: no Ray import.
 
-Pure planning code lives here (no Ray import); the Ray side (shard actors in a replica's
-placement group) lives in ``raysrv``. Nothing is implemented yet: a later issue brings it.
+* An ONNX model as a linear sequence of layers with shapes, FLOPs, weights and the options each
+  allows (gillis §III-C): :mod:`.graph`; what each shard of a group computes and holds:
+  :mod:`.shards`.
+* The performance model (gillis §IV-A): :mod:`.perf`.
+* The latency-optimal dynamic program (gillis §IV-B, eq. 1-2, Algorithm 1) and a brute force to
+  check it: :mod:`.latency`.
+
+Running plans on Ray (shard actors in a replica's placement group), the SLO-aware planner
+(gillis §IV-C) and profiling the machine for the performance model are not here yet.
 """
 
-__all__: list[str] = []
+from raysrv.partitioning.graph import Layer, Rows, layers, options, weight_bytes
+from raysrv.partitioning.latency import Plan, Stage, brute_force, latency_optimal
+from raysrv.partitioning.perf import PerfModel, fit_kind
+from raysrv.partitioning.shards import Shard, shards
+
+__all__ = [
+    "Layer",
+    "PerfModel",
+    "Plan",
+    "Rows",
+    "Shard",
+    "Stage",
+    "brute_force",
+    "fit_kind",
+    "latency_optimal",
+    "layers",
+    "options",
+    "shards",
+    "weight_bytes",
+]

@@ -1,0 +1,98 @@
+"""The performance model that guides partitioning (Gillis, ICDCS'21, §IV-A): a group's latency
+under a parallelization option, from a regression of run time on FLOPs per kind of layer and
+the fork-join transfer delays of :mod:`raysrv.analytics.forkjoin`.
+
+* **Run time** of a shard: ``overhead_s + flops / flops_per_s[kind]``, the kind being the
+  layer's leading operator (``Conv``, ``Gemm``, ``MaxPool``, ...; ``default`` for the rest),
+  summed over the group's layers in proportion to the shard's share of each. A regression of
+  measured run times on FLOPs gives both numbers (:func:`fit_kind`).
+* **Transfer** of ``n`` bytes: ``n / bandwidth`` plus a delay drawn from an exponentially
+  modified Gaussian; the leader waits for the slowest of its ``w`` workers, the expected maximum
+  of ``w`` such delays (the n-th order statistic, §IV-A).
+* **A group's latency** (the fork-join round, §III-B, Fig. 4): on the leader alone, its run
+  time; on workers alone, the slowest worker's transfer and run time plus the expected maximum
+  delay; with the leader taking one shard itself, the larger of that and the leader's run.
+
+Caveats: shards run in parallel only where the machine has a core for each; the workers'
+delays are taken as independent (the tests of :mod:`raysrv.analytics.forkjoin` say why that
+overestimates the maximum).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from raysrv.analytics.forkjoin import EMG
+from raysrv.partitioning.graph import Layer
+from raysrv.partitioning.shards import Shard, shards
+
+__all__ = ["PerfModel", "fit_kind", "kind"]
+
+
+def kind(layer: Layer) -> str:
+    """The layer's leading operator past any reshape: what its run time is regressed on."""
+    return next((op for op in layer.ops if op not in ("Flatten", "Reshape")), layer.ops[0])
+
+
+def fit_kind(flops: ArrayLike, seconds: ArrayLike) -> tuple[float, float]:
+    """``(overhead_s, flops_per_s)`` of a least-squares line through measured run times."""
+    x, y = np.asarray(flops, dtype=float), np.asarray(seconds, dtype=float)
+    if x.size < 2 or np.ptp(x) == 0:
+        raise ValueError("a fit needs run times of at least two different sizes")
+    slope, intercept = np.polyfit(x, y, 1)
+    if slope <= 0:
+        raise ValueError(f"run time does not grow with FLOPs (slope {slope:.3g} s/FLOP)")
+    return max(0.0, float(intercept)), float(1.0 / slope)
+
+
+@dataclass(frozen=True)
+class PerfModel:
+    """Run times and transfers of one machine (seconds, bytes)."""
+
+    flops_per_s: Mapping[str, float]  # by kind, with ``default`` for kinds not measured
+    overhead_s: float
+    bandwidth: float  # bytes a second of one transfer
+    delay: EMG  # of one transfer beyond its bytes
+    _max_delay: dict[int, float] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if "default" not in self.flops_per_s or min(self.flops_per_s.values()) <= 0:
+            raise ValueError("flops_per_s needs a positive 'default' and positive rates")
+        if self.bandwidth <= 0 or self.overhead_s < 0:
+            raise ValueError("bandwidth must be positive and overhead_s not negative")
+
+    def run_s(self, group: Sequence[Layer], shard: Shard) -> float:
+        """Run time of ``shard`` of ``group``: the whole group's run time at each layer's
+        kind's rate, scaled by the shard's share of the group's FLOPs."""
+        total = sum(layer.flops for layer in group)
+        whole = sum(layer.flops / self._rate(layer) for layer in group)
+        share = shard.flops / total if total else 0.0
+        return self.overhead_s * len(group) + share * whole
+
+    def _rate(self, layer: Layer) -> float:
+        return self.flops_per_s.get(kind(layer), self.flops_per_s["default"])
+
+    def expected_max_delay(self, workers: int) -> float:
+        """The expected slowest of ``workers`` transfers' delays (0 for none)."""
+        if workers == 0:
+            return 0.0
+        if workers not in self._max_delay:
+            self._max_delay[workers] = self.delay.expected_max(workers)
+        return self._max_delay[workers]
+
+    def latency_s(self, group: Sequence[Layer], option: str, parts: int, leader: bool) -> float:
+        """The group's fork-join round: ``parts`` shards, the first on the leader if
+        ``leader``, the others each on a worker."""
+        pieces = shards(group, option, parts)
+        on_workers = pieces[1:] if leader else pieces
+        slowest = max((self._remote_s(group, p) for p in on_workers), default=0.0)
+        remote = slowest + self.expected_max_delay(len(on_workers))
+        local = self.run_s(group, pieces[0]) if leader else 0.0
+        return max(local, remote)
+
+    def _remote_s(self, group: Sequence[Layer], shard: Shard) -> float:
+        return self.run_s(group, shard) + (shard.in_bytes + shard.out_bytes) / self.bandwidth
