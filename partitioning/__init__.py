@@ -1,15 +1,18 @@
 """Partitioned models (gillis §III-IV): layer grouping, parallelization options, the performance
-model and the latency-optimal planner. Pure planning code: no Ray import.
+model and the latency-optimal planner, and plans run fork-join in one process. No Ray import.
 
 * An ONNX model as a linear sequence of layers with shapes, FLOPs, weights and the options each
   allows (gillis §III-C): :mod:`.graph`; what each shard of a group computes and holds:
   :mod:`.shards`.
-* The performance model (gillis §IV-A): :mod:`.perf`.
+* The performance model (gillis §IV-A): :mod:`.perf`; measuring it on this machine:
+  :mod:`.profile`.
 * The latency-optimal dynamic program (gillis §IV-B, eq. 1-2, Algorithm 1) and a brute force to
   check it: :mod:`.latency`.
+* A plan's shards as ONNX models of their own, run fork-join on threads: :mod:`.local`.
 
-Running plans on Ray (shard actors in a replica's placement group), the SLO-aware planner
-(gillis §IV-C) and profiling the machine for the performance model are not here yet.
+Serving plans on Ray (shard actors in a replica's placement group), the SLO-aware planner
+(gillis §IV-C), the ``partition`` config and ``raysrv plan`` are not here yet. Measured:
+bench/RESULTS.md, "Partitioned models".
 """
 
 from raysrv.partitioning.graph import Layer, Rows, layers, options, weight_bytes

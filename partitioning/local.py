@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -204,8 +206,10 @@ def _repad(copy: onnx.NodeProto, whole: _Model, node: onnx.NodeProto, out: tuple
 
 
 class LocalPlan:
-    """A plan run fork-join in this process: each shard an onnxruntime session of its own,
-    made once; :meth:`run` sends each its input, gathers their outputs in order."""
+    """A plan run fork-join in this process: each shard an onnxruntime session of its own, made
+    once, on one intra-op thread. :meth:`run` runs each stage's first shard on the calling
+    thread (the leader) and the others at once on a pool of threads (the workers; onnxruntime
+    runs without the GIL), then joins their outputs in order."""
 
     def __init__(self, model: str | Path | onnx.ModelProto, plan: Plan) -> None:
         import onnxruntime as ort
@@ -213,6 +217,7 @@ class LocalPlan:
         proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
         self.plan = plan
         self._stages = [
             [
@@ -221,23 +226,37 @@ class LocalPlan:
             ]
             for stage in plan.stages
         ]
-        self._axes = [_join_axis(proto, plan, stage) for stage in plan.stages]
+        self._axes = [_join_axis(plan, stage) for stage in plan.stages]
+        width = max((len(shards) - 1 for shards in self._stages), default=0)
+        self._pool = ThreadPoolExecutor(max(1, width), "shard")
 
     def run(self, x: np.ndarray) -> np.ndarray:
         for shards, axis in zip(self._stages, self._axes, strict=True):
-            outputs = [
-                session.run(None, {session.get_inputs()[0].name: _rows_of(x, rows)})[0]
-                for session, rows in shards
-            ]
+            forked = [self._pool.submit(_run, session, x, rows) for session, rows in shards[1:]]
+            leader, rows = shards[0]
+            outputs = [_run(leader, x, rows), *(f.result() for f in forked)]
             x = outputs[0] if len(outputs) == 1 else np.concatenate(outputs, axis=axis)
         return x
+
+    def close(self) -> None:
+        self._pool.shutdown()
+
+    def __enter__(self) -> LocalPlan:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+def _run(session: Any, x: np.ndarray, rows: tuple[int, int] | None) -> np.ndarray:
+    return session.run(None, {session.get_inputs()[0].name: _rows_of(x, rows)})[0]
 
 
 def _rows_of(x: np.ndarray, rows: tuple[int, int] | None) -> np.ndarray:
     return x if rows is None else np.ascontiguousarray(x[:, :, rows[0] : rows[1]])
 
 
-def _join_axis(model: onnx.ModelProto, plan: Plan, stage: Stage) -> int:
+def _join_axis(plan: Plan, stage: Stage) -> int:
     """The axis a stage's outputs are joined along: rows, or channels (the last axis of a
     matrix product's output)."""
     if stage.option == "spatial":

@@ -2,10 +2,10 @@
 under a parallelization option, from a regression of run time on FLOPs per kind of layer and
 the fork-join transfer delays of :mod:`raysrv.analytics.forkjoin`.
 
-* **Run time** of a shard: ``overhead_s + flops / flops_per_s[kind]``, the kind being the
+* **Run time** of a shard: per layer ``overhead_s + flops / flops_per_s`` of its kind, the
   layer's leading operator (``Conv``, ``Gemm``, ``MaxPool``, ...; ``default`` for the rest),
-  summed over the group's layers in proportion to the shard's share of each. A regression of
-  measured run times on FLOPs gives both numbers (:func:`fit_kind`).
+  the FLOPs in proportion to the shard's share of the group's. A regression of measured run
+  times on FLOPs gives both numbers (:func:`fit_kind`; :mod:`.profile` measures them).
 * **Transfer** of ``n`` bytes: ``n / bandwidth`` plus a delay drawn from an exponentially
   modified Gaussian; the leader waits for the slowest of its ``w`` workers, the expected maximum
   of ``w`` such delays (the n-th order statistic, §IV-A).
@@ -53,28 +53,31 @@ def fit_kind(flops: ArrayLike, seconds: ArrayLike) -> tuple[float, float]:
 class PerfModel:
     """Run times and transfers of one machine (seconds, bytes)."""
 
-    flops_per_s: Mapping[str, float]  # by kind, with ``default`` for kinds not measured
-    overhead_s: float
+    runs: Mapping[str, tuple[float, float]]  # kind: (overhead_s, flops_per_s), with ``default``
     bandwidth: float  # bytes a second of one transfer
     delay: EMG  # of one transfer beyond its bytes
     _max_delay: dict[int, float] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        if "default" not in self.flops_per_s or min(self.flops_per_s.values()) <= 0:
-            raise ValueError("flops_per_s needs a positive 'default' and positive rates")
-        if self.bandwidth <= 0 or self.overhead_s < 0:
-            raise ValueError("bandwidth must be positive and overhead_s not negative")
+        if "default" not in self.runs:
+            raise ValueError("runs needs a 'default' kind for the kinds not measured")
+        for name, (overhead, rate) in self.runs.items():
+            if not (overhead >= 0 and rate > 0):
+                raise ValueError(f"{name}: overhead_s must be >= 0 and flops_per_s positive")
+        if not self.bandwidth > 0:
+            raise ValueError(f"bandwidth must be positive, got {self.bandwidth}")
 
     def run_s(self, group: Sequence[Layer], shard: Shard) -> float:
-        """Run time of ``shard`` of ``group``: the whole group's run time at each layer's
-        kind's rate, scaled by the shard's share of the group's FLOPs."""
+        """Run time of ``shard`` of ``group``: each layer's overhead, and the whole group's
+        time at each layer's kind's rate scaled by the shard's share of the group's FLOPs."""
+        lines = [self._line(layer) for layer in group]
         total = sum(layer.flops for layer in group)
-        whole = sum(layer.flops / self._rate(layer) for layer in group)
+        whole = sum(layer.flops / rate for layer, (_, rate) in zip(group, lines, strict=True))
         share = shard.flops / total if total else 0.0
-        return self.overhead_s * len(group) + share * whole
+        return sum(overhead for overhead, _ in lines) + share * whole
 
-    def _rate(self, layer: Layer) -> float:
-        return self.flops_per_s.get(kind(layer), self.flops_per_s["default"])
+    def _line(self, layer: Layer) -> tuple[float, float]:
+        return self.runs.get(kind(layer), self.runs["default"])
 
     def expected_max_delay(self, workers: int) -> float:
         """The expected slowest of ``workers`` transfers' delays (0 for none)."""

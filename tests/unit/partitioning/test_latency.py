@@ -30,8 +30,10 @@ def models() -> dict[str, list[Layer]]:
 def _machine(rng: np.random.Generator) -> PerfModel:
     """A random machine: rates, overheads and transfers over a few orders of magnitude."""
     return PerfModel(
-        {"default": 10 ** rng.uniform(7, 9), "Conv": 10 ** rng.uniform(7, 9)},
-        overhead_s=10 ** rng.uniform(-6, -4),
+        {
+            "default": (10 ** rng.uniform(-6, -4), 10 ** rng.uniform(7, 9)),
+            "Conv": (10 ** rng.uniform(-6, -4), 10 ** rng.uniform(7, 9)),
+        },
         bandwidth=10 ** rng.uniform(7, 10),
         delay=EMG(10 ** rng.uniform(-6, -3), 10 ** rng.uniform(-7, -4), 10 ** rng.uniform(-7, -4)),
     )
@@ -123,7 +125,7 @@ def test_a_round_waits_for_the_slowest_worker_and_the_expected_max_delay(
     models: dict[str, list[Layer]],
 ) -> None:
     stem = models["resnet"][:1]
-    perf = PerfModel({"default": 1e9}, 1e-5, 1e8, EMG(1e-4, 1e-5, 2e-5))
+    perf = PerfModel({"default": (1e-5, 1e9)}, 1e8, EMG(1e-4, 1e-5, 2e-5))
     pieces = shards(stem, "spatial", 3)
     remote = max(perf.run_s(stem, p) + (p.in_bytes + p.out_bytes) / 1e8 for p in pieces[1:])
     expected = max(perf.run_s(stem, pieces[0]), remote + EMG(1e-4, 1e-5, 2e-5).expected_max(2))
@@ -144,18 +146,19 @@ def test_a_kinds_rate_is_fitted_from_run_times() -> None:
 
 
 @pytest.mark.parametrize(
-    ("rates", "bandwidth", "message"),
+    ("runs", "bandwidth", "message"),
     [
-        ({"Conv": 1e9}, 1e9, "default"),
-        ({"default": -1.0}, 1e9, "positive"),
-        ({"default": 1e9}, 0.0, "bandwidth"),
+        ({"Conv": (0.0, 1e9)}, 1e9, "default"),
+        ({"default": (0.0, -1.0)}, 1e9, "flops_per_s positive"),
+        ({"default": (-1e-6, 1e9)}, 1e9, "overhead_s must be >= 0"),
+        ({"default": (0.0, 1e9)}, 0.0, "bandwidth must be positive"),
     ],
 )
 def test_a_machine_of_impossible_numbers_is_refused(
-    rates: dict[str, float], bandwidth: float, message: str
+    runs: dict[str, tuple[float, float]], bandwidth: float, message: str
 ) -> None:
     with pytest.raises(ValueError, match=message):
-        PerfModel(rates, 1e-6, bandwidth, EMG(1e-4, 1e-5, 1e-5))
+        PerfModel(runs, bandwidth, EMG(1e-4, 1e-5, 1e-5))
 
 
 def test_finer_memory_levels_never_give_a_slower_plan() -> None:

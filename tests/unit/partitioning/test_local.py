@@ -55,7 +55,8 @@ def test_every_group_and_option_computes_the_whole_models_outputs(model: onnx.Mo
                         stage = _stage(found, first, last, option, parts)
                     except ValueError:  # more parts than rows or channels
                         continue
-                    got = LocalPlan(model, _with(found, stage)).run(x)
+                    with LocalPlan(model, _with(found, stage)) as local:
+                        got = local.run(x)
                     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
                     tried.add(option)
     assert tried == {"none", "spatial", "channel"}
@@ -63,7 +64,7 @@ def test_every_group_and_option_computes_the_whole_models_outputs(model: onnx.Mo
 
 def test_the_dps_plans_under_tight_memory_compute_the_same(model: onnx.ModelProto) -> None:
     found = layers(model)
-    perf = PerfModel({"default": 1e8}, 1e-5, 1e9, EMG(5e-5, 5e-6, 1e-5))
+    perf = PerfModel({"default": (1e-5, 1e8)}, 1e9, EMG(5e-5, 5e-6, 1e-5))
     x = np.random.default_rng(2).standard_normal((1, 3, 16, 16)).astype(np.float32)
     expected = _whole(model, x)
     largest = max(layer.weight_bytes for layer in found)
@@ -72,7 +73,8 @@ def test_the_dps_plans_under_tight_memory_compute_the_same(model: onnx.ModelProt
             plan = latency_optimal(found, perf, 3, limit)
         except ValueError:
             continue
-        np.testing.assert_allclose(LocalPlan(model, plan).run(x), expected, rtol=1e-5, atol=1e-5)
+        with LocalPlan(model, plan) as local:
+            np.testing.assert_allclose(local.run(x), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_a_channel_shard_holds_only_its_filters() -> None:
