@@ -207,9 +207,9 @@ def _repad(copy: onnx.NodeProto, whole: _Model, node: onnx.NodeProto, out: tuple
 
 class LocalPlan:
     """A plan run fork-join in this process: each shard an onnxruntime session of its own, made
-    once, on one intra-op thread. :meth:`run` runs each stage's first shard on the calling
-    thread (the leader) and the others at once on a pool of threads (the workers; onnxruntime
-    runs without the GIL), then joins their outputs in order."""
+    once, on one intra-op thread. :meth:`run` runs a stage's first shard on the calling thread
+    where the leader takes one, and the others at once on a pool of threads (the workers;
+    onnxruntime runs without the GIL), then joins their outputs in order."""
 
     def __init__(self, model: str | Path | onnx.ModelProto, plan: Plan) -> None:
         import onnxruntime as ort
@@ -227,14 +227,14 @@ class LocalPlan:
             for stage in plan.stages
         ]
         self._axes = [_join_axis(plan, stage) for stage in plan.stages]
-        width = max((len(shards) - 1 for shards in self._stages), default=0)
+        width = max((s.parts - s.leader for s in plan.stages), default=0)
         self._pool = ThreadPoolExecutor(max(1, width), "shard")
 
     def run(self, x: np.ndarray) -> np.ndarray:
-        for shards, axis in zip(self._stages, self._axes, strict=True):
-            forked = [self._pool.submit(_run, session, x, rows) for session, rows in shards[1:]]
-            leader, rows = shards[0]
-            outputs = [_run(leader, x, rows), *(f.result() for f in forked)]
+        for stage, shards, axis in zip(self.plan.stages, self._stages, self._axes, strict=True):
+            local = shards[:1] if stage.leader else []
+            forked = [self._pool.submit(_run, s, x, rows) for s, rows in shards[len(local) :]]
+            outputs = [_run(s, x, rows) for s, rows in local] + [f.result() for f in forked]
             x = outputs[0] if len(outputs) == 1 else np.concatenate(outputs, axis=axis)
         return x
 

@@ -39,10 +39,13 @@ COPY_BYTES = 1 << 22  # of the copies timed for the bandwidth
 ROUNDS = 20  # fork-join rounds timed on each layer split for the delay
 
 
-def single_stage(found: list[Layer], first: int, last: int, option: str, parts: int) -> Plan:
-    """A plan of one stage, layers ``first..last`` under ``option`` (no latency predicted)."""
+def single_stage(
+    found: list[Layer], first: int, last: int, option: str, parts: int, leader: bool = True
+) -> Plan:
+    """A plan of one stage, layers ``first..last`` under ``option``, its first shard on the
+    leader where ``leader`` (no latency predicted, no memory counted)."""
     pieces = tuple(shards(found[first : last + 1], option, parts))
-    return Plan(tuple(found), (Stage(first, last, option, parts, False, pieces, 0.0, 0),))
+    return Plan(tuple(found), (Stage(first, last, option, parts, leader, pieces, 0.0, 0),))
 
 
 def measure_s(run: Callable[[], object], repeats: int) -> float:
