@@ -15,7 +15,9 @@ table ``L[j][m]``, the best latency of layers ``0..j-1`` with at most ``m`` unit
 where ``t(g, b)`` (Algorithm 1) is the best round of group ``g`` whose leader shard, if any,
 takes at most ``b`` units, over every option, number of parts (at most ``workers`` on
 workers) and whether the leader takes a shard. Time ``O(n^2 levels^2)`` after the ``O(n^2)``
-groups' rounds; the brute force, ``O(2^n)`` groupings times every choice in each.
+groups' rounds; the brute force, ``O(2^n)`` groupings times every choice in each. The brute
+force also answers gillis eq. 3 on small models: the least cost (:attr:`Plan.cost_s`, busy
+seconds of leader and workers) within a latency SLO.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class Stage:
     shards: tuple[Shard, ...]
     latency_s: float
     leader_units: int
+    worker_s: float = 0.0  # the workers' busy seconds together
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,12 @@ class Plan:
     @property
     def predicted_latency_s(self) -> float:
         return sum(stage.latency_s for stage in self.stages)
+
+    @property
+    def cost_s(self) -> float:
+        """Busy seconds of a query (gillis §IV-C, billed at a granularity of zero): the leader
+        for the whole latency, each worker for its shards."""
+        return self.predicted_latency_s + sum(stage.worker_s for stage in self.stages)
 
     @property
     def leader_bytes(self) -> int:
@@ -105,8 +114,9 @@ def _choices(
                 if parts - leader > workers or parts - leader < 0:
                     continue
                 latency = perf.latency_s(group, option, parts, leader)
+                busy = perf.worker_s(group, option, parts, leader)
                 units = math.ceil(_size(pieces[0]) / unit) if leader else 0
-                yield Stage(first, last, option, parts, leader, pieces, latency, units)
+                yield Stage(first, last, option, parts, leader, pieces, latency, units, busy)
 
 
 def latency_optimal(
@@ -163,9 +173,16 @@ def _better(stage: Stage | None, than: Stage | None) -> bool:
 
 
 def brute_force(
-    layers: Sequence[Layer], perf: PerfModel, workers: int, memory_limit: int, levels: int = 64
+    layers: Sequence[Layer],
+    perf: PerfModel,
+    workers: int,
+    memory_limit: int,
+    levels: int = 64,
+    slo_s: float | None = None,
 ) -> Plan:
-    """The same optimum by trying every grouping and every choice in each (small models)."""
+    """The same optimum by trying every grouping and every choice in each (small models); with
+    ``slo_s``, the plan of least cost whose latency is within it (gillis eq. 3), the exact
+    answer the SLO-aware planner approximates."""
     n, unit = len(layers), memory_limit / levels
     found: Plan | None = None
     for cuts in itertools.product((False, True), repeat=n - 1):
@@ -178,8 +195,20 @@ def brute_force(
             if sum(s.leader_units for s in stages) > levels:
                 continue
             plan = Plan(tuple(layers), tuple(stages))
-            if found is None or plan.predicted_latency_s < found.predicted_latency_s:
+            if slo_s is not None and plan.predicted_latency_s > slo_s:
+                continue
+            if found is None or _key(plan, slo_s) < _key(found, slo_s):
                 found = plan
     if found is None:
-        raise ValueError(f"no plan fits {memory_limit} bytes a shard with {workers} workers")
+        within = "" if slo_s is None else f" within {slo_s * 1e3:.3g} ms"
+        raise ValueError(
+            f"no plan fits {memory_limit} bytes a shard with {workers} workers{within}"
+        )
     return found
+
+
+def _key(plan: Plan, slo_s: float | None) -> tuple[float, float]:
+    """What a search minimizes: the latency, or within an SLO the cost, then the latency."""
+    if slo_s is None:
+        return (plan.predicted_latency_s, 0.0)
+    return (plan.cost_s, plan.predicted_latency_s)

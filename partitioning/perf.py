@@ -97,5 +97,11 @@ class PerfModel:
         local = self.run_s(group, pieces[0]) if leader else 0.0
         return max(local, remote)
 
+    def worker_s(self, group: Sequence[Layer], option: str, parts: int, leader: bool) -> float:
+        """Seconds the round's workers are busy together: each its shard's run and bytes
+        (what a cost counts, gillis §IV-C; the leader is busy the whole latency)."""
+        pieces = shards(group, option, parts)
+        return sum(self._remote_s(group, p) for p in (pieces[1:] if leader else pieces))
+
     def _remote_s(self, group: Sequence[Layer], shard: Shard) -> float:
         return self.run_s(group, shard) + (shard.in_bytes + shard.out_bytes) / self.bandwidth

@@ -170,3 +170,35 @@ def test_finer_memory_levels_never_give_a_slower_plan() -> None:
     fine = latency_optimal(found, perf, 2, 60_000, levels=128)
     assert fine.predicted_latency_s <= coarse.predicted_latency_s + 1e-15
     assert math.isfinite(fine.predicted_latency_s)
+
+
+def test_within_an_slo_the_cheapest_plan_costs_no_more_than_the_fastest(
+    models: dict[str, list[Layer]],
+) -> None:
+    rng = np.random.default_rng(11)
+    for found in models.values():
+        perf, limit = _machine(rng), 4 * _scale(found)
+        fastest = latency_optimal(found, perf, 2, limit, levels=16)
+        for slack in (1.0, 1.3, 3.0):
+            slo = fastest.predicted_latency_s * slack
+            cheapest = brute_force(found, perf, 2, limit, levels=16, slo_s=slo)
+            assert cheapest.predicted_latency_s <= slo
+            assert cheapest.cost_s <= fastest.cost_s + 1e-15
+            busy = sum(
+                perf.worker_s(found[s.first : s.last + 1], s.option, s.parts, s.leader)
+                for s in cheapest.stages
+            )
+            assert cheapest.cost_s == pytest.approx(cheapest.predicted_latency_s + busy)
+        with pytest.raises(ValueError, match="within"):
+            brute_force(found, perf, 2, limit, levels=16, slo_s=fastest.predicted_latency_s * 0.99)
+
+
+def test_an_slo_the_leader_alone_meets_is_met_without_workers(
+    models: dict[str, list[Layer]],
+) -> None:
+    found = models["resnet"]
+    perf = _machine(np.random.default_rng(12))
+    alone = sum(perf.latency_s([layer], "none", 1, leader=True) for layer in found)
+    cheapest = brute_force(found, perf, 2, 4 * _scale(found), levels=16, slo_s=alone * 1.01)
+    assert all(s.parts == 1 and s.leader for s in cheapest.stages)
+    assert cheapest.cost_s == pytest.approx(cheapest.predicted_latency_s)
