@@ -21,7 +21,8 @@ Steps, in order:
 
 Shapes come from ONNX shape inference, without the batch dimension (a batch of one). FLOPs count
 a multiply-add as two. Weight bytes are those of the initializers the layer's nodes read.
-Caveat: a model whose graph has several inputs, or a tensor that skips over a cut, is refused.
+Caveats: a model whose graph has several inputs is refused; a tensor read far downstream (a
+long skip connection) keeps every node in between in one layer, which then cannot be split.
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def layers(model: str | Path | onnx.ModelProto) -> list[Layer]:
     """The model's layers, in order (steps 1-3 above)."""
     proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
     graph = _Graph(onnx.shape_inference.infer_shapes(proto).graph)
-    segments = _merge_reshapes(_merge_elementwise(graph, _cut(graph)), graph)
+    segments = _merge_reshapes(graph, _merge_elementwise(graph, _cut(graph)))
     return [graph.layer(segment) for segment in segments]
 
 
@@ -214,7 +215,7 @@ def _merge_elementwise(graph: _Graph, segments: list[list[int]]) -> list[list[in
     return merged
 
 
-def _merge_reshapes(segments: list[list[int]], graph: _Graph) -> list[list[int]]:
+def _merge_reshapes(graph: _Graph, segments: list[list[int]]) -> list[list[int]]:
     """Step 2: a flatten or reshape into the layer that reads it."""
     merged: list[list[int]] = []
     carried: list[int] = []
