@@ -113,8 +113,8 @@ def _choices(
             for leader in (True, False):
                 if parts - leader > workers or parts - leader < 0:
                     continue
-                latency = perf.latency_s(group, option, parts, leader)
-                busy = perf.worker_s(group, option, parts, leader)
+                latency = perf.latency_s(group, pieces, leader)
+                busy = perf.worker_s(group, pieces, leader)
                 units = math.ceil(_size(pieces[0]) / unit) if leader else 0
                 yield Stage(first, last, option, parts, leader, pieces, latency, units, busy)
 

@@ -29,13 +29,14 @@ from onnx import helper, numpy_helper
 from raysrv.partitioning.graph import node_rows, window_of
 from raysrv.partitioning.latency import Plan, Stage
 
-__all__ = ["LocalPlan", "shard_models"]
+__all__ = ["LocalPlan", "Sharder"]
 
 AXIS_H = 2  # NCHW
 
 
-class _Model:
-    """The whole model's nodes, initializers and shapes (after shape inference)."""
+class Sharder:
+    """A model's shards as models of their own: its nodes, initializers and shapes, read (and
+    its shapes inferred) once for every stage cut from it."""
 
     def __init__(self, proto: onnx.ModelProto) -> None:
         inferred = onnx.shape_inference.infer_shapes(proto)
@@ -76,28 +77,25 @@ class _Model:
         )
         return helper.make_model(graph, opset_imports=self.opset, ir_version=self.ir_version)
 
-
-def shard_models(
-    model: onnx.ModelProto, plan: Plan, stage: Stage
-) -> list[tuple[onnx.ModelProto, tuple[int, int] | None]]:
-    """``stage``'s shards as models, each with the input rows the leader sends it (None: the
-    whole input)."""
-    whole = _Model(model)
-    group = plan.layers[stage.first : stage.last + 1]
-    indices = [k for layer in group for k in layer.nodes]
-    nodes = [whole.nodes[k] for k in indices]
-    entry, exit_ = group[0].input, group[-1].output
-    if stage.option == "none":
-        return [(whole.build(nodes, [whole.value(entry)], exit_), None)]
-    if stage.option == "channel":
-        return [(m, None) for m in _channel_models(whole, nodes, entry, exit_, stage.parts)]
-    height = whole.height(exit_)
-    edges = [round(k * height / stage.parts) for k in range(stage.parts + 1)]
-    return [_spatial_model(whole, nodes, entry, exit_, rows) for rows in itertools.pairwise(edges)]
+    def shard_models(
+        self, plan: Plan, stage: Stage
+    ) -> list[tuple[onnx.ModelProto, tuple[int, int] | None]]:
+        """``stage``'s shards as models, each with the input rows the leader sends it (None:
+        the whole input)."""
+        group = plan.layers[stage.first : stage.last + 1]
+        nodes = [self.nodes[k] for layer in group for k in layer.nodes]
+        entry, exit_ = group[0].input, group[-1].output
+        if stage.option == "none":
+            return [(self.build(nodes, [self.value(entry)], exit_), None)]
+        if stage.option == "channel":
+            return [(m, None) for m in _channel_models(self, nodes, entry, exit_, stage.parts)]
+        height = self.height(exit_)
+        edges = [round(k * height / stage.parts) for k in range(stage.parts + 1)]
+        return [_spatial_model(self, nodes, entry, exit_, r) for r in itertools.pairwise(edges)]
 
 
 def _channel_models(
-    whole: _Model, nodes: list[onnx.NodeProto], entry: str, exit_: str, parts: int
+    whole: Sharder, nodes: list[onnx.NodeProto], entry: str, exit_: str, parts: int
 ) -> list[onnx.ModelProto]:
     head = next(node for node in nodes if node.op_type in ("Conv", "Gemm", "MatMul"))
     weight = whole.weights[head.input[1]]
@@ -124,7 +122,7 @@ def _output_axis(head: onnx.NodeProto) -> int:
 
 
 def _spatial_model(
-    whole: _Model, nodes: list[onnx.NodeProto], entry: str, exit_: str, rows: tuple[int, int]
+    whole: Sharder, nodes: list[onnx.NodeProto], entry: str, exit_: str, rows: tuple[int, int]
 ) -> tuple[onnx.ModelProto, tuple[int, int]]:
     need = _rows_needed(whole, nodes, exit_, rows)
     built: list[onnx.NodeProto] = []
@@ -148,7 +146,7 @@ def _spatial_model(
 
 
 def _input_rows(
-    whole: _Model, node: onnx.NodeProto, out: tuple[int, int]
+    whole: Sharder, node: onnx.NodeProto, out: tuple[int, int]
 ) -> dict[str, tuple[int, int]]:
     """The rows of each of ``node``'s tensor inputs that its output rows ``out`` read."""
     rows = node_rows(node, whole.weights)
@@ -162,7 +160,7 @@ def _input_rows(
 
 
 def _rows_needed(
-    whole: _Model, nodes: list[onnx.NodeProto], exit_: str, rows: tuple[int, int]
+    whole: Sharder, nodes: list[onnx.NodeProto], exit_: str, rows: tuple[int, int]
 ) -> dict[str, tuple[int, int]]:
     """Every tensor's rows that the output rows ``rows`` need, from the last node back; a
     tensor read by several nodes, the rows that cover all of them."""
@@ -188,7 +186,9 @@ def _slice(
     return sliced
 
 
-def _repad(copy: onnx.NodeProto, whole: _Model, node: onnx.NodeProto, out: tuple[int, int]) -> None:
+def _repad(
+    copy: onnx.NodeProto, whole: Sharder, node: onnx.NodeProto, out: tuple[int, int]
+) -> None:
     """Pad along the height only where the window passes the input's true top or bottom."""
     extent, stride, pad = window_of(node, whole.weights)
     height = whole.height(node.input[0])
@@ -219,10 +219,11 @@ class LocalPlan:
         options.intra_op_num_threads = 1
         options.inter_op_num_threads = 1
         self.plan = plan
+        sharder = Sharder(proto)
         self._stages = [
             [
                 (ort.InferenceSession(m.SerializeToString(), options), rows)
-                for m, rows in shard_models(proto, plan, stage)
+                for m, rows in sharder.shard_models(plan, stage)
             ]
             for stage in plan.stages
         ]

@@ -28,7 +28,7 @@ from numpy.typing import ArrayLike
 
 from raysrv.analytics.forkjoin import EMG
 from raysrv.partitioning.graph import Layer
-from raysrv.partitioning.shards import Shard, shards
+from raysrv.partitioning.shards import Shard
 
 __all__ = ["PerfModel", "fit_kind", "kind"]
 
@@ -87,20 +87,18 @@ class PerfModel:
             self._max_delay[workers] = self.delay.expected_max(workers)
         return self._max_delay[workers]
 
-    def latency_s(self, group: Sequence[Layer], option: str, parts: int, leader: bool) -> float:
-        """The group's fork-join round: ``parts`` shards, the first on the leader if
-        ``leader``, the others each on a worker."""
-        pieces = shards(group, option, parts)
+    def latency_s(self, group: Sequence[Layer], pieces: Sequence[Shard], leader: bool) -> float:
+        """The group's fork-join round over its shards ``pieces`` (:func:`.shards.shards`), the
+        first on the leader if ``leader``, the others each on a worker."""
         on_workers = pieces[1:] if leader else pieces
         slowest = max((self._remote_s(group, p) for p in on_workers), default=0.0)
         remote = slowest + self.expected_max_delay(len(on_workers))
         local = self.run_s(group, pieces[0]) if leader else 0.0
         return max(local, remote)
 
-    def worker_s(self, group: Sequence[Layer], option: str, parts: int, leader: bool) -> float:
+    def worker_s(self, group: Sequence[Layer], pieces: Sequence[Shard], leader: bool) -> float:
         """Seconds the round's workers are busy together: each its shard's run and bytes
         (what a cost counts, gillis §IV-C; the leader is busy the whole latency)."""
-        pieces = shards(group, option, parts)
         return sum(self._remote_s(group, p) for p in (pieces[1:] if leader else pieces))
 
     def _remote_s(self, group: Sequence[Layer], shard: Shard) -> float:

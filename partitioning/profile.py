@@ -30,6 +30,7 @@ import onnx
 from raysrv.analytics.forkjoin import EMG, fit_emg
 from raysrv.partitioning.graph import Layer, layers, options
 from raysrv.partitioning.latency import Plan, Stage
+from raysrv.partitioning.local import LocalPlan, Sharder
 from raysrv.partitioning.perf import PerfModel, fit_kind, kind
 from raysrv.partitioning.shards import shards
 
@@ -65,7 +66,7 @@ def profile(
     """The performance model of this machine, measured on ``model``'s layers, for plans of at
     most ``workers`` workers a round."""
     proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
-    found = layers(proto)
+    found, sharder = layers(proto), Sharder(proto)
     points: dict[str, list[tuple[int, float]]] = defaultdict(list)
     rounds = []
     for k, layer in enumerate(found):
@@ -75,7 +76,7 @@ def profile(
                     plan = single_stage(found, k, k, option, parts)
                 except ValueError:
                     break
-                seconds = _first_shard_s(proto, plan, repeats)
+                seconds = _first_shard_s(sharder, plan, repeats)
                 points[kind(layer)].append((plan.stages[0].shards[0].flops, seconds))
                 if option != "none" and parts == workers + 1:
                     rounds.append((plan, seconds))
@@ -91,15 +92,13 @@ def profile(
 
 def _predicted_chain_s(found: list[Layer], runs: dict[str, tuple[float, float]]) -> float:
     perf = PerfModel(runs, 1.0, EMG(1.0, 1.0, 1.0))
-    return sum(perf.latency_s([layer], "none", 1, leader=True) for layer in found)
+    return sum(perf.latency_s([layer], shards([layer], "none", 1), True) for layer in found)
 
 
 def _chain_s(proto: onnx.ModelProto, found: list[Layer], repeats: int) -> float:
     """Median seconds of the whole model run layer after layer, each a session of its own:
     what the layers timed one by one, each with its weights warm in the caches, take when the
     model's weights go through the caches in turn."""
-    from raysrv.partitioning.local import LocalPlan
-
     stages = [single_stage(found, k, k, "none", 1).stages[0] for k in range(len(found))]
     x = _input(found[0])
     with LocalPlan(proto, Plan(tuple(found), tuple(stages))) as local:
@@ -110,15 +109,13 @@ def _input(layer: Layer) -> np.ndarray:
     return np.random.default_rng(0).standard_normal((1, *layer.in_shape)).astype(np.float32)
 
 
-def _first_shard_s(proto: onnx.ModelProto, plan: Plan, repeats: int) -> float:
+def _first_shard_s(sharder: Sharder, plan: Plan, repeats: int) -> float:
     """Median seconds of the stage's first shard, run alone on one thread."""
     import onnxruntime as ort
 
-    from raysrv.partitioning.local import shard_models
-
     session_options = ort.SessionOptions()
     session_options.intra_op_num_threads = 1
-    shard, rows = shard_models(proto, plan, plan.stages[0])[0]
+    shard, rows = sharder.shard_models(plan, plan.stages[0])[0]
     session = ort.InferenceSession(shard.SerializeToString(), session_options)
     x = _input(plan.layers[plan.stages[0].first])
     feed = {session.get_inputs()[0].name: x if rows is None else x[:, :, slice(*rows)]}
@@ -131,8 +128,6 @@ def _round_delays(
     """What each fork-join round of the one-stage ``plan`` took beyond a shard's run alone
     and its bytes' copies: the hand-over to the workers and back, and the shards slowing each
     other down (memory, caches) while they run together."""
-    from raysrv.partitioning.local import LocalPlan
-
     stage = plan.stages[0]
     moved = max(p.in_bytes + p.out_bytes for p in stage.shards[1:]) / bandwidth
     x = _input(plan.layers[stage.first])

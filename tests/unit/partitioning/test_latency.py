@@ -86,10 +86,7 @@ def test_a_plan_fits_its_memory_and_is_the_sum_of_its_rounds(
     assert edges[-1][1] == len(found) - 1
     assert all(b[0] == a[1] + 1 for a, b in itertools.pairwise(edges))
     assert plan.stages[-1].option == "channel"  # where the big weights are
-    rounds = [
-        perf.latency_s(found[s.first : s.last + 1], s.option, s.parts, s.leader)
-        for s in plan.stages
-    ]
+    rounds = [perf.latency_s(found[s.first : s.last + 1], s.shards, s.leader) for s in plan.stages]
     assert plan.predicted_latency_s == pytest.approx(sum(rounds))
 
 
@@ -129,8 +126,8 @@ def test_a_round_waits_for_the_slowest_worker_and_the_expected_max_delay(
     pieces = shards(stem, "spatial", 3)
     remote = max(perf.run_s(stem, p) + (p.in_bytes + p.out_bytes) / 1e8 for p in pieces[1:])
     expected = max(perf.run_s(stem, pieces[0]), remote + EMG(1e-4, 1e-5, 2e-5).expected_max(2))
-    assert perf.latency_s(stem, "spatial", 3, leader=True) == pytest.approx(expected)
-    alone = perf.latency_s(stem, "none", 1, leader=True)
+    assert perf.latency_s(stem, pieces, leader=True) == pytest.approx(expected)
+    alone = perf.latency_s(stem, shards(stem, "none", 1), leader=True)
     assert alone == pytest.approx(1e-5 + stem[0].flops / 1e9)
 
 
@@ -185,7 +182,7 @@ def test_within_an_slo_the_cheapest_plan_costs_no_more_than_the_fastest(
             assert cheapest.predicted_latency_s <= slo
             assert cheapest.cost_s <= fastest.cost_s + 1e-15
             busy = sum(
-                perf.worker_s(found[s.first : s.last + 1], s.option, s.parts, s.leader)
+                perf.worker_s(found[s.first : s.last + 1], s.shards, s.leader)
                 for s in cheapest.stages
             )
             assert cheapest.cost_s == pytest.approx(cheapest.predicted_latency_s + busy)
@@ -198,7 +195,7 @@ def test_an_slo_the_leader_alone_meets_is_met_without_workers(
 ) -> None:
     found = models["resnet"]
     perf = _machine(np.random.default_rng(12))
-    alone = sum(perf.latency_s([layer], "none", 1, leader=True) for layer in found)
+    alone = sum(perf.latency_s([layer], shards([layer], "none", 1), True) for layer in found)
     cheapest = brute_force(found, perf, 2, 4 * _scale(found), levels=16, slo_s=alone * 1.01)
     assert all(s.parts == 1 and s.leader for s in cheapest.stages)
     assert cheapest.cost_s == pytest.approx(cheapest.predicted_latency_s)

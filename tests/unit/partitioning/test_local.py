@@ -12,7 +12,7 @@ from onnx import numpy_helper
 
 from raysrv.analytics.forkjoin import EMG
 from raysrv.partitioning import Plan, Stage, latency_optimal, layers, options, shards
-from raysrv.partitioning.local import LocalPlan, shard_models
+from raysrv.partitioning.local import LocalPlan, Sharder
 from raysrv.partitioning.perf import PerfModel
 from tests.unit.partitioning.nets import inception, resnet, to_onnx, vgg
 
@@ -86,7 +86,7 @@ def test_a_channel_shard_holds_only_its_filters() -> None:
     stage = _stage(found, fc, fc, "channel", 4)
     held = [
         sum(numpy_helper.to_array(t).nbytes for t in shard.graph.initializer)
-        for shard, _ in shard_models(model, _with(found, stage), stage)
+        for shard, _ in Sharder(model).shard_models(_with(found, stage), stage)
     ]
     assert sum(held) == found[fc].weight_bytes
     assert held == [p.weight_bytes for p in stage.shards]  # what the planner counted
@@ -99,5 +99,6 @@ def test_a_spatial_shard_receives_its_rows_and_halo() -> None:
     model = to_onnx(vgg())
     found = layers(model)
     stage = _stage(found, 0, 1, "spatial", 2)  # two 3x3 convolutions over 16 rows
-    rows = [received for _, received in shard_models(model, _with(found, stage), stage)]
+    built = Sharder(model).shard_models(_with(found, stage), stage)
+    rows = [received for _, received in built]
     assert rows == [(0, 10), (6, 16)]

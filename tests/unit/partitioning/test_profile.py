@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from raysrv.partitioning import layers
+from raysrv.partitioning import layers, shards
 from raysrv.partitioning.profile import profile
 from tests.unit.partitioning.nets import to_onnx, vgg
 
@@ -21,7 +21,7 @@ def test_a_profile_predicts_the_model_it_was_measured_on() -> None:
     assert all(overhead >= 0 and rate > 0 for overhead, rate in perf.runs.values())
     assert perf.delay.mean > 0
     assert perf.bandwidth > 0
-    assert all(perf.latency_s([layer], "none", 1, leader=True) > 0 for layer in found)
+    assert all(perf.latency_s([layer], shards([layer], "none", 1), True) > 0 for layer in found)
 
 
 def test_a_model_with_nothing_to_split_cannot_be_profiled_for_fork_join() -> None:
