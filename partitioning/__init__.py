@@ -10,28 +10,38 @@ model and the latency-optimal planner, and plans run fork-join in one process. N
   check it: :mod:`.latency`.
 * A plan's shards as ONNX models of their own, run fork-join on threads: :mod:`.local`.
 
-Serving plans on Ray (shard actors in a replica's placement group), the SLO-aware planner
-(gillis §IV-C), the ``partition`` config and ``raysrv plan`` are not here yet. Measured:
-bench/RESULTS.md, "Partitioned models".
+* The SLO-aware planner (gillis §IV-C, eq. 3-4: REINFORCE, a partitioner and a placer) and a
+  random search to compare it with: :mod:`.slo`.
+* The entry point, :func:`plan`, and the memory check of ``raysrv validate``: :mod:`.planner`.
+
+Serving a plan on Ray (the leader a model's worker, the other shards actors in its placement
+group) is :mod:`raysrv._partitioned`. Measured: bench/RESULTS.md, "Partitioned models".
 """
 
 from raysrv.partitioning.graph import Layer, Rows, layers, options, weight_bytes
 from raysrv.partitioning.latency import Plan, Stage, brute_force, latency_optimal
 from raysrv.partitioning.perf import PerfModel, fit_kind
+from raysrv.partitioning.planner import check_fits, plan
 from raysrv.partitioning.shards import Shard, shards
+from raysrv.partitioning.slo import Search, random_search, slo_aware
 
 __all__ = [
     "Layer",
     "PerfModel",
     "Plan",
+    "Search",
     "Rows",
     "Shard",
     "Stage",
     "brute_force",
+    "check_fits",
     "fit_kind",
     "latency_optimal",
     "layers",
     "options",
+    "plan",
+    "random_search",
     "shards",
+    "slo_aware",
     "weight_bytes",
 ]

@@ -25,13 +25,17 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from raysrv.partitioning.graph import Layer, options
 from raysrv.partitioning.perf import PerfModel
 from raysrv.partitioning.shards import Shard, shards
 
-__all__ = ["Plan", "Stage", "brute_force", "latency_optimal"]
+__all__ = ["Plan", "Stage", "brute_force", "latency_optimal", "stage"]
 
 
 @dataclass(frozen=True)
@@ -51,10 +55,12 @@ class Stage:
 
 @dataclass(frozen=True)
 class Plan:
-    """Stages in order and what the model predicts for them."""
+    """Stages in order and what the model predicts for them; ``model`` (the ONNX file or proto
+    the layers come from) where :meth:`run_local` is to run it."""
 
     layers: tuple[Layer, ...]
     stages: tuple[Stage, ...]
+    model: str | Path | Any = field(default=None, compare=False, repr=False)
 
     @property
     def predicted_latency_s(self) -> float:
@@ -69,11 +75,31 @@ class Plan:
     @property
     def leader_bytes(self) -> int:
         """What the leader's shards hold together."""
-        return sum(_size(s.shards[0]) for s in self.stages if s.leader)
+        return sum(size(s.shards[0]) for s in self.stages if s.leader)
 
     def worker_shards(self) -> list[Shard]:
         """Every shard a worker runs, one worker each."""
         return [p for s in self.stages for p in (s.shards[1:] if s.leader else s.shards)]
+
+    @property
+    def shards(self) -> list[Shard]:
+        """Every shard of every stage, in order: the leader's and the workers'."""
+        return [p for s in self.stages for p in s.shards]
+
+    @property
+    def largest_shard_bytes(self) -> int:
+        """What the largest shard holds: weights, and the activations it reads and writes."""
+        return max(size(p) for p in self.shards)
+
+    def run_local(self, x: np.ndarray) -> np.ndarray:
+        """The plan's output for the batch ``x``, its shards run fork-join in this process
+        (:class:`.local.LocalPlan`; made for this one call: keep a ``LocalPlan`` to run many)."""
+        from raysrv.partitioning.local import LocalPlan
+
+        if self.model is None:
+            raise ValueError("this plan has no model to run; plan() gives plans one")
+        with LocalPlan(self.model, self) as local:
+            return local.run(x)
 
     def describe(self) -> str:
         lines = [f"predicted latency {self.predicted_latency_s * 1e3:.2f} ms"]
@@ -86,12 +112,12 @@ class Plan:
                 f"  layers {stage.first}-{stage.last} ({names}): {stage.option} x{stage.parts} "
                 f"on {where}{stage.parts - stage.leader} worker(s), "
                 f"{stage.latency_s * 1e3:.2f} ms, largest shard "
-                f"{max(_size(p) for p in stage.shards) / 1e6:.2f} MB"
+                f"{max(size(p) for p in stage.shards) / 2**20:.2f} MiB"
             )
         return "\n".join(lines)
 
 
-def _size(shard: Shard) -> int:
+def size(shard: Shard) -> int:
     """A shard's memory: its weights and the activations it reads and writes."""
     return shard.weight_bytes + shard.in_bytes + shard.out_bytes
 
@@ -108,15 +134,26 @@ def _choices(
                 pieces = tuple(shards(group, option, parts))
             except ValueError:  # more parts than rows or channels
                 break
-            if max(_size(p) for p in pieces) > limit:
+            if max(size(p) for p in pieces) > limit:
                 continue  # a partition too large for any function
             for leader in (True, False):
                 if parts - leader > workers or parts - leader < 0:
                     continue
-                latency = perf.latency_s(group, pieces, leader)
-                busy = perf.worker_s(group, pieces, leader)
-                units = math.ceil(_size(pieces[0]) / unit) if leader else 0
-                yield Stage(first, last, option, parts, leader, pieces, latency, units, busy)
+                yield stage(group, first, option, pieces, leader, perf, unit)
+
+
+def stage(
+    group: Sequence[Layer], first: int, option: str, pieces: tuple[Shard, ...], leader: bool,
+    perf: PerfModel, unit: float,
+) -> Stage:  # fmt: skip
+    """The round of ``group`` (the layers from ``first`` on) as ``pieces``, the first on the
+    leader if ``leader``: its predicted latency, the workers' busy time and the leader's
+    memory in units of ``unit`` bytes."""
+    latency = perf.latency_s(group, pieces, leader)
+    busy = perf.worker_s(group, pieces, leader)
+    units = math.ceil(size(pieces[0]) / unit) if leader else 0
+    last = first + len(group) - 1
+    return Stage(first, last, option, len(pieces), leader, pieces, latency, units, busy)
 
 
 def latency_optimal(

@@ -29,7 +29,7 @@ from onnx import helper, numpy_helper
 from raysrv.partitioning.graph import node_rows, window_of
 from raysrv.partitioning.latency import Plan, Stage
 
-__all__ = ["LocalPlan", "Sharder"]
+__all__ = ["AXIS_H", "LocalPlan", "Sharder", "join_axis", "rows_of", "shard_session"]
 
 AXIS_H = 2  # NCHW
 
@@ -212,22 +212,17 @@ class LocalPlan:
     onnxruntime runs without the GIL), then joins their outputs in order."""
 
     def __init__(self, model: str | Path | onnx.ModelProto, plan: Plan) -> None:
-        import onnxruntime as ort
-
         proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
         self.plan = plan
         sharder = Sharder(proto)
         self._stages = [
             [
-                (ort.InferenceSession(m.SerializeToString(), options), rows)
+                (shard_session(m.SerializeToString()), rows)
                 for m, rows in sharder.shard_models(plan, stage)
             ]
             for stage in plan.stages
         ]
-        self._axes = [_join_axis(plan, stage) for stage in plan.stages]
+        self._axes = [join_axis(plan, stage) for stage in plan.stages]
         width = max((s.parts - s.leader for s in plan.stages), default=0)
         self._pool = ThreadPoolExecutor(max(1, width), "shard")
 
@@ -249,15 +244,26 @@ class LocalPlan:
         self.close()
 
 
+def shard_session(model: bytes) -> Any:
+    """An onnxruntime session of a shard's serialized model, on one thread."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
 def _run(session: Any, x: np.ndarray, rows: tuple[int, int] | None) -> np.ndarray:
-    return session.run(None, {session.get_inputs()[0].name: _rows_of(x, rows)})[0]
+    return session.run(None, {session.get_inputs()[0].name: rows_of(x, rows)})[0]
 
 
-def _rows_of(x: np.ndarray, rows: tuple[int, int] | None) -> np.ndarray:
+def rows_of(x: np.ndarray, rows: tuple[int, int] | None) -> np.ndarray:
+    """The rows of ``x`` a shard reads (all of them for None), contiguous."""
     return x if rows is None else np.ascontiguousarray(x[:, :, rows[0] : rows[1]])
 
 
-def _join_axis(plan: Plan, stage: Stage) -> int:
+def join_axis(plan: Plan, stage: Stage) -> int:
     """The axis a stage's outputs are joined along: rows, or channels (the last axis of a
     matrix product's output)."""
     if stage.option == "spatial":

@@ -30,7 +30,7 @@ import onnx
 from raysrv.analytics.forkjoin import EMG, fit_emg
 from raysrv.partitioning.graph import Layer, layers, options
 from raysrv.partitioning.latency import Plan, Stage
-from raysrv.partitioning.local import LocalPlan, Sharder
+from raysrv.partitioning.local import LocalPlan, Sharder, shard_session
 from raysrv.partitioning.perf import PerfModel, fit_kind, kind
 from raysrv.partitioning.shards import shards
 
@@ -111,12 +111,8 @@ def _input(layer: Layer) -> np.ndarray:
 
 def _first_shard_s(sharder: Sharder, plan: Plan, repeats: int) -> float:
     """Median seconds of the stage's first shard, run alone on one thread."""
-    import onnxruntime as ort
-
-    session_options = ort.SessionOptions()
-    session_options.intra_op_num_threads = 1
     shard, rows = sharder.shard_models(plan, plan.stages[0])[0]
-    session = ort.InferenceSession(shard.SerializeToString(), session_options)
+    session = shard_session(shard.SerializeToString())
     x = _input(plan.layers[plan.stages[0].first])
     feed = {session.get_inputs()[0].name: x if rows is None else x[:, :, slice(*rows)]}
     return measure_s(lambda: session.run(None, feed), repeats)

@@ -27,6 +27,7 @@ __all__ = [
     "ModelSetSpec",
     "ModelSpec",
     "ModelTemplate",
+    "PartitionSpec",
     "PoolSpec",
     "ResolvedPool",
     "ResourcesSpec",
@@ -153,6 +154,40 @@ class ResourcesSpec(_Strict):
     )
 
 
+class PartitionSpec(_Strict):
+    """A model split across shard workers that run it fork-join with its replica's worker, the
+    leader (gillis §III-IV): how it is planned, and what each shard worker reserves."""
+
+    objective: Literal["latency", "cost"] = Field(
+        "latency",
+        description="'latency': the fastest plan (gillis §IV-B); 'cost': the one of least busy "
+        "time within slo_ms (gillis §IV-C).",
+    )
+    workers: int = Field(2, ge=1, le=64, description="Shard workers one round uses at most.")
+    memory_limit_mb: float = Field(
+        gt=0.0,
+        description="What one shard holds at most, in MiB: its weights and the activations it "
+        "reads and writes; the leader's shards together too.",
+    )
+    slo_ms: float | None = Field(
+        None, gt=0.0, description="Predicted latency a plan must meet ('cost' needs it)."
+    )
+    num_cpus: float = Field(
+        0.5, gt=0.0, description="Logical CPUs each shard worker reserves in the placement group."
+    )
+    timeout_s: float = Field(
+        30.0,
+        gt=0.0,
+        description="How long the leader waits for a shard's answer; past it the batch fails.",
+    )
+
+    @model_validator(mode="after")
+    def _cost_needs_an_slo(self) -> PartitionSpec:
+        if self.objective == "cost" and self.slo_ms is None:
+            raise ValueError("objective 'cost' needs slo_ms: the latency its plan must meet")
+        return self
+
+
 class BatchingSpec(_Strict):
     policy: str = Field("fixed", description="Registered batching policy name or 'pkg.mod:Class'.")
     params: dict[str, Any] = Field(default_factory=dict, description="Parameters of the policy.")
@@ -209,6 +244,11 @@ class ModelTemplate(_Strict):
         "2 sends the next batch so it arrives as the replica frees up, 1 waits until it is idle.",
     )
     input: InputSpec = Field(description="What one query's input is: shape and dtype.")
+    partition: PartitionSpec | None = Field(
+        None,
+        description="Split the model across shard workers (onnx models of a dedicated pool on "
+        "CPU workers): see PartitionSpec; unset, each worker holds the whole model.",
+    )
     warm_up: bool = Field(
         True,
         description="Run a batch of one as the last step of every LOAD, so that the first "
@@ -231,6 +271,27 @@ class ModelTemplate(_Strict):
             raise ValueError(
                 f"input.dtype {self.input.dtype!r} needs runtime 'python' (got "
                 f"{self.runtime!r}, whose models take numeric tensors)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _partitioned_on_its_own_workers(self) -> ModelTemplate:
+        if self.partition is None:
+            return self
+        clash = [
+            f"{key} {value!r}"
+            for key, value, wanted in (
+                ("runtime", self.runtime, "onnx"),
+                ("pool", self.pool, None),
+                ("placement", self.placement, "workers"),
+                ("device", self.device, "cpu"),
+            )
+            if value != wanted
+        ]
+        if clash:
+            raise ValueError(
+                "partition needs an onnx model on a dedicated pool of CPU workers (runtime "
+                "'onnx', no pool, placement 'workers', device 'cpu'); got " + ", ".join(clash)
             )
         return self
 
@@ -266,10 +327,13 @@ class ModelSpec(ModelTemplate):
         return self
 
     def weight_bytes(self) -> int | None:
-        """The bytes its weights take: ``weights_mb`` if given, else its source file's size;
-        None when neither is known before a load."""
+        """The bytes its weights take in a worker: ``weights_mb`` if given, else its source
+        file's size; None when neither is known before a load, or the model is partitioned
+        (its leader holds only its shards)."""
         if self.weights_mb is not None:
             return int(self.weights_mb * MIB)
+        if self.partition is not None:
+            return None
         if _is_import_path(self.source) or not os.path.isfile(self.source):
             return None
         return os.path.getsize(self.source)

@@ -334,7 +334,9 @@ class PoolWorker:
     def unload(self, name: str) -> Report:
         """UNLOAD: drop a model (nothing to do if it is not held)."""
         start = time.perf_counter()
-        self._models.pop(name, None)
+        held = self._models.pop(name, None)
+        if held is not None:
+            held.runtime.close()
         return Report("ok", time.perf_counter() - start)
 
     def infer(

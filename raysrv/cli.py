@@ -1,6 +1,9 @@
 """The ``raysrv`` command line.
 
 * ``raysrv validate config.yaml [...]``: check config files without starting Ray.
+* ``raysrv plan config.yaml``: print the plan of each partitioned model (its stages, predicted
+  latency and cost), planned on this machine as a replica's leader plans it as it loads the
+  model (profiled, so figures vary a little from run to run); deploys nothing.
 * ``raysrv run config.yaml [serve run options]``: check the file, then ``serve run`` it with Ray
   Serve's fast path switched on: HAProxy as the HTTP ingress in front of replicas that serve
   HTTP themselves, gRPC for handle calls between replicas, user code on each replica's main
@@ -54,6 +57,56 @@ def _validate(files: Sequence[str]) -> int:
     return 1 if failed else 0
 
 
+def _plan(config: str) -> int:
+    from raysrv.app import prepare_spec
+    from raysrv.config import RaysrvSpec
+    from raysrv.partitioning.planner import plan
+    from raysrv.validate import BUILDER
+
+    if _validate([config]):
+        return 1
+    sys.path.insert(0, os.getcwd())  # build hooks import as under `serve run` (--app-dir .)
+    path = Path(config).resolve()
+    doc = yaml.safe_load(path.read_text())
+    apps = (
+        doc.get("applications")
+        if "applications" in doc
+        else [{"import_path": BUILDER, "args": doc}]
+    )
+    found = 0
+    for app in apps:
+        if app.get("import_path") != BUILDER:
+            continue
+        given = RaysrvSpec.model_validate(app.get("args") or {})
+        spec = prepare_spec(given, Path(given.root) if given.root else path.parent)
+        for model in spec.models:
+            part = model.partition
+            if part is None:
+                continue
+            found += 1
+            try:
+                chosen = plan(
+                    model.source, part.workers, part.memory_limit_mb, part.objective, part.slo_ms
+                )
+            except ValueError as exc:
+                print(f"{model.name}: {exc}")
+                return 1
+            within = f", slo_ms {part.slo_ms:g}" if part.slo_ms is not None else ""
+            print(
+                f"{model.name}: objective {part.objective}{within}, {part.workers} workers, "
+                f"{part.memory_limit_mb:g} MiB a shard"
+            )
+            print("  " + chosen.describe().replace("\n", "\n  "))
+            largest = chosen.largest_shard_bytes / 2**20
+            print(
+                f"  predicted cost {chosen.cost_s * 1e3:.2f} ms of busy time a query; "
+                f"{len(chosen.worker_shards())} shard workers; largest shard {largest:.2f} MiB"
+            )
+    if not found:
+        print(f"{config}: no model declares partition")
+    return 0
+
+
 def serve_environment(base: Mapping[str, str], serve_proxy: bool) -> dict[str, str]:
     """``base`` with :data:`FAST_PATH` added, unless ``serve_proxy``; ``base``'s values win."""
     return dict(base) if serve_proxy else {**FAST_PATH, **base}
@@ -98,6 +151,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     check = commands.add_parser("validate", help="Check config files without starting Ray.")
     check.add_argument("files", nargs="+", help="Serve config or raysrv spec YAML files.")
+    plans = commands.add_parser(
+        "plan", help="Print each partitioned model's plan, predicted latency and cost."
+    )
+    plans.add_argument("config", help="Serve config or raysrv spec YAML file.")
     run = commands.add_parser(
         "run",
         help="Check a Serve config file, then `serve run` it behind Serve's HAProxy ingress.",
@@ -116,6 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "validate":
         return _validate(args.files)
+    if args.command == "plan":
+        return _plan(args.config)
     parser.error(f"unknown command {args.command}")  # pragma: no cover - argparse exits first
     return 2
 

@@ -29,6 +29,10 @@ class Runtime(ABC):
     def predict_batch(self, inputs: Sequence[Any]) -> list[Any]:
         """One output per input, in order."""
 
+    def close(self) -> None:
+        """Give back what the model holds outside this process (its UNLOAD); nothing here."""
+        return
+
 
 def rows(names: Sequence[str], arrays: Sequence[Any]) -> list[Any]:
     """Split batched outputs into one JSON-ready output per input."""
@@ -160,8 +164,13 @@ def _key(key: Any) -> str:
 
 
 def load_runtime(spec: ModelSpec) -> Runtime:
-    """Load the model ``spec`` describes, from its configured source only."""
+    """Load the model ``spec`` describes, from its configured source only; a partitioned model
+    as its leader, with its shard actors started (:mod:`raysrv._partitioned`, inside Ray)."""
     threads = spec.resources.threads
+    if spec.partition is not None:
+        from raysrv._partitioned import PartitionedRuntime
+
+        return PartitionedRuntime(spec)
     if spec.runtime == "onnx":
         return OnnxRuntime(spec.source, spec.device, threads)
     if spec.runtime == "torch":

@@ -74,13 +74,15 @@ def _model_class(annotation: Any) -> type[BaseModel] | None:
     return next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
 
 
-def _check_spec(prefix: str, args: Any, deployments: Sequence[Any]) -> list[Problem]:
+def _check_spec(
+    prefix: str, args: Any, deployments: Sequence[Any], root: Path | None
+) -> list[Problem]:
     try:
         spec = RaysrvSpec.model_validate(args)
     except ValidationError as exc:
         return _from_validation(prefix + ".args" if prefix else "", exc)
     names = {"ingress"}
-    problems: list[Problem] = []
+    problems = _check_partitions(prefix + ".args" if prefix else "", spec, root)
     for i, deployment in enumerate(deployments):
         where = f"{prefix}.deployments[{i}]"
         name = deployment.get("name") if isinstance(deployment, dict) else None
@@ -95,6 +97,26 @@ def _check_spec(prefix: str, args: Any, deployments: Sequence[Any]) -> list[Prob
     return problems
 
 
+def _check_partitions(prefix: str, spec: RaysrvSpec, root: Path | None) -> list[Problem]:
+    """Each partitioned model whose file is there fits its memory limit in some plan (a model
+    built at its first start is checked by ``raysrv plan``, which builds it)."""
+    problems = []
+    base = Path(spec.root) if spec.root else (root or Path.cwd())
+    for i, model in enumerate(spec.models):
+        part = model.partition
+        path = base / Path(model.source).expanduser()
+        if part is None or not path.is_file():
+            continue
+        from raysrv.partitioning.planner import check_fits
+
+        try:
+            check_fits(path, part.workers, part.memory_limit_mb)
+        except ValueError as exc:
+            where = _join(prefix, ["models", i, "partition", "memory_limit_mb"])
+            problems.append(Problem(where, str(exc), part.memory_limit_mb))
+    return problems
+
+
 def _check_live(prefix: str, data: Any, spec: RaysrvSpec) -> list[Problem]:
     try:
         LiveConfig.model_validate(data).check_against(spec)
@@ -105,7 +127,7 @@ def _check_live(prefix: str, data: Any, spec: RaysrvSpec) -> list[Problem]:
     return []
 
 
-def _check_serve(doc: dict[str, Any]) -> list[Problem]:
+def _check_serve(doc: dict[str, Any], root: Path | None) -> list[Problem]:
     from ray.serve.schema import DeploymentSchema, ServeApplicationSchema, ServeDeploySchema
 
     try:
@@ -124,16 +146,17 @@ def _check_serve(doc: dict[str, Any]) -> list[Problem]:
         for j, deployment in enumerate(deployments):
             problems += _unknown_keys(f"{prefix}.deployments[{j}]", deployment, DeploymentSchema)
         if app.get("import_path") == BUILDER:
-            problems += _check_spec(prefix, app.get("args") or {}, deployments)
+            problems += _check_spec(prefix, app.get("args") or {}, deployments, root)
     return problems
 
 
-def validate_document(doc: Any) -> list[Problem]:
-    """Every problem of a parsed config document (empty when it is valid)."""
+def validate_document(doc: Any, root: Path | None = None) -> list[Problem]:
+    """Every problem of a parsed config document (empty when it is valid); relative model
+    paths are read from ``root`` (the file's directory), else the working directory."""
     if isinstance(doc, dict) and "applications" in doc:
-        return _check_serve(doc)
+        return _check_serve(doc, root)
     if isinstance(doc, dict) and {"models", "model_sets", "apps", "pools"} & set(doc):
-        return _check_spec("", doc, [])
+        return _check_spec("", doc, [], root)
     return [
         Problem(
             "",
@@ -151,4 +174,4 @@ def validate_file(path: str | Path) -> list[Problem]:
         return [Problem(str(path), f"cannot read file: {exc.strerror}", str(path))]
     except yaml.YAMLError as exc:
         return [Problem(str(path), f"not valid YAML: {exc}", None)]
-    return validate_document(doc)
+    return validate_document(doc, Path(path).resolve().parent)

@@ -468,3 +468,60 @@ def test_the_live_catalog_adds_models_only_to_shared_pools() -> None:
     elsewhere = LiveConfig.model_validate({"catalog": {"models": [model_spec("c", pool="gpu")]}})
     with pytest.raises(ValueError, match="names unknown pool 'gpu'"):
         elsewhere.check_against(parsed)
+
+
+PARTITIONED = Path(__file__).parents[2] / "examples" / "partitioned" / "config.yaml"
+
+
+def test_the_partitioned_example_is_valid() -> None:
+    assert validate_file(PARTITIONED) == []
+
+
+@pytest.mark.parametrize(
+    ("update", "fragment"),
+    [
+        ({"runtime": "torch", "source": "pkg.mod:f"}, "got runtime 'torch'"),
+        ({"pool": "shared"}, "got pool 'shared'"),
+        ({"placement": "colocated"}, "got placement 'colocated'"),
+        ({"partition": {"objective": "cost", "memory_limit_mb": 8}}, "objective 'cost' needs"),
+        ({"partition": {"memory_limit_mb": 8, "workers": 0}}, "partition.workers"),
+        ({"partition": {"memory_limit_mb": 8, "worker": 2}}, "partition.worker"),
+        ({"partition": {"workers": 2}}, "partition.memory_limit_mb"),
+    ],
+)
+def test_partition_mistakes_are_named(update: dict[str, Any], fragment: str) -> None:
+    model = {**model_spec("big", runtime="onnx", source="big.onnx")}
+    model["partition"] = {"memory_limit_mb": 8}
+    model.update(update)
+    pools = [{"name": "shared", "memory_mb": 64}]
+    doc = spec([model], [{"name": "x", "models": ["big"]}], pools=pools)
+    problems = _problems(doc)
+    assert any(fragment in p for p in problems), problems
+
+
+def test_validate_and_plan_check_that_a_plan_fits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nets = pytest.importorskip("tests.unit.partitioning.nets")
+    (tmp_path / "net.onnx").write_bytes(nets.to_onnx(nets.resnet()).SerializeToString())
+    model = {
+        **model_spec("net", runtime="onnx", source="net.onnx"),
+        "input": {"shape": [3, 16, 16]},
+    }
+    model["partition"] = {"workers": 2, "memory_limit_mb": 0.02}
+    doc = spec([model], [{"name": "x", "models": ["net"]}])
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(doc))
+    assert main(["validate", str(good)]) == 0
+    assert main(["plan", str(good)]) == 0
+    out = capsys.readouterr().out
+    assert "net: objective latency, 2 workers, 0.02 MiB a shard" in out
+    assert "predicted latency" in out
+    assert "shard workers; largest shard" in out
+    model["partition"]["memory_limit_mb"] = 0.001
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(spec([model], [{"name": "x", "models": ["net"]}])))
+    assert main(["validate", str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert "models[0].partition.memory_limit_mb: no plan fits 0.001 MiB a shard" in out
+    assert main(["plan", str(bad)]) == 1

@@ -1,0 +1,195 @@
+"""Partitioned models on Ray: shard actors in the leader's placement group, one bundle each,
+giving the whole model's outputs under every option; served over HTTP by a worker that holds
+less than the whole model; a shard that dies fails its batches with a 500 and is started again;
+the group ends with its model.
+
+The models are small torch nets with random weights (torch's CPU build, the examples extra),
+exported to ONNX here."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import onnx
+import pytest
+import ray
+from ray import serve
+
+from raysrv._partitioned import SHARD_PREFIX, PartitionedRuntime
+from raysrv._workers import WORKERS_NAMESPACE
+from raysrv.analytics.forkjoin import EMG
+from raysrv.app import build_app
+from raysrv.config import ModelSpec
+from raysrv.partitioning import PerfModel, layers, shards
+from raysrv.partitioning.latency import Plan, stage
+from raysrv.testing import spec
+from tests.integration.conftest import RayCluster
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+APP = "partitioned"
+SHAPE = (3, 8, 8)
+LIMIT_MB = 1.5
+
+
+def _net() -> Any:
+    """Two convolutions and a pooling, then 4 MiB of fully connected weights."""
+    torch.manual_seed(3)
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * 4 * 4, 2048), nn.ReLU(), nn.Linear(2048, 10),
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("partitioned") / "net.onnx"
+    torch.onnx.export(
+        _net().eval(), (torch.zeros(1, *SHAPE),), str(path), dynamo=False,
+        input_names=["x"], output_names=["y"], dynamic_axes={"x": {0: "n"}, "y": {0: "n"}},
+    )  # fmt: skip
+    return path
+
+
+def _spec(path: Path) -> dict[str, Any]:
+    return {
+        "name": "net",
+        "runtime": "onnx",
+        "source": str(path),
+        "resources": {"num_cpus": 0.25},
+        "partition": {"workers": 2, "memory_limit_mb": LIMIT_MB, "num_cpus": 0.25},
+        "batching": {"policy": "fixed", "params": {"max_batch_size": 4}},
+        "slo_ms": 2000,
+        "input": {"shape": list(SHAPE)},
+    }
+
+
+def _whole(path: Path, x: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(path)).run(None, {"x": x})[0]
+
+
+def _inputs(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, *SHAPE)).astype(np.float32)
+
+
+def _mixed_plan(path: Path) -> Plan:
+    """The convolutions split by rows in three, the leader taking one; the first fully
+    connected layer split by channels on two workers; the rest on one worker."""
+    found = layers(onnx.load(str(path)))
+    perf = PerfModel({"default": (1e-6, 1e9)}, 1e9, EMG(1e-4, 1e-5, 1e-5))
+    head = next(k for k, layer in enumerate(found) if "Flatten" in layer.ops)
+    cuts = [(0, head - 1, "spatial", 3, True), (head, head, "channel", 2, False)]
+    cuts.append((head + 1, len(found) - 1, "none", 1, False))
+    stages = []
+    for first, last, option, parts, leader in cuts:
+        group = found[first : last + 1]
+        pieces = tuple(shards(group, option, parts))
+        stages.append(stage(group, first, option, pieces, leader, perf, 1.0))
+    return Plan(tuple(found), tuple(stages), model=str(path))
+
+
+def _shard_actors() -> list[str]:
+    return sorted(
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == WORKERS_NAMESPACE and a["name"].startswith(SHARD_PREFIX + "net:")
+    )
+
+
+def _until(check: Any, timeout_s: float, what: str) -> Any:
+    give_up = time.monotonic() + timeout_s
+    while time.monotonic() < give_up:
+        if found := check():
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"not within {timeout_s} s: {what}")
+
+
+def test_every_option_runs_on_shard_actors_in_their_own_bundles(
+    ray_cluster: RayCluster, model_file: Path
+) -> None:
+    plan = _mixed_plan(model_file)
+    x = _inputs(5)
+    expected = _whole(model_file, x)
+    np.testing.assert_allclose(plan.run_local(x), expected, rtol=1e-5, atol=1e-6)
+    runtime = PartitionedRuntime(ModelSpec.model_validate(_spec(model_file)), plan)
+    try:
+        got = np.array(runtime.predict_batch(x), dtype=np.float32)
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+        workers = len(plan.worker_shards())
+        assert workers == 2 + 2 + 1
+        table = ray.util.placement_group_table(runtime.placement_group)
+        assert len(table["bundles"]) == workers
+        names = _shard_actors()
+        assert [int(n.rsplit(":", 1)[1]) for n in names] == list(range(workers))
+        ready = [ray.get(a.ready.remote()) for a in runtime.shard_actors]
+        group = runtime.placement_group.id.hex()
+        assert [r["placement_group"] for r in ready] == [group] * workers
+        assert len({r["pid"] for r in ready}) == workers
+        held = [r["model_bytes"] for r in ready]
+        # the convolutions' shards hold their weights; the big layer's, half of its
+        conv_bytes, fc_bytes = held[0], held[2]
+        assert fc_bytes < 0.6 * sum(layer.weight_bytes for layer in plan.layers)
+        assert conv_bytes < fc_bytes
+        assert runtime.weight_bytes() < conv_bytes * 2  # the leader: one row shard
+    finally:
+        runtime.close()
+    _until(lambda: not _shard_actors(), 20, "the shard actors ended")
+    state = ray.util.placement_group_table(runtime.placement_group)["state"]
+    assert state == "REMOVED"
+
+
+def test_a_model_over_twice_a_workers_limit_is_served_and_outlives_a_shard_death(
+    serve_session: RayCluster, model_file: Path
+) -> None:
+    weights = sum(layer.weight_bytes for layer in layers(onnx.load(str(model_file))))
+    assert weights > 2 * LIMIT_MB * 2**20
+    apps = [{"name": "net", "models": ["net"], "cache_size": 0}]
+    serve.run(
+        build_app(spec([_spec(model_file)], apps, ingress={"num_cpus": 0.1})),
+        name=APP,
+        route_prefix=f"/{APP}",
+    )
+    url = f"{serve_session.http}/{APP}/v1/models/net/predict"
+    x = _inputs(6, seed=1)
+    expected = _whole(model_file, x)
+    with httpx.Client(timeout=60) as client:
+        for row, want in zip(x, expected, strict=True):
+            answer = client.post(url, json={"input": row.tolist()})
+            assert answer.status_code == 200, answer.text
+            np.testing.assert_allclose(answer.json()["output"], want, rtol=1e-5, atol=1e-5)
+
+        names = _shard_actors()
+        assert len(names) >= 2
+        actors = [ray.get_actor(name, namespace=WORKERS_NAMESPACE) for name in names]
+        held = [ray.get(a.ready.remote())["model_bytes"] for a in actors]
+        assert max(held) <= LIMIT_MB * 2**20, held
+        victim = ray.get_actor(names[0], namespace=WORKERS_NAMESPACE)
+        os.kill(ray.get(victim.ready.remote())["pid"], signal.SIGKILL)
+        statuses = []
+        give_up = time.monotonic() + 60
+        while time.monotonic() < give_up:
+            answer = client.post(url, json={"input": x[0].tolist()})
+            statuses.append(answer.status_code)
+            if answer.status_code == 500:
+                assert "shard worker of the partitioned model failed" in answer.text
+            if statuses[-3:] == [200, 200, 200] and 500 in statuses:
+                break
+            time.sleep(0.1)
+        assert 500 in statuses, statuses  # the batch the death caught
+        assert set(statuses) <= {200, 500}, statuses
+        assert statuses[-3:] == [200, 200, 200], statuses  # the group recovered
+        np.testing.assert_allclose(answer.json()["output"], expected[0], rtol=1e-5, atol=1e-5)
+
+    serve.delete(APP)
+    _until(lambda: not _shard_actors(), 30, "the shard actors ended with their leader")

@@ -1,0 +1,102 @@
+"""The SLO-aware planner (gillis §IV-C) and the entry point: REINFORCE's plan meets the SLO at a
+cost near brute force's optimum and never above the latency-optimal plan's; ``plan`` refuses
+what cannot be met, saying why."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from raysrv.partitioning import plan
+from raysrv.partitioning.graph import Layer, layers
+from raysrv.partitioning.latency import brute_force, latency_optimal
+from raysrv.partitioning.planner import check_fits
+from raysrv.partitioning.slo import choices, random_search, slo_aware
+from tests.unit.partitioning.nets import inception, resnet, to_onnx, vgg
+from tests.unit.partitioning.test_latency import _machine, _scale
+
+
+@pytest.fixture(scope="module")
+def models() -> dict[str, list[Layer]]:
+    return {
+        "resnet": layers(to_onnx(resnet())),
+        "inception": layers(to_onnx(inception())),
+        "vgg": layers(to_onnx(vgg()))[:5],
+    }
+
+
+@pytest.mark.parametrize(("name", "seed"), [("resnet", 3), ("inception", 0), ("vgg", 1)])
+def test_reinforce_meets_the_slo_near_the_brute_force_optimum(
+    models: dict[str, list[Layer]], name: str, seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    found, perf = models[name], _machine(rng)
+    limit = int(_scale(found) * rng.uniform(0.3, 1.0))
+    fastest = latency_optimal(found, perf, 2, limit, levels=16)
+    slo = fastest.predicted_latency_s * rng.uniform(1.05, 2.0)
+    best = brute_force(found, perf, 2, limit, levels=16, slo_s=slo)
+    assert best.cost_s < fastest.cost_s  # room to save: the SLO allows a cheaper plan
+    found_plan = slo_aware(found, perf, 2, limit, slo, batches=80, levels=16, seed=seed).plan
+    assert found_plan is not None
+    assert found_plan.predicted_latency_s <= slo
+    assert found_plan.largest_shard_bytes <= limit
+    assert sum(s.leader_units for s in found_plan.stages) <= 16
+    assert found_plan.cost_s <= 1.05 * best.cost_s
+    assert found_plan.cost_s < fastest.cost_s
+
+
+def test_searches_find_nothing_below_the_fastest_plan(models: dict[str, list[Layer]]) -> None:
+    found, perf = models["resnet"], _machine(np.random.default_rng(5))
+    limit = 4 * _scale(found)
+    fastest = latency_optimal(found, perf, 2, limit)
+    slo = fastest.predicted_latency_s * 0.9
+    learned = slo_aware(found, perf, 2, limit, slo, batches=10)
+    drawn = random_search(found, perf, 2, limit, slo, samples=320)
+    assert learned.plan is None
+    assert drawn.plan is None
+    assert learned.evaluated == 321
+    assert drawn.evaluated == 320
+    assert learned.best_costs_ms == (float("inf"),) * 10
+
+
+def test_the_choices_cover_every_split_the_workers_allow() -> None:
+    assert choices(1) == [("none", 1), ("spatial", 2), ("channel", 2)]
+    assert len(choices(3)) == 1 + 2 * 3
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("plan") / "resnet.onnx"
+    path.write_bytes(to_onnx(resnet()).SerializeToString())
+    return str(path)
+
+
+def test_plan_picks_the_cheapest_within_the_slo_and_runs_it(model_file: str) -> None:
+    perf = _machine(np.random.default_rng(2))
+    limit_mb = 0.02
+    fastest = plan(model_file, 2, limit_mb, perf=perf)
+    slo_ms = fastest.predicted_latency_s * 1e3 * 1.5
+    cheapest = plan(model_file, 2, limit_mb, "cost", slo_ms, perf=perf)
+    assert cheapest.predicted_latency_s * 1e3 <= slo_ms
+    assert cheapest.cost_s <= fastest.cost_s
+    held = sum(s.weight_bytes for s in cheapest.shards)  # split, or copied in every row shard
+    assert held >= sum(layer.weight_bytes for layer in cheapest.layers)
+    assert cheapest.model == model_file
+    x = np.random.default_rng(0).standard_normal((2, 3, 16, 16)).astype(np.float32)
+    import onnxruntime as ort
+
+    whole = ort.InferenceSession(model_file).run(None, {"x": x})[0]
+    np.testing.assert_allclose(cheapest.run_local(x), whole, rtol=1e-5, atol=1e-6)
+
+
+def test_plan_says_why_it_cannot(model_file: str) -> None:
+    perf = _machine(np.random.default_rng(2))
+    with pytest.raises(ValueError, match="objective 'cost' needs slo_ms"):
+        plan(model_file, 2, 1.0, "cost", perf=perf)
+    with pytest.raises(ValueError, match="objective must be 'latency' or 'cost'"):
+        plan(model_file, 2, 1.0, "speed", perf=perf)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"no plan meets slo_ms 1e-06: the fastest .* predicted"):
+        plan(model_file, 2, 1.0, "cost", 1e-6, perf=perf)
+    with pytest.raises(ValueError, match="no plan fits 0.001 MiB a shard with 2 workers"):
+        check_fits(model_file, 2, 0.001)
+    assert check_fits(model_file, 2, 1.0).largest_shard_bytes <= 2**20
