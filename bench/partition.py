@@ -1,5 +1,7 @@
 """Partitioned models in one process: the latency-optimal plan's predicted latency against its
-measured one, its speedup over the whole model on one worker, and the DP against brute force.
+measured one, its speedup over the whole model on one worker, and the DP against brute force;
+the SLO-aware planner's cost against the latency-optimal plan's, random search's and brute
+force's.
 
     python -m bench.partition [--rounds 3] [--runs 50] [--out bench/out/partition.json]
 
@@ -15,6 +17,12 @@ times the weights: split only where that is faster). Each plan runs fork-join in
 warm-up, alternating with the whole model in one onnxruntime session on one thread, for
 ``--rounds`` rounds; medians. Its outputs are checked against the whole model's. Brute force:
 the first five layers of each model under random machines and limits.
+
+SLO-aware (tight limit): at SLOs of 1.1, 1.5 and 2.5 times the latency-optimal plan's predicted
+latency, the cost (busy ms of leader and workers a query, as predicted) of the latency-optimal
+plan, of REINFORCE's plan (:func:`raysrv.partitioning.slo_aware`, seed 0) and of the best of as
+many random draws; REINFORCE's plan is measured as above (``--runs`` runs, one round). On the
+first five layers, the same searches against brute force's exact optimum.
 
 Results: bench/RESULTS.md, "Partitioned models".
 """
@@ -106,6 +114,7 @@ def measure(path: Path, rounds: int, runs: int) -> dict[str, Any]:
     x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
     expected = whole.run(None, {"x": x})[0]
     out: dict[str, Any] = {"weight_bytes": weights, "layers": len(found), "plans": {}}
+    out["slo"] = slo_points(model, found, perf, tightest(found, perf, weights), x, runs)
     for name, limit in (("tight", tightest(found, perf, weights)), ("loose", 4 * weights)):
         plan = latency_optimal(found, perf, WORKERS, limit)
         with LocalPlan(model, plan) as local:
@@ -134,6 +143,57 @@ def measure(path: Path, rounds: int, runs: int) -> dict[str, Any]:
             "describe": plan.describe(),
         }
     return out
+
+
+SLACKS = (1.1, 1.5, 2.5)  # SLOs, in the latency-optimal plan's predicted latencies
+
+
+def slo_points(
+    model: Any, found: list[Any], perf: Any, limit: int, x: np.ndarray, runs: int
+) -> list[dict[str, Any]]:
+    """At each SLO of :data:`SLACKS`: the latency-optimal plan's cost, the cost of the plans
+    REINFORCE and as many random draws find within it (the learned plan measured), and the
+    three searches on the first five layers against brute force's optimum."""
+    from raysrv.partitioning import brute_force, latency_optimal, random_search, slo_aware
+    from raysrv.partitioning.local import LocalPlan
+    from raysrv.partitioning.profile import measure_s
+
+    fastest = latency_optimal(found, perf, WORKERS, limit)
+    head = found[:5]
+    head_fastest = latency_optimal(head, perf, WORKERS, limit)
+    points = []
+    for slack in SLACKS:
+        slo = fastest.predicted_latency_s * slack
+        learned = slo_aware(found, perf, WORKERS, limit, slo)
+        drawn = random_search(found, perf, WORKERS, limit, slo, learned.evaluated)
+        assert learned.plan is not None  # the fastest plan is within every SLO here
+        with LocalPlan(model, learned.plan) as local:
+            measured = measure_s(lambda: local.run(x), runs)  # noqa: B023 - used at once
+        head_slo = head_fastest.predicted_latency_s * slack
+        exact = brute_force(head, perf, WORKERS, limit, slo_s=head_slo)
+        head_learned = slo_aware(head, perf, WORKERS, limit, head_slo).plan
+        head_drawn = random_search(head, perf, WORKERS, limit, head_slo, 4801).plan
+        points.append(
+            {
+                "slack": slack,
+                "slo_ms": slo * 1e3,
+                "fastest_cost_ms": fastest.cost_s * 1e3,
+                "learned_cost_ms": learned.plan.cost_s * 1e3,
+                "learned_predicted_ms": learned.plan.predicted_latency_s * 1e3,
+                "learned_measured_ms": measured * 1e3,
+                "random_cost_ms": drawn.plan.cost_s * 1e3 if drawn.plan else None,
+                "evaluated": learned.evaluated,
+                "learned_curve_ms": list(learned.best_costs_ms),
+                "random_curve_ms": list(drawn.best_costs_ms),
+                "head": {
+                    "brute_force_cost_ms": exact.cost_s * 1e3,
+                    "learned_cost_ms": head_learned.cost_s * 1e3 if head_learned else None,
+                    "random_cost_ms": head_drawn.cost_s * 1e3 if head_drawn else None,
+                },
+                "describe": learned.plan.describe(),
+            }
+        )
+    return points
 
 
 def tightest(found: list[Any], perf: Any, weights: int) -> int:
@@ -239,7 +299,25 @@ def main(argv: list[str] | None = None) -> int:
             )
         for name, p in found["plans"].items():
             print(f"\n{model}, {name}:\n{p['describe']}")
+    print("\n| model | SLO | SLO ms | latency-optimal cost | REINFORCE cost | random cost "
+          "| REINFORCE predicted ms | measured ms | first 5 layers: brute force / REINFORCE "
+          "/ random cost |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    for model, found in results.items():
+        for p in found["slo"]:
+            head = p["head"]
+            print(
+                f"| {model} | {p['slack']}x | {p['slo_ms']:.3f} | {p['fastest_cost_ms']:.3f} "
+                f"| {p['learned_cost_ms']:.3f} | {_ms(p['random_cost_ms'])} "
+                f"| {p['learned_predicted_ms']:.3f} | {p['learned_measured_ms']:.3f} "
+                f"| {head['brute_force_cost_ms']:.3f} / {_ms(head['learned_cost_ms'])} "
+                f"/ {_ms(head['random_cost_ms'])} |"
+            )
     return 0
+
+
+def _ms(value: float | None) -> str:
+    return "none" if value is None else f"{value:.3f}"
 
 
 if __name__ == "__main__":

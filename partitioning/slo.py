@@ -5,7 +5,7 @@ two-layer network, trained on the performance model alone (no run of the model).
 * **Partitioner** (``pi_a``): for each layer, from its features (FLOPs, weights, activations,
   the options it allows, where it sits), whether a new group starts at it; then, for each group,
   from its first layer's features, an option and a number of parts (one of :func:`choices`,
-  those that do not apply to the group masked out).
+  those that do not apply to the group, or give a shard over the memory limit, masked out).
 * **Placer** (``pi_b``): for each group, from its layers' mean features and the partitioner's
   choice, whether the leader takes the group's first shard.
 * **Reward** (eq. 4, in ms): ``B - cost`` where the latency meets the SLO, ``SLO - latency``
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from raysrv.partitioning.graph import Layer, options
-from raysrv.partitioning.latency import Plan, Stage, stage
+from raysrv.partitioning.latency import Plan, Stage, size, stage
 from raysrv.partitioning.perf import PerfModel
 from raysrv.partitioning.shards import Shard, shards
 
@@ -92,7 +92,12 @@ class _Space:
         return self._pieces[key]
 
     def allowed(self, first: int, last: int) -> np.ndarray:
-        return np.array([self.pieces(first, last, c) is not None for c in range(len(self.choices))])
+        """The choices that apply to layers ``first..last`` and whose every shard fits the
+        limit; where none does, those that apply (the plan then draws the OOM reward)."""
+        pieces = [self.pieces(first, last, c) for c in range(len(self.choices))]
+        applies = np.array([p is not None for p in pieces])
+        fits = np.array([p is not None and max(map(size, p)) <= self.limit for p in pieces])
+        return fits if fits.any() else applies
 
     def placements(self, choice: int) -> np.ndarray:
         """[leader takes no shard, leader takes the first]: all parts must find a place."""
