@@ -2,19 +2,25 @@
 latency meets an SLO (eq. 3), learned with REINFORCE by a partitioner and a placer, each a
 two-layer network, trained on the performance model alone (no run of the model).
 
-* **Partitioner** (``pi_a``): for each layer, from its features (FLOPs, weights, activations,
-  the options it allows, where it sits), whether a new group starts at it; then, for each group,
-  from its first layer's features, an option and a number of parts (one of :func:`choices`,
-  those that do not apply to the group, or give a shard over the memory limit, masked out).
-* **Placer** (``pi_b``): for each group, from its layers' mean features and the partitioner's
-  choice, whether the leader takes the group's first shard.
+* **Partitioner** (``pi_a``): layer by layer, whether the group so far ends before this layer;
+  for each group ended, an option and a number of parts (one of :func:`choices`; those that do
+  not apply to the group, give a shard over the memory limit or have no placement are masked
+  out).
+* **Placer** (``pi_b``): for each group, whether the leader takes its first shard (masked out
+  where that shard would not fit what is left of the leader's memory, or where the parts
+  outnumber the workers without it).
+* Every decision sees the layer's features (FLOPs, weights, activations, the options it
+  allows, where it sits), its group's so far, the leader's memory used and the latency
+  predicted so far against the SLO: the plan is drawn as a sequence, each network two layers.
 * **Reward** (eq. 4, in ms): ``B - cost`` where the latency meets the SLO, ``SLO - latency``
   where it does not, and ``-B`` where a shard, or the leader's shards together, exceed the
-  memory limit (an OOM). ``B``, the budget, is ten times the model's run on the leader alone.
+  memory limit (left only where no choice fits). ``B``, the budget, is ten times the model's
+  run on the leader alone.
 * **Training** (eq. 5 and its two gradients): batches of ``batch`` episodes; each network
-  ascends the mean of ``log p(its decisions) * advantage`` with Adam, the advantage the reward
-  less the batch's mean, over its standard deviation. The plan returned is the cheapest one
-  within the SLO seen in training or drawn greedily at the end.
+  ascends the mean of ``log p(its decisions) * advantage`` with Adam, the advantage the rank of
+  the episode's reward in its batch, centred (:func:`_advantages`: a cheaper plan within the
+  SLO then weighs as much as meeting it). The plan returned is the cheapest one within the SLO
+  seen in training or drawn greedily at the end.
 
 :func:`random_search` draws as many plans uniformly from the same space, the baseline the
 learned policy must beat; :func:`.latency.brute_force` with ``slo_s`` gives the exact optimum on
@@ -91,33 +97,37 @@ class _Space:
             self._pieces[key] = found
         return self._pieces[key]
 
-    def allowed(self, first: int, last: int) -> np.ndarray:
-        """The choices that apply to layers ``first..last`` and whose every shard fits the
-        limit; where none does, those that apply (the plan then draws the OOM reward)."""
+    def stage(self, first: int, last: int, choice: int, leader: bool) -> Stage:
+        key = (first, last, choice, leader)
+        if key not in self._stages:
+            pieces = self.pieces(first, last, choice)
+            assert pieces is not None  # masked out when drawn
+            group = self.layers[first : last + 1]
+            option = self.choices[choice][0]
+            self._stages[key] = stage(group, first, option, pieces, leader, self.perf, self.unit)
+        return self._stages[key]
+
+    def placements(self, first: int, last: int, choice: int, used: int) -> np.ndarray:
+        """[the leader takes no shard, it takes the first]: every part must find a worker,
+        and the leader's shard must fit what is left of its memory (``used`` units taken)."""
+        parts = self.choices[choice][1]
+        fits = used + self.stage(first, last, choice, True).leader_units <= self.levels
+        return np.array([parts <= self.workers, fits])
+
+    def allowed(self, first: int, last: int, used: int) -> np.ndarray:
+        """The choices that apply to layers ``first..last``, whose every shard fits the limit
+        and which have a placement; where none does, the best-effort fallbacks (the plan then
+        draws the OOM reward)."""
         pieces = [self.pieces(first, last, c) for c in range(len(self.choices))]
         applies = np.array([p is not None for p in pieces])
         fits = np.array([p is not None and max(map(size, p)) <= self.limit for p in pieces])
-        return fits if fits.any() else applies
-
-    def placements(self, choice: int) -> np.ndarray:
-        """[leader takes no shard, leader takes the first]: all parts must find a place."""
-        parts = self.choices[choice][1]
-        return np.array([parts <= self.workers, True])
+        placed = np.array(
+            [ok and self.placements(first, last, c, used).any() for c, ok in enumerate(fits)]
+        )
+        return next(mask for mask in (placed, fits, applies) if mask.any())
 
     def plan(self, groups: Sequence[tuple[int, int, int, bool]]) -> Plan:
-        stages = []
-        for first, last, choice, leader in groups:
-            key = (first, last, choice, leader)
-            if key not in self._stages:
-                pieces = self.pieces(first, last, choice)
-                assert pieces is not None  # masked out when drawn
-                group = self.layers[first : last + 1]
-                option = self.choices[choice][0]
-                self._stages[key] = stage(
-                    group, first, option, pieces, leader, self.perf, self.unit
-                )
-            stages.append(self._stages[key])
-        return Plan(self.layers, tuple(stages))
+        return Plan(self.layers, tuple(self.stage(*group) for group in groups))
 
     def fits(self, plan: Plan) -> bool:
         """Every shard within the limit, and the leader's within it together (eq. 2, counted
@@ -212,49 +222,59 @@ class _Net:
 
 
 _CUT, _CHOICE = 0, 1  # the partitioner's heads
+_BOTH = np.array([True, True])
 
 
 @dataclass
 class _Episode:
-    cuts: list[int]  # per layer from the second: 1 if a group starts there
-    groups: list[tuple[int, int, int, bool]]  # first, last, choice, leader
+    """One plan drawn: its groups (first, last, choice, leader) and every decision taken
+    on the way (the network, its input, head, mask and the action)."""
+
+    groups: list[tuple[int, int, int, bool]]
+    decisions: list[tuple[_Net, np.ndarray, int, np.ndarray, int]]
 
 
 def _episode(
     space: _Space, partitioner: _Net, placer: _Net, pick: Callable[[np.ndarray], int]
 ) -> _Episode:
-    """Draw one plan: ``pick`` takes a distribution and returns an action (a sample, or the
-    most likely one)."""
+    """Draw one plan layer by layer: at each layer whether a group ends before it, and for
+    each group ended its choice and placement, every decision seeing the leader's memory used
+    and the latency predicted so far. ``pick`` takes a distribution and returns an action (a
+    sample, the most likely, or any allowed one)."""
     n, f = len(space.layers), space.features
-    both = np.array([True, True])
-    cuts = [pick(partitioner.probs(f[i], _CUT, both)[0]) for i in range(1, n)]
-    starts = [0] + [i for i in range(1, n) if cuts[i - 1]]
-    groups = []
-    for first, end in zip(starts, [*starts[1:], n], strict=True):
-        last = end - 1
-        allowed = space.allowed(first, last)
-        choice = pick(partitioner.probs(f[first], _CHOICE, allowed)[0])
-        leader = bool(pick(placer.probs(_placer_input(space, first, last, choice), 0,
-                                        space.placements(choice))[0]))  # fmt: skip
-        groups.append((first, last, choice, leader))
-    return _Episode(cuts, groups)
+    episode = _Episode([], [])
+    used, latency = 0, 0.0
 
+    def decide(net: _Net, x: np.ndarray, head: int, mask: np.ndarray) -> int:
+        action = pick(net.probs(x, head, mask)[0])
+        episode.decisions.append((net, x, head, mask, action))
+        return action
 
-def _placer_input(space: _Space, first: int, last: int, choice: int) -> np.ndarray:
-    onehot = np.zeros(len(space.choices))
-    onehot[choice] = 1.0
-    return np.concatenate([space.features[first : last + 1].mean(axis=0), onehot])
+    def state(k: int, first: int, last: int) -> np.ndarray:
+        running = [used / space.levels, latency * 1e3 / space.slo_ms, (last - first + 1) / n]
+        return np.concatenate([f[k], f[first : last + 1].mean(axis=0), running])
 
+    def close(first: int, last: int) -> None:
+        nonlocal used, latency
+        x = state(last, first, last)
+        choice = decide(partitioner, x, _CHOICE, space.allowed(first, last, used))
+        onehot = np.eye(len(space.choices))[choice]
+        placements = space.placements(first, last, choice, used)
+        leader = bool(
+            decide(placer, np.concatenate([x, onehot]), 0, placements | ~placements.any())
+        )
+        chosen = space.stage(first, last, choice, leader)
+        used += chosen.leader_units
+        latency += chosen.latency_s
+        episode.groups.append((first, last, choice, leader))
 
-def _learn(space: _Space, partitioner: _Net, placer: _Net, episode: _Episode, adv: float) -> None:
-    f = space.features
-    both = np.array([True, True])
-    for i, cut in enumerate(episode.cuts, start=1):
-        partitioner.ascend(f[i], _CUT, both, cut, adv)
-    for first, last, choice, leader in episode.groups:
-        partitioner.ascend(f[first], _CHOICE, space.allowed(first, last), choice, adv)
-        x = _placer_input(space, first, last, choice)
-        placer.ascend(x, 0, space.placements(choice), int(leader), adv)
+    start = 0
+    for i in range(1, n):
+        if decide(partitioner, state(i, start, i - 1), _CUT, _BOTH):
+            close(start, i - 1)
+            start = i
+    close(start, n - 1)
+    return episode
 
 
 def _cheaper(plan: Plan, than: Plan | None) -> bool:
@@ -262,6 +282,24 @@ def _cheaper(plan: Plan, than: Plan | None) -> bool:
         than.cost_s,
         than.predicted_latency_s,
     )
+
+
+def _advantages(rewards: np.ndarray) -> np.ndarray:
+    """Each episode's advantage over its batch: its reward's rank, centred and scaled to
+    [-1/2, 1/2] (ties share their mean rank), so that a cheaper plan within the SLO counts as
+    much against another as meeting the SLO does against missing it, whatever eq. 4's scale."""
+    order = np.argsort(np.argsort(rewards, kind="stable"), kind="stable").astype(float)
+    for value in np.unique(rewards):
+        tied = rewards == value
+        order[tied] = order[tied].mean()
+    return order / (len(rewards) - 1) - 0.5
+
+
+def _nets(space: _Space, rng: np.random.Generator) -> tuple[_Net, _Net]:
+    """The partitioner (heads: cut, choice) and the placer (head: leader), untrained."""
+    width = 2 * space.features.shape[1] + 3  # a layer, its group so far, the running state
+    partitioner = _Net(width, [2, len(space.choices)], rng)
+    return partitioner, _Net(width + len(space.choices), [2], rng)
 
 
 def slo_aware(
@@ -272,29 +310,31 @@ def slo_aware(
     ``batch`` episodes (see the module docstring)."""
     space = _Space(layers, perf, workers, memory_limit, slo_s, levels)
     rng = np.random.default_rng(seed)
-    width = space.features.shape[1]
-    partitioner = _Net(width, [2, len(space.choices)], rng)
-    placer = _Net(width + len(space.choices), [2], rng)
+    partitioner, placer = _nets(space, rng)
+
+    def sample(p: np.ndarray) -> int:
+        return int(rng.choice(len(p), p=p))
+
     best: Plan | None = None
     history = []
     for _ in range(batches):
-        drawn = [_episode(space, partitioner, placer, lambda p: rng.choice(len(p), p=p))
-                 for _ in range(batch)]  # fmt: skip
+        drawn = [_episode(space, partitioner, placer, sample) for _ in range(batch)]
         plans = [space.plan(e.groups) for e in drawn]
         rewards = np.array([space.reward(p) for p in plans])
         for plan in plans:
             if space.within(plan) and _cheaper(plan, best):
                 best = plan
-        spread = rewards.std()
-        if spread > 0:
-            for episode, r in zip(drawn, (rewards - rewards.mean()) / spread, strict=True):
-                _learn(space, partitioner, placer, episode, float(r))
+        if np.ptp(rewards) > 0:
+            for episode, r in zip(drawn, _advantages(rewards), strict=True):
+                for net, x, head, mask, action in episode.decisions:
+                    net.ascend(x, head, mask, action, float(r))
             partitioner.step(1.0 / batch)
             placer.step(1.0 / batch)
         history.append(best.cost_s * 1e3 if best is not None else math.inf)
-    greedy = space.plan(_episode(space, partitioner, placer, lambda p: int(np.argmax(p))).groups)
-    if space.within(greedy) and _cheaper(greedy, best):
-        best = greedy
+    greedy = _episode(space, partitioner, placer, lambda p: int(np.argmax(p)))
+    plan = space.plan(greedy.groups)
+    if space.within(plan) and _cheaper(plan, best):
+        best = plan
     return Search(best, batches * batch + 1, tuple(history))
 
 
@@ -302,22 +342,19 @@ def random_search(
     layers: Sequence[Layer], perf: PerfModel, workers: int, memory_limit: int, slo_s: float,
     samples: int, seed: int = 0, batch: int = 32, levels: int = 64,
 ) -> Search:  # fmt: skip
-    """The cheapest plan within ``slo_s`` of ``samples`` drawn uniformly: each boundary a cut
-    with probability 1/2, each group's choice and placement uniform among those allowed."""
+    """The cheapest plan within ``slo_s`` of ``samples`` drawn as REINFORCE draws them, with
+    every decision uniform among those allowed (the same masks, no learning)."""
     space = _Space(layers, perf, workers, memory_limit, slo_s, levels)
     rng = np.random.default_rng(seed)
-    n = len(space.layers)
+    partitioner, placer = _nets(space, rng)  # their masks only: every allowed action alike
+
+    def uniform(p: np.ndarray) -> int:
+        return int(rng.choice(np.flatnonzero(p > 0)))
+
     best: Plan | None = None
     history = []
     for k in range(samples):
-        cuts = rng.integers(0, 2, n - 1)
-        starts = [0] + [i for i in range(1, n) if cuts[i - 1]]
-        groups = []
-        for first, end in zip(starts, [*starts[1:], n], strict=True):
-            choice = int(rng.choice(np.flatnonzero(space.allowed(first, end - 1))))
-            leader = bool(rng.choice(np.flatnonzero(space.placements(choice))))
-            groups.append((first, end - 1, choice, leader))
-        plan = space.plan(groups)
+        plan = space.plan(_episode(space, partitioner, placer, uniform).groups)
         if space.within(plan) and _cheaper(plan, best):
             best = plan
         if (k + 1) % batch == 0:
