@@ -2,10 +2,12 @@
 under a parallelization option, from a regression of run time on FLOPs per kind of layer and
 the fork-join transfer delays of :mod:`raysrv.analytics.forkjoin`.
 
-* **Run time** of a shard: per layer ``overhead_s + flops / flops_per_s`` of its kind, the
-  layer's leading operator (``Conv``, ``Gemm``, ``MaxPool``, ...; ``default`` for the rest),
-  the FLOPs in proportion to the shard's share of the group's. A regression of measured run
-  times on FLOPs gives both numbers (:func:`fit_kind`; :mod:`.profile` measures them).
+* **Run time** of a shard: ``session_s`` (one run of its session, however many layers it
+  holds) plus per layer ``overhead_s + flops / flops_per_s`` of its kind, the layer's leading
+  operator (``Conv``, ``Gemm``, ``MaxPool``, ...; ``default`` for the rest), the FLOPs in
+  proportion to the shard's share of the group's. A regression of measured run times on FLOPs
+  gives the per-layer numbers (:func:`fit_kind`; :mod:`.profile` measures them and parts the
+  session's cost from the layers').
 * **Transfer** of ``n`` bytes: ``n / bandwidth`` plus a delay drawn from an exponentially
   modified Gaussian; the leader waits for the slowest of its ``w`` workers, the expected maximum
   of ``w`` such delays (the n-th order statistic, §IV-A).
@@ -56,6 +58,7 @@ class PerfModel:
     runs: Mapping[str, tuple[float, float]]  # kind: (overhead_s, flops_per_s), with ``default``
     bandwidth: float  # bytes a second of one transfer
     delay: EMG  # of one transfer beyond its bytes
+    session_s: float = 0.0  # what one run of a shard's session costs, whatever its layers
     _max_delay: dict[int, float] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -66,15 +69,18 @@ class PerfModel:
                 raise ValueError(f"{name}: overhead_s must be >= 0 and flops_per_s positive")
         if not self.bandwidth > 0:
             raise ValueError(f"bandwidth must be positive, got {self.bandwidth}")
+        if not self.session_s >= 0:
+            raise ValueError(f"session_s must be >= 0, got {self.session_s}")
 
     def run_s(self, group: Sequence[Layer], shard: Shard) -> float:
-        """Run time of ``shard`` of ``group``: each layer's overhead, and the whole group's
-        time at each layer's kind's rate scaled by the shard's share of the group's FLOPs."""
+        """Run time of ``shard`` of ``group``: one session's run, each layer's overhead, and
+        the whole group's time at each layer's kind's rate scaled by the shard's share of the
+        group's FLOPs."""
         lines = [self._line(layer) for layer in group]
         total = sum(layer.flops for layer in group)
         whole = sum(layer.flops / rate for layer, (_, rate) in zip(group, lines, strict=True))
         share = shard.flops / total if total else 0.0
-        return sum(overhead for overhead, _ in lines) + share * whole
+        return self.session_s + sum(overhead for overhead, _ in lines) + share * whole
 
     def _line(self, layer: Layer) -> tuple[float, float]:
         return self.runs.get(kind(layer), self.runs["default"])

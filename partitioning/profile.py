@@ -7,7 +7,11 @@ meets them (threads of one process; shard actors on Ray meet their own, measured
   a line through each kind's points (:func:`.perf.fit_kind`), and through all of them for
   ``default``. Several sizes of each kind of layer are what the paper's regression needs.
   Timed one by one, each layer runs with its weights warm in the caches; the lines are then
-  scaled by the whole model's run, layer after layer, against their sum for it.
+  scaled by the whole model's run, layer after layer, against their sum for it (below).
+* **A session's run**: the whole model in one session against the same run in one session a
+  layer; the difference, over the sessions saved, is what a shard pays once however many layers
+  it holds. The lines are scaled to the layer-after-layer run less its sessions, so that the
+  model predicts both runs.
 * **Transfers**: the bytes a second of the copies that cut a shard's rows and join its
   outputs, and the delay of a fork-join round beyond its shards' runs alone and those copies:
   every layer that splits into ``workers + 1`` parts, run as one round ``ROUNDS`` times, fitted
@@ -85,9 +89,24 @@ def profile(
     if len(delays) < 3:
         raise ValueError(f"the model has no layer to split into {workers + 1} parts")
     runs = _runs(points)
-    scale = _chain_s(proto, found, repeats) / _predicted_chain_s(found, runs)
+    chain = _chain_s(proto, found, repeats)
+    session = _session_s(proto, found, chain, repeats)
+    layers_s = max(chain - len(found) * session, chain * 1e-3)  # the chain less its sessions
+    scale = layers_s / _predicted_chain_s(found, runs)
     calibrated = {name: (o * scale, rate / scale) for name, (o, rate) in runs.items()}
-    return PerfModel(calibrated, bandwidth, fit_emg(delays))
+    return PerfModel(calibrated, bandwidth, fit_emg(delays), session)
+
+
+def _session_s(proto: onnx.ModelProto, found: list[Layer], chain_s: float, repeats: int) -> float:
+    """What one session's run costs beyond its layers': the whole model in one session against
+    the same layers in one session each, over the sessions saved."""
+    if len(found) < 2:
+        return 0.0
+    stage = single_stage(found, 0, len(found) - 1, "none", 1).stages[0]
+    with LocalPlan(proto, Plan(tuple(found), (stage,))) as whole:
+        x = _input(found[0])
+        one = measure_s(lambda: whole.run(x), repeats)
+    return max(0.0, (chain_s - one) / (len(found) - 1))
 
 
 def _predicted_chain_s(found: list[Layer], runs: dict[str, tuple[float, float]]) -> float:

@@ -199,3 +199,17 @@ def test_an_slo_the_leader_alone_meets_is_met_without_workers(
     cheapest = brute_force(found, perf, 2, 4 * _scale(found), levels=16, slo_s=alone * 1.01)
     assert all(s.parts == 1 and s.leader for s in cheapest.stages)
     assert cheapest.cost_s == pytest.approx(cheapest.predicted_latency_s)
+
+
+def test_a_shard_pays_one_session_however_many_layers_it_runs(
+    models: dict[str, list[Layer]],
+) -> None:
+    group = models["vgg"][:3]
+    without = PerfModel({"default": (1e-5, 1e9)}, 1e8, EMG(1e-4, 1e-5, 2e-5))
+    with_session = PerfModel({"default": (1e-5, 1e9)}, 1e8, EMG(1e-4, 1e-5, 2e-5), 3e-4)
+    whole = shards(group, "none", 1)[0]
+    assert with_session.run_s(group, whole) == pytest.approx(without.run_s(group, whole) + 3e-4)
+    apart = sum(with_session.run_s([layer], shards([layer], "none", 1)[0]) for layer in group)
+    assert apart - with_session.run_s(group, whole) == pytest.approx(2 * 3e-4)
+    with pytest.raises(ValueError, match="session_s must be >= 0"):
+        PerfModel({"default": (1e-5, 1e9)}, 1e8, EMG(1e-4, 1e-5, 2e-5), -1.0)
