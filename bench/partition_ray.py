@@ -1,0 +1,128 @@
+"""Partitioned models on Ray: the latency-optimal plan's prediction against its run with shard
+actors in a placement group, beside the same plan run in one process and the whole model.
+
+    python -m bench.partition_ray [--runs 50] [--rounds 3] [--out bench/out/partition_ray.json]
+
+The two models of :mod:`bench.partition` at their tight limit (the model must be split), one
+worker beside the leader (2 cores). Ray is started here (2 CPUs); this process is the leader
+(:class:`raysrv._partitioned.PartitionedRuntime`, the plan made as a leader makes it: the
+machine profiled in one process). Each round times ``--runs`` batches of one on Ray, then the
+same plan in one process (:class:`raysrv.partitioning.local.LocalPlan`), then the whole model
+in one session; medians of the rounds' medians. Also timed: a call to a shard actor that does
+nothing but return its input (the hop a round pays each way, which the performance model,
+profiled with threads, does not hold).
+
+Results: bench/RESULTS.md, "Partitioned models".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.partition import WORKERS, export, models, tightest
+
+__all__ = ["main"]
+
+
+class _Echo:
+    def run(self, x: np.ndarray) -> np.ndarray:
+        return x
+
+
+def measure(path: Path, rounds: int, runs: int) -> dict[str, Any]:
+    import onnx
+    import ray
+
+    from raysrv._partitioned import PartitionedRuntime
+    from raysrv.config import ModelSpec
+    from raysrv.partitioning import layers, weight_bytes
+    from raysrv.partitioning.local import LocalPlan, shard_session
+    from raysrv.partitioning.planner import MIB, plan
+    from raysrv.partitioning.profile import measure_s, profile
+
+    model = onnx.load(str(path))
+    found, weights = layers(model), weight_bytes(model)
+    perf = profile(model, workers=WORKERS)
+    limit = tightest(found, perf, weights)
+    chosen = plan(path, WORKERS, limit / MIB, perf=perf)
+    spec = ModelSpec.model_validate(
+        {
+            "name": path.stem,
+            "runtime": "onnx",
+            "source": str(path),
+            "input": {"shape": [3, 32, 32]},
+            "partition": {"workers": WORKERS, "memory_limit_mb": limit / MIB, "num_cpus": 0.5},
+        }
+    )
+    x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    whole = shard_session(model.SerializeToString())
+    expected = whole.run(None, {"x": x})[0]
+    echo = ray.remote(_Echo).options(num_cpus=0).remote()
+    runtime = PartitionedRuntime(spec, chosen)
+    timed: dict[str, list[float]] = {"ray": [], "local": [], "whole": [], "hop": []}
+    try:
+        got = np.array(runtime.predict_batch(x), dtype=np.float32)
+        with LocalPlan(model, chosen) as local:
+            for _ in range(rounds):
+                timed["ray"].append(measure_s(lambda: runtime.predict_batch(x), runs))
+                timed["local"].append(measure_s(lambda: local.run(x), runs))
+                timed["whole"].append(measure_s(lambda: whole.run(None, {"x": x}), runs))
+                timed["hop"].append(measure_s(lambda: ray.get(echo.run.remote(x)), runs))
+    finally:
+        runtime.close()
+        ray.kill(echo)
+    medians = {k: statistics.median(v) * 1e3 for k, v in timed.items()}
+    return {
+        "predicted_ms": chosen.predicted_latency_s * 1e3,
+        "stages": len(chosen.stages),
+        "shard_actors": len(chosen.worker_shards()),
+        "max_abs_error": float(np.max(np.abs(got - expected))),
+        "describe": chosen.describe(),
+        **{f"{k}_ms": v for k, v in medians.items()},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    import ray
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=50, help="timed runs a round")
+    parser.add_argument("--out", type=Path, default=Path("bench/out/partition_ray.json"))
+    args = parser.parse_args(argv)
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="error", log_to_driver=False)
+    results = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="raysrv-partition-ray-") as tmp:
+            for name, module in models().items():
+                path = Path(tmp) / f"{name}.onnx"
+                export(module, path)
+                results[name] = measure(path, args.rounds, args.runs)
+    finally:
+        ray.shutdown()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1))
+    print("| model | stages | shard actors | predicted ms | on Ray ms | on Ray / predicted "
+          "| one process ms | whole model ms | actor call ms | max abs error |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, r in results.items():
+        print(
+            f"| {name} | {r['stages']} | {r['shard_actors']} | {r['predicted_ms']:.3f} "
+            f"| {r['ray_ms']:.3f} | {r['ray_ms'] / r['predicted_ms']:.2f} | {r['local_ms']:.3f} "
+            f"| {r['whole_ms']:.3f} | {r['hop_ms']:.3f} | {r['max_abs_error']:.1e} |"
+        )
+    for name, r in results.items():
+        print(f"\n{name}:\n{r['describe']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
