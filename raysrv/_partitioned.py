@@ -7,9 +7,12 @@ the model file once (:class:`raysrv.partitioning.local.Sharder`) and keeps its o
 onnxruntime sessions. It then reserves a placement group of one bundle of
 ``partition.num_cpus`` CPUs per worker shard and starts one shard actor in each, bundle ``i``
 for shard ``i``, handing each only its own shard's bytes: a shard actor never sees the rest of
-the model, and loads its weights once. A batch runs the plan's stages in turn: each stage's
-worker shards get their input rows at once, the leader runs its own shard meanwhile, and the
-outputs are joined in order.
+the model, and loads its weights once. The profile holds rounds on threads; a round on Ray
+pays a call to an actor and back, so the leader then times such calls to its shard actors,
+fits their delay as the planner's exponentially modified Gaussian and plans again with it:
+the same shards are kept with the new prediction, other ones replace them. A batch runs the
+plan's stages in turn: each stage's worker shards get their input rows at once, the leader
+runs its own shard meanwhile, and the outputs are joined in order.
 
 Lifecycle: the placement group and its shard actors belong to the leader. Ray removes them
 when the leader's actor ends (a placement group made by a detached actor lives as long as it
@@ -24,13 +27,15 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from raysrv._workers import WORKERS_NAMESPACE
+from raysrv.analytics.forkjoin import EMG
 from raysrv.config import ModelSpec
 from raysrv.partitioning.latency import Plan
 from raysrv.partitioning.local import rows_of
@@ -42,6 +47,7 @@ __all__ = ["SHARD_PREFIX", "PartitionedRuntime", "ShardActor"]
 
 SHARD_PREFIX = "raysrv-shard:"  # of the shard actors' names
 READY_TIMEOUT_S = 120.0  # for the placement group and every shard actor to start
+HOP_ROUNDS = 20  # calls timed to each shard actor for the delay of a round on Ray
 
 
 class ShardActor:
@@ -56,6 +62,10 @@ class ShardActor:
 
     def run(self, x: np.ndarray) -> np.ndarray:
         return self._session.run(None, {self._input: x})[0]
+
+    def echo(self, x: np.ndarray) -> np.ndarray:
+        """A call that does no work: what a round pays to reach the actor and back."""
+        return x.reshape(-1)[:1]
 
     def ready(self) -> dict[str, Any]:
         """Its process, the bytes of its shard's model (its weights, nearly all) and the id of
@@ -80,40 +90,79 @@ class PartitionedRuntime(Runtime):
     """A partitioned model as its leader runs it (see the module docstring)."""
 
     def __init__(self, spec: ModelSpec, plan: Plan | None = None) -> None:
-        """``plan``: the one to run, instead of planning the model as ``spec.partition`` says."""
+        """``plan``: the one to run, instead of planning the model as ``spec.partition`` says
+        (see the module docstring)."""
         import onnx
 
-        from raysrv.partitioning.local import Sharder, join_axis, shard_session
+        from raysrv.partitioning.local import Sharder
         from raysrv.partitioning.planner import plan as make_plan
+        from raysrv.partitioning.profile import profile
 
         part = spec.partition
         assert part is not None  # the runtime of partitioned models only
-        if plan is None:
-            args = (part.workers, part.memory_limit_mb, part.objective, part.slo_ms)
-            plan = make_plan(spec.source, *args)
-        self.plan = plan
         self._timeout_s = part.timeout_s
+        self._actors: list[Any] = []
         proto = onnx.load(spec.source)
         self.output_names = [o.name for o in proto.graph.output]
         sharder = Sharder(proto)
-        cut = [sharder.shard_models(self.plan, stage) for stage in self.plan.stages]
-        del proto, sharder  # the leader keeps only its own shards
+        if plan is not None:
+            self._deploy(spec.name, sharder, plan, part.num_cpus)
+            return
+        perf = profile(proto, workers=part.workers)
+        args = (part.workers, part.memory_limit_mb, part.objective, part.slo_ms)
+        threads = make_plan(spec.source, *args, perf=perf)
+        self._deploy(spec.name, sharder, threads, part.num_cpus)
+        if not self._actors:
+            return
+        x = np.zeros((1, *threads.layers[0].in_shape), dtype=np.float32)
+        delay = self._hop_delay(x, perf.bandwidth)
+        on_ray = make_plan(spec.source, *args, perf=replace(perf, delay=delay, _max_delay={}))
+        if _shape(on_ray) == _shape(threads):
+            self.plan = on_ray  # the same shards, predicted with Ray's calls
+            return
+        self.close()
+        self._deploy(spec.name, sharder, on_ray, part.num_cpus)
+
+    def _deploy(self, name: str, sharder: Any, plan: Plan, num_cpus: float) -> None:
+        """Cut ``plan``'s shards, keep the leader's and start the others' actors."""
+        from raysrv.partitioning.local import join_axis, shard_session
+
+        self.plan = plan
+        cut = [sharder.shard_models(plan, stage) for stage in plan.stages]
         remote = [
             model.SerializeToString()
-            for stage, models in zip(self.plan.stages, cut, strict=True)
+            for stage, models in zip(plan.stages, cut, strict=True)
             for model, _ in models[stage.leader :]
         ]
-        self._actors = self._start(spec.name, remote, part.num_cpus)
+        self._actors = self._start(name, remote, num_cpus) if remote else []
         actors = iter(self._actors)
         self._stages: list[tuple[list[_Piece], int]] = []
         self._leader_bytes = 0
-        for stage, models in zip(self.plan.stages, cut, strict=True):
+        for stage, models in zip(plan.stages, cut, strict=True):
             pieces = [_Piece(rows_, actor=next(actors)) for _, rows_ in models[stage.leader :]]
             if stage.leader:
                 model, rows_ = models[0]
                 self._leader_bytes += model.ByteSize()
                 pieces.insert(0, _Piece(rows_, session=shard_session(model.SerializeToString())))
-            self._stages.append((pieces, join_axis(self.plan, stage)))
+            self._stages.append((pieces, join_axis(plan, stage)))
+
+    def _hop_delay(self, x: np.ndarray, bandwidth: float) -> EMG:
+        """The delay of a call to a shard actor and back beyond its bytes, ``HOP_ROUNDS`` calls
+        to each sending the model's input, fitted as the planner's exponentially modified
+        Gaussian."""
+        import ray
+
+        from raysrv.analytics.forkjoin import fit_emg
+
+        moved = x.nbytes / bandwidth
+        found = []
+        for actor in self._actors:
+            ray.get(actor.echo.remote(x))
+            for _ in range(HOP_ROUNDS):
+                start = time.perf_counter()
+                ray.get(actor.echo.remote(x), timeout=self._timeout_s)
+                found.append(max(1e-7, time.perf_counter() - start - moved))
+        return fit_emg(found)
 
     def _start(self, model: str, shards: list[bytes], num_cpus: float) -> list[Any]:
         """A placement group of a bundle per shard, and a shard actor in each, started; each
@@ -123,9 +172,7 @@ class PartitionedRuntime(Runtime):
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        self.placement_group = placement_group(
-            [{"CPU": num_cpus}] * max(1, len(shards)), strategy="PACK"
-        )
+        self.placement_group = placement_group([{"CPU": num_cpus}] * len(shards), strategy="PACK")
         remote = ray.remote(ShardActor)
         group = self.placement_group.id.hex()[:12]
         actors = []
@@ -180,8 +227,14 @@ class PartitionedRuntime(Runtime):
 
         for actor in self._actors:
             ray.kill(actor, no_restart=True)
+        if self._actors:
+            remove_placement_group(self.placement_group)
         self._actors = []
-        remove_placement_group(self.placement_group)
+
+
+def _shape(plan: Plan) -> list[tuple[int, int, str, int, bool]]:
+    """What a plan's shards are, apart from what it predicts."""
+    return [(s.first, s.last, s.option, s.parts, s.leader) for s in plan.stages]
 
 
 def _run(session: Any, x: np.ndarray) -> np.ndarray:
