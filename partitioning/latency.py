@@ -26,7 +26,6 @@ import itertools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -60,7 +59,7 @@ class Plan:
 
     layers: tuple[Layer, ...]
     stages: tuple[Stage, ...]
-    model: str | Path | Any = field(default=None, compare=False, repr=False)
+    model: Any = field(default=None, compare=False, repr=False)  # a path or an onnx.ModelProto
 
     @property
     def predicted_latency_s(self) -> float:

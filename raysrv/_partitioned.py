@@ -25,7 +25,6 @@ nothing waits for ever.
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import Sequence
@@ -40,8 +39,6 @@ from raysrv.config import ModelSpec
 from raysrv.partitioning.latency import Plan
 from raysrv.partitioning.local import rows_of
 from raysrv.runtimes import Runtime, rows
-
-logger = logging.getLogger(__name__)
 
 __all__ = ["SHARD_PREFIX", "PartitionedRuntime", "ShardActor"]
 
@@ -102,6 +99,7 @@ class PartitionedRuntime(Runtime):
         assert part is not None  # the runtime of partitioned models only
         self._timeout_s = part.timeout_s
         self._actors: list[Any] = []
+        self.placement_group: Any = None
         proto = onnx.load(spec.source)
         self.output_names = [o.name for o in proto.graph.output]
         sharder = Sharder(proto)
@@ -227,9 +225,10 @@ class PartitionedRuntime(Runtime):
 
         for actor in self._actors:
             ray.kill(actor, no_restart=True)
-        if self._actors:
-            remove_placement_group(self.placement_group)
         self._actors = []
+        if self.placement_group is not None:
+            remove_placement_group(self.placement_group)
+            self.placement_group = None
 
 
 def _shape(plan: Plan) -> list[tuple[int, int, str, int, bool]]:

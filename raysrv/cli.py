@@ -2,8 +2,9 @@
 
 * ``raysrv validate config.yaml [...]``: check config files without starting Ray.
 * ``raysrv plan config.yaml``: print the plan of each partitioned model (its stages, predicted
-  latency and cost), planned on this machine as a replica's leader plans it as it loads the
-  model (profiled, so figures vary a little from run to run); deploys nothing.
+  latency and cost) from a profile of this machine, without starting Ray (a leader on Ray also
+  times calls to its shard actors and may choose otherwise; profiles vary a little from run to
+  run); deploys nothing.
 * ``raysrv run config.yaml [serve run options]``: check the file, then ``serve run`` it with Ray
   Serve's fast path switched on: HAProxy as the HTTP ingress in front of replicas that serve
   HTTP themselves, gRPC for handle calls between replicas, user code on each replica's main
