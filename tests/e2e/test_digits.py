@@ -9,13 +9,8 @@ bad input must get a 4xx with a message, and the server must keep serving after 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,8 +23,8 @@ import redis
 import yaml
 
 from examples.digits import build as digits
-from raysrv.cli import FAST_PATH
-from tests.conftest import free_port, haproxy_ports
+from tests.conftest import free_port
+from tests.e2e.serving import served
 
 ROOT = Path(__file__).parents[2]
 CONFIG = ROOT / "examples" / "digits" / "config.yaml"
@@ -57,55 +52,8 @@ def server(
     path.write_text(yaml.safe_dump(config))
     # the relative sources (models/...) are read beside the file: the example's built models
     (path.parent / "models").symlink_to(CONFIG.parent / "models", target_is_directory=True)
-    log = (path.parent / "serve.log").open("wb")
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", *FAST_PATH)}
-    env |= haproxy_ports()
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).with_name(script)), command, str(path)],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(url, proc, path.parent / "serve.log")
+    with served([str(Path(sys.executable).with_name(script)), command, str(path)], port) as url:
         yield url
-    finally:
-        _stop(proc)
-        log.close()
-
-
-def _wait_healthy(
-    url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 240
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"serve run exited with {proc.returncode}:\n{log.read_text()[-4000:]}"
-            )
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise TimeoutError(f"no healthy server after {timeout_s} s:\n{log.read_text()[-4000:]}")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """Ctrl-C for `serve run` (it shuts down the Ray it started, HAProxy included: about 30 s
-    here when idle), then clear its process group: killed sooner, Ray leaves its HAProxy
-    running."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGINT)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=STOP_S)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
 
 
 def _offline(x: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
@@ -152,7 +100,6 @@ def test_served_predictions_equal_the_offline_models(server: str) -> None:
 
 
 JSON = {"content-type": "application/json"}
-STOP_S = 180  # the longest a `serve run` is given to shut down its Ray
 BAD_REQUESTS = [
     ("/v1/digits/predict", b'{"input": [1, 2', 400, "not valid JSON"),
     (

@@ -5,8 +5,6 @@ answers as the whole model does, on the digits test split."""
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,9 +17,8 @@ import yaml
 
 from examples.digits import build as digits
 from examples.partitioned.build import MODEL_FILE
-from raysrv.cli import FAST_PATH
-from tests.conftest import free_port, haproxy_ports
-from tests.e2e.test_digits import _stop, _wait_healthy
+from tests.conftest import free_port
+from tests.e2e.serving import served
 
 ROOT = Path(__file__).parents[2]
 CONFIG = ROOT / "examples" / "partitioned" / "config.yaml"
@@ -39,24 +36,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     models = CONFIG.parent / "models"  # built here on the first start, kept for the next
     models.mkdir(exist_ok=True)
     (path.parent / "models").symlink_to(models, target_is_directory=True)
-    log = (path.parent / "serve.log").open("wb")
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", *FAST_PATH)}
-    env |= haproxy_ports()
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).with_name("serve")), "run", str(path)],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(url, proc, path.parent / "serve.log")
+    with served([str(Path(sys.executable).with_name("serve")), "run", str(path)], port) as url:
         yield url
-    finally:
-        _stop(proc)
-        log.close()
 
 
 async def _predict(url: str, images: np.ndarray) -> list[list[float]]:

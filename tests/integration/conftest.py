@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -75,3 +77,14 @@ def serve_session(ray_cluster: RayCluster) -> Iterator[RayCluster]:
     yield ray_cluster
     for name in list(serve.status().applications):
         serve.delete(name)
+
+
+def until(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """``check()``'s first truthy answer, asked every 0.2 s; AssertionError naming ``what``
+    if none comes within ``timeout_s``."""
+    give_up = time.monotonic() + timeout_s
+    while time.monotonic() < give_up:
+        if found := check():
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"not within {timeout_s} s: {what}")

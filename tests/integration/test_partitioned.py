@@ -29,7 +29,7 @@ from raysrv.config import ModelSpec
 from raysrv.partitioning import PerfModel, layers, shards
 from raysrv.partitioning.latency import Plan, stage
 from raysrv.testing import spec
-from tests.integration.conftest import RayCluster
+from tests.integration.conftest import RayCluster, until
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
@@ -106,15 +106,6 @@ def _shard_actors() -> list[str]:
     )
 
 
-def _until(check: Any, timeout_s: float, what: str) -> Any:
-    give_up = time.monotonic() + timeout_s
-    while time.monotonic() < give_up:
-        if found := check():
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout_s} s: {what}")
-
-
 def test_every_option_runs_on_shard_actors_in_their_own_bundles(
     ray_cluster: RayCluster, model_file: Path
 ) -> None:
@@ -145,7 +136,7 @@ def test_every_option_runs_on_shard_actors_in_their_own_bundles(
         assert runtime.weight_bytes() < conv_bytes * 2  # the leader: one row shard
     finally:
         runtime.close()
-    _until(lambda: not _shard_actors(), 20, "the shard actors ended")
+    until(lambda: not _shard_actors(), 20, "the shard actors ended")
     assert ray.util.placement_group_table(placement)["state"] == "REMOVED"
     assert runtime.placement_group is None
 
@@ -193,7 +184,7 @@ def test_a_model_over_twice_a_workers_limit_is_served_and_outlives_a_shard_death
         np.testing.assert_allclose(answer.json()["output"], expected[0], rtol=1e-5, atol=1e-5)
 
     serve.delete(APP)
-    _until(lambda: not _shard_actors(), 30, "the shard actors ended with their leader")
+    until(lambda: not _shard_actors(), 30, "the shard actors ended with their leader")
 
 
 class _Leader:
@@ -234,7 +225,7 @@ def test_a_leader_that_crashes_comes_back_with_a_new_group_and_the_old_one_is_re
             np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
             return True
 
-        _until(answers, 120, "the restarted leader answering")
+        until(answers, 120, "the restarted leader answering")
         second = ray.get(leader.placement_group.remote())
         assert second != first
         table = ray.util.placement_group_table()
@@ -242,9 +233,9 @@ def test_a_leader_that_crashes_comes_back_with_a_new_group_and_the_old_one_is_re
         assert table[second]["state"] == "CREATED"
     finally:
         ray.kill(leader, no_restart=True)
-    _until(
+    until(
         lambda: ray.util.placement_group_table()[second]["state"] == "REMOVED",
         30,
         "the group removed with its leader",
     )
-    _until(lambda: not _shard_actors(), 30, "the shard actors ended with their leader")
+    until(lambda: not _shard_actors(), 30, "the shard actors ended with their leader")

@@ -9,8 +9,6 @@ Serve never calls its ``__del__``.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -20,7 +18,7 @@ from ray import serve
 from raysrv._workers import WORKERS_NAMESPACE
 from raysrv.app import build_app
 from raysrv.testing import model_spec, spec
-from tests.integration.conftest import RayCluster
+from tests.integration.conftest import RayCluster, until
 
 APP = "orphans"
 
@@ -59,15 +57,6 @@ def _kill(replica: str) -> None:
     ray.kill(ray.get_actor(replica, namespace="serve"), no_restart=True)
 
 
-def _until(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    give_up = time.monotonic() + timeout_s
-    while time.monotonic() < give_up:
-        if found := check():
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout_s} s: {what}")
-
-
 def _answers(handle: Any) -> bool:
     answer = handle.predict.remote("echo", [1.0, 2.0, 3.0, 4.0]).result(timeout_s=60)
     return answer.get("output", {}).get("sum") == 10.0
@@ -85,13 +74,13 @@ def test_a_new_ingress_replica_takes_over_the_workers_of_one_that_died(
     replicas = _replicas()
     dead = sorted(replicas)[0]
     _kill(dead)
-    _until(lambda: len(_replicas() - {dead}) == 2, 60, "a replica in place of the one killed")
-    _until(lambda: serve.status().applications[APP].status == "RUNNING", 60, "the app running")
+    until(lambda: len(_replicas() - {dead}) == 2, 60, "a replica in place of the one killed")
+    until(lambda: serve.status().applications[APP].status == "RUNNING", 60, "the app running")
     assert _workers() == before  # the same actors, never restarted: taken over, not remade
     assert all(_answers(handle) for _ in range(20))
 
     serve.delete(APP)  # replicas stopped in order end their workers at once
-    _until(lambda: not _workers(), 20, "the workers ended with their replicas")
+    until(lambda: not _workers(), 20, "the workers ended with their replicas")
 
 
 def test_workers_that_no_replica_takes_over_end_after_the_orphan_timeout(
@@ -105,10 +94,10 @@ def test_workers_that_no_replica_takes_over_end_after_the_orphan_timeout(
     assert len(workers) == 1
     (replica,) = _replicas()
     _kill(replica)
-    _until(lambda: replica not in _replicas(), 20, "the replica gone")
+    until(lambda: replica not in _replicas(), 20, "the replica gone")
     assert _workers() == workers  # they outlive their owner
     serve.delete(APP)
-    _until(lambda: not _workers(), 30, "the orphaned workers ended")
+    until(lambda: not _workers(), 30, "the orphaned workers ended")
 
 
 def test_while_no_ingress_replica_is_up_serves_timeout_header_bounds_the_wait(
@@ -122,7 +111,7 @@ def test_while_no_ingress_replica_is_up_serves_timeout_header_bounds_the_wait(
     body = {"input": [1.0, 2.0, 3.0, 4.0]}
     (replica,) = _replicas()
     _kill(replica)
-    _until(lambda: replica not in _replicas(), 20, "the replica gone")
+    until(lambda: replica not in _replicas(), 20, "the replica gone")
     timeout = {"x-request-timeout-seconds": "1"}
     with httpx.Client(timeout=60.0) as client:
         answer = client.post(url, json=body, headers=timeout)

@@ -15,16 +15,7 @@ from raysrv.partitioning.graph import Layer, layers
 from raysrv.partitioning.latency import brute_force, latency_optimal
 from raysrv.partitioning.perf import PerfModel, fit_kind
 from raysrv.partitioning.shards import shards
-from tests.unit.partitioning.nets import inception, resnet, to_onnx, vgg
-
-
-@pytest.fixture(scope="module")
-def models() -> dict[str, list[Layer]]:
-    return {
-        "resnet": layers(to_onnx(resnet())),
-        "inception": layers(to_onnx(inception())),
-        "vgg": layers(to_onnx(vgg()))[:5],
-    }
+from tests.unit.partitioning.nets import resnet, to_onnx
 
 
 def _machine(rng: np.random.Generator) -> PerfModel:

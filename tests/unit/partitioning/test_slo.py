@@ -8,21 +8,12 @@ import numpy as np
 import pytest
 
 from raysrv.partitioning import plan
-from raysrv.partitioning.graph import Layer, layers
+from raysrv.partitioning.graph import Layer
 from raysrv.partitioning.latency import brute_force, latency_optimal
 from raysrv.partitioning.planner import check_fits
 from raysrv.partitioning.slo import choices, random_search, slo_aware
-from tests.unit.partitioning.nets import inception, resnet, to_onnx, vgg
+from tests.unit.partitioning.nets import resnet, to_onnx
 from tests.unit.partitioning.test_latency import _machine, _scale
-
-
-@pytest.fixture(scope="module")
-def models() -> dict[str, list[Layer]]:
-    return {
-        "resnet": layers(to_onnx(resnet())),
-        "inception": layers(to_onnx(inception())),
-        "vgg": layers(to_onnx(vgg()))[:5],
-    }
 
 
 @pytest.mark.parametrize(("name", "seed"), [("resnet", 3), ("inception", 0), ("vgg", 1)])

@@ -1,0 +1,75 @@
+"""A `serve run` (or `raysrv run`) of a config file in a subprocess of its own, for the e2e
+tests: started from the repository's root without the fast path's variables of this process,
+waited on until healthy, stopped as Ctrl-C stops it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import httpx
+
+from raysrv.cli import FAST_PATH
+from tests.conftest import haproxy_ports
+
+__all__ = ["served"]
+
+ROOT = Path(__file__).parents[2]
+STOP_S = 180  # the longest a `serve run` is given to shut down its Ray
+
+
+@contextlib.contextmanager
+def served(argv: Sequence[str], port: int) -> Iterator[str]:
+    """The URL of ``argv`` (a `serve run` of a file whose HTTP port is ``port``) once it
+    answers ``/healthz``; its output goes to ``serve.log`` beside the file (its last
+    argument)."""
+    log_path = Path(argv[-1]).parent / "serve.log"
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", *FAST_PATH)}
+    env |= haproxy_ports()
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            list(argv), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        try:
+            _wait_healthy(url, proc, log_path)
+            yield url
+        finally:
+            _stop(proc)
+
+
+def _wait_healthy(
+    url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 240
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"serve run exited with {proc.returncode}:\n{log.read_text()[-4000:]}"
+            )
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"no healthy server after {timeout_s} s:\n{log.read_text()[-4000:]}")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Ctrl-C for `serve run` (it shuts down the Ray it started, HAProxy included: about 30 s
+    here when idle), then clear its process group: killed sooner, Ray leaves its HAProxy
+    running."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=STOP_S)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
