@@ -5,9 +5,10 @@ actors in a placement group, beside the same plan run in one process and the who
 
 The two models of :mod:`bench.partition` at their tight limit (the model must be split), one
 worker beside the leader (2 cores). Ray is started here (2 CPUs); this process is the leader
-(:class:`raysrv._partitioned.PartitionedRuntime`), which plans as a leader does: the machine
-profiled in one process, then again with the delay of calls to its shard actors timed. Also
-shown: the prediction of the plan made from the profile alone (rounds on threads). Each round
+(:class:`raysrv._partitioned.PartitionedRuntime`), which plans as a pool plans a leader: the
+machine profiled in one process, and its transfers timed as calls to a probe actor
+(:func:`raysrv._partitioned.ray_transfers`). Also shown: the prediction of the plan made from
+the profile alone (transfers between threads). Each round
 times ``--runs`` batches of one on Ray, then the same plan in one process
 (:class:`raysrv.partitioning.local.LocalPlan`), then the whole model in one session, then a
 call to an actor that only returns its input; medians of the rounds' medians.
@@ -66,7 +67,7 @@ def measure(path: Path, rounds: int, runs: int) -> dict[str, Any]:
     whole = shard_session(model.SerializeToString())
     expected = whole.run(None, {"x": x})[0]
     echo = ray.remote(_Echo).options(num_cpus=0).remote()
-    runtime = PartitionedRuntime(spec)  # planned as a leader plans: with Ray's calls timed
+    runtime = PartitionedRuntime(spec)  # planned as a pool plans: Ray's transfers timed
     chosen = runtime.plan
     timed: dict[str, list[float]] = {"ray": [], "local": [], "whole": [], "hop": []}
     try:

@@ -10,7 +10,9 @@ the fork-join transfer delays of :mod:`raysrv.analytics.forkjoin`.
   session's cost from the layers').
 * **Transfer** of ``n`` bytes: ``n / bandwidth`` plus a delay drawn from an exponentially
   modified Gaussian; the leader waits for the slowest of its ``w`` workers, the expected maximum
-  of ``w`` such delays (the n-th order statistic, §IV-A).
+  of ``w`` such delays (the n-th order statistic, §IV-A). Where a transfer of over
+  ``large_bytes`` takes another path (Ray passes small objects inside the call and larger ones
+  through its object store), it also pays ``large_s``.
 * **A group's latency** (the fork-join round, §III-B, Fig. 4): on the leader alone, its run
   time; on workers alone, the slowest worker's transfer and run time plus the expected maximum
   delay; with the leader taking one shard itself, the larger of that and the leader's run.
@@ -22,6 +24,7 @@ overestimates the maximum).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -59,6 +62,8 @@ class PerfModel:
     bandwidth: float  # bytes a second of one transfer
     delay: EMG  # of one transfer beyond its bytes
     session_s: float = 0.0  # what one run of a shard's session costs, whatever its layers
+    large_bytes: float = math.inf  # a transfer of more bytes than this ...
+    large_s: float = 0.0  # ... costs this much more
     _max_delay: dict[int, float] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -71,6 +76,10 @@ class PerfModel:
             raise ValueError(f"bandwidth must be positive, got {self.bandwidth}")
         if not self.session_s >= 0:
             raise ValueError(f"session_s must be >= 0, got {self.session_s}")
+        if not (self.large_bytes >= 0 and self.large_s >= 0):
+            raise ValueError(
+                f"large_bytes and large_s must be >= 0, got {self.large_bytes}, {self.large_s}"
+            )
 
     def run_s(self, group: Sequence[Layer], shard: Shard) -> float:
         """Run time of ``shard`` of ``group``: one session's run, each layer's overhead, and
@@ -107,5 +116,10 @@ class PerfModel:
         (what a cost counts, gillis §IV-C; the leader is busy the whole latency)."""
         return sum(self._remote_s(group, p) for p in (pieces[1:] if leader else pieces))
 
+    def transfer_s(self, n: float) -> float:
+        """One transfer of ``n`` bytes, beyond its delay."""
+        return n / self.bandwidth + (self.large_s if n > self.large_bytes else 0.0)
+
     def _remote_s(self, group: Sequence[Layer], shard: Shard) -> float:
-        return self.run_s(group, shard) + (shard.in_bytes + shard.out_bytes) / self.bandwidth
+        moved = self.transfer_s(shard.in_bytes) + self.transfer_s(shard.out_bytes)
+        return self.run_s(group, shard) + moved

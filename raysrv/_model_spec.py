@@ -293,6 +293,11 @@ class ModelTemplate(_Strict):
                 "partition needs an onnx model on a dedicated pool of CPU workers (runtime "
                 "'onnx', no pool, placement 'workers', device 'cpu'); got " + ", ".join(clash)
             )
+        if self.resources.num_cpus <= 0:
+            raise ValueError(
+                "partition needs resources.num_cpus > 0: the leader's bundle of its placement "
+                f"group holds them (got {self.resources.num_cpus:g})"
+            )
         return self
 
     @model_validator(mode="after")

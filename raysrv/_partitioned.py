@@ -1,26 +1,31 @@
-"""Partitioned models on Ray (Gillis, ICDCS'21, §III-B): the worker of a model's dedicated pool
-is the leader, and the plan's other shards run on shard actors in a placement group.
+"""Partitioned models on Ray (Gillis, ICDCS'21, §III-B): a leader and its shard actors in one
+placement group. The leader is the worker of the model's dedicated pool, in bundle 0; the
+plan's other shards run on shard actors, shard ``i`` in bundle ``i + 1``.
 
-As the leader loads the model (a LOAD, or its worker starting) it plans it
-(:func:`raysrv.partitioning.planner.plan`, the machine profiled then), cuts every shard from
-the model file once (:class:`raysrv.partitioning.local.Sharder`) and keeps its own shards as
-onnxruntime sessions. It then reserves a placement group of one bundle of
-``partition.num_cpus`` CPUs per worker shard and starts one shard actor in each, bundle ``i``
-for shard ``i``, handing each only its own shard's bytes: a shard actor never sees the rest of
-the model, and loads its weights once. The profile holds rounds on threads; a round on Ray
-pays a call to an actor and back, so the leader then times such calls to its shard actors,
-fits their delay as the planner's exponentially modified Gaussian and plans again with it:
-the same shards are kept with the new prediction, other ones replace them. A batch runs the
-plan's stages in turn: each stage's worker shards get their input rows at once, the leader
-runs its own shard meanwhile, and the outputs are joined in order.
+The model is planned once, before its group exists (:func:`plan_on_ray`, a Ray task the pool
+runs as it makes a new leader): the machine is profiled (:func:`raysrv.partitioning.profile.
+profile`), and since a round on Ray pays a call to an actor and back where the profile's
+threads did not, calls to a probe actor are timed for the transfers' delay, bandwidth and
+object-store cost (:func:`ray_transfers`) before :func:`raysrv.partitioning.planner.plan`
+runs. The pool then reserves a detached placement group of the leader's resources and one
+bundle of ``partition.num_cpus`` CPUs per worker shard (:func:`group_bundles`) and starts the
+leader in bundle 0 with the plan. The leader cuts every shard from the model file once
+(:class:`raysrv.partitioning.local.Sharder`), keeps its own shards as onnxruntime sessions and
+starts a shard actor in each other bundle, handing each only its own shard's bytes: a shard
+actor never sees the rest of the model, and loads its weights once. A batch runs the plan's
+stages in turn: each stage's worker shards get their input rows at once, the leader runs its
+own shard meanwhile, and the outputs are joined in order.
 
-Lifecycle: the placement group and its shard actors belong to the leader. Ray removes them
-when the leader's actor ends (a placement group made by a detached actor lives as long as it
-does), and an UNLOAD removes them at once (:meth:`PartitionedRuntime.close`). A shard actor
-that dies fails the batches it was running (the leader raises, the batch gets a 500); Ray
-starts it again in the same bundle, from the same shard bytes, and the batches after it are
-answered. A shard that does not answer within ``partition.timeout_s`` fails its batch too:
-nothing waits for ever.
+Lifecycle: the group lives as long as its leader. Ray restarts a crashed leader in its bundle
+with the same plan; the shard actors it owned die with it and it starts new ones in the same
+bundles. The pool removes the group when it ends its workers, and a leader that ends itself
+for want of an owner removes it first. A shard actor that dies fails the batches it was running
+(the leader raises, the batch gets a 500); Ray starts it again in its bundle, from the same
+shard bytes, and the batches after it are answered. A shard that does not answer within
+``partition.timeout_s`` fails its batch too: nothing waits for ever. A leader made outside a
+placement group (a driver's, in tests and benchmarks) plans the model itself and makes a group
+of its shards' bundles alone, which Ray removes with it; an UNLOAD ends its shard actors
+(:meth:`PartitionedRuntime.close`).
 """
 
 from __future__ import annotations
@@ -34,17 +39,28 @@ from typing import Any
 import numpy as np
 
 from raysrv._workers import WORKERS_NAMESPACE
-from raysrv.analytics.forkjoin import EMG
 from raysrv.config import ModelSpec
 from raysrv.partitioning.latency import Plan
 from raysrv.partitioning.local import rows_of
+from raysrv.partitioning.perf import PerfModel
 from raysrv.runtimes import Runtime, rows
 
-__all__ = ["SHARD_PREFIX", "PartitionedRuntime", "ShardActor"]
+__all__ = [
+    "SHARD_PREFIX",
+    "PartitionedRuntime",
+    "ShardActor",
+    "group_bundles",
+    "plan_on_ray",
+    "ray_transfers",
+]
 
 SHARD_PREFIX = "raysrv-shard:"  # of the shard actors' names
 READY_TIMEOUT_S = 120.0  # for the placement group and every shard actor to start
-HOP_ROUNDS = 20  # calls timed to each shard actor for the delay of a round on Ray
+HOP_ROUNDS = 100  # calls to a probe actor timed for each size of transfer on Ray
+IDLE_S = 0.002  # before each: a shard actor is called once a round and waits between
+# Ray passes an argument or result of up to this many bytes inside the call, larger ones
+# through its object store (its max_direct_call_object_size).
+INLINE_BYTES = int(os.environ.get("RAY_max_direct_call_object_size", 100 * 1024))  # noqa: SIM112
 
 
 class ShardActor:
@@ -60,10 +76,6 @@ class ShardActor:
     def run(self, x: np.ndarray) -> np.ndarray:
         return self._session.run(None, {self._input: x})[0]
 
-    def echo(self, x: np.ndarray) -> np.ndarray:
-        """A call that does no work: what a round pays to reach the actor and back."""
-        return x.reshape(-1)[:1]
-
     def ready(self) -> dict[str, Any]:
         """Its process, the bytes of its shard's model (its weights, nearly all) and the id of
         the placement group it runs in."""
@@ -71,6 +83,83 @@ class ShardActor:
 
         group = ray.get_runtime_context().get_placement_group_id()
         return {"pid": os.getpid(), "model_bytes": self._bytes, "placement_group": group}
+
+
+class _Probe:
+    """An actor whose call does no work: what a round pays to reach a shard and back."""
+
+    def echo(self, x: np.ndarray) -> np.ndarray:
+        return x.reshape(-1)[:1]
+
+
+def plan_on_ray(spec: ModelSpec) -> Plan:
+    """``spec``'s plan as its leader will run it on Ray (see the module docstring): the
+    machine profiled here, its transfers as Ray's calls make them (:func:`ray_transfers`)."""
+    import onnx
+
+    from raysrv.partitioning.planner import plan
+    from raysrv.partitioning.profile import profile
+
+    part = spec.partition
+    assert part is not None  # partitioned models only
+    proto = onnx.load(spec.source)
+    perf = ray_transfers(profile(proto, workers=part.workers), part.timeout_s)
+    args = (part.workers, part.memory_limit_mb, part.objective, part.slo_ms)
+    return plan(spec.source, *args, perf=perf)
+
+
+def ray_transfers(perf: PerfModel, timeout_s: float) -> PerfModel:
+    """``perf`` with its transfers timed as calls to a probe actor, ``HOP_ROUNDS`` of each
+    of three sizes, each call after ``IDLE_S`` of rest (a process woken costs more than a
+    busy one): a small size, for the delay, and two over ``INLINE_BYTES``, whose line gives
+    the bandwidth and the larger objects' extra cost (``large_s``)."""
+    import ray
+
+    from raysrv.analytics.forkjoin import fit_emg
+
+    sizes = (1024, 2 * INLINE_BYTES, 16 * INLINE_BYTES)
+    probe = ray.remote(_Probe).options(num_cpus=0).remote()
+    try:
+        ray.get(probe.echo.remote(np.zeros(1, np.uint8)), timeout=READY_TIMEOUT_S)
+        timed = {n: _calls_s(probe, np.zeros(n, np.uint8), timeout_s) for n in sizes}
+    finally:
+        ray.kill(probe)
+    small, big = sizes[0], sizes[1:]
+    (n1, t1), (n2, t2) = ((n, float(np.median(timed[n]))) for n in big)
+    bandwidth = (n2 - n1) / (t2 - t1) if t2 > t1 else perf.bandwidth
+    delays = [max(1e-7, t - small / bandwidth) for t in timed[small]]
+    large_s = max(0.0, t1 - n1 / bandwidth - float(np.median(delays)))
+    return replace(
+        perf,
+        bandwidth=bandwidth,
+        delay=fit_emg(delays),
+        large_bytes=INLINE_BYTES,
+        large_s=large_s,
+        _max_delay={},
+    )
+
+
+def _calls_s(probe: Any, x: np.ndarray, timeout_s: float) -> list[float]:
+    import ray
+
+    found = []
+    for _ in range(HOP_ROUNDS):
+        time.sleep(IDLE_S)
+        start = time.perf_counter()
+        ray.get(probe.echo.remote(x), timeout=timeout_s)
+        found.append(time.perf_counter() - start)
+    return found
+
+
+def group_bundles(spec: ModelSpec, plan: Plan) -> list[dict[str, float]]:
+    """The bundles of a leader's placement group: the leader's resources, then one per
+    worker shard of ``plan``."""
+    part = spec.partition
+    assert part is not None  # partitioned models only
+    leader = {"CPU": spec.resources.num_cpus}
+    if spec.resources.memory_mb is not None:
+        leader["memory"] = spec.resources.memory_mb * 1024 * 1024
+    return [leader] + [{"CPU": part.num_cpus}] * len(plan.worker_shards())
 
 
 @dataclass(frozen=True)
@@ -87,39 +176,21 @@ class PartitionedRuntime(Runtime):
     """A partitioned model as its leader runs it (see the module docstring)."""
 
     def __init__(self, spec: ModelSpec, plan: Plan | None = None) -> None:
-        """``plan``: the one to run, instead of planning the model as ``spec.partition`` says
-        (see the module docstring)."""
+        """``plan``: the one to run (the pool's, planned as its group was made), instead of
+        planning the model as ``spec.partition`` says (:func:`plan_on_ray`)."""
         import onnx
 
         from raysrv.partitioning.local import Sharder
-        from raysrv.partitioning.planner import plan as make_plan
-        from raysrv.partitioning.profile import profile
 
         part = spec.partition
         assert part is not None  # the runtime of partitioned models only
         self._timeout_s = part.timeout_s
         self._actors: list[Any] = []
         self.placement_group: Any = None
+        self._own_group = False
         proto = onnx.load(spec.source)
         self.output_names = [o.name for o in proto.graph.output]
-        sharder = Sharder(proto)
-        if plan is not None:
-            self._deploy(spec.name, sharder, plan, part.num_cpus)
-            return
-        perf = profile(proto, workers=part.workers)
-        args = (part.workers, part.memory_limit_mb, part.objective, part.slo_ms)
-        threads = make_plan(spec.source, *args, perf=perf)
-        self._deploy(spec.name, sharder, threads, part.num_cpus)
-        if not self._actors:
-            return
-        x = np.zeros((1, *threads.layers[0].in_shape), dtype=np.float32)
-        delay = self._hop_delay(x, perf.bandwidth)
-        on_ray = make_plan(spec.source, *args, perf=replace(perf, delay=delay, _max_delay={}))
-        if _shape(on_ray) == _shape(threads):
-            self.plan = on_ray  # the same shards, predicted with Ray's calls
-            return
-        self.close()
-        self._deploy(spec.name, sharder, on_ray, part.num_cpus)
+        self._deploy(spec.name, Sharder(proto), plan or plan_on_ray(spec), part.num_cpus)
 
     def _deploy(self, name: str, sharder: Any, plan: Plan, num_cpus: float) -> None:
         """Cut ``plan``'s shards, keep the leader's and start the others' actors."""
@@ -144,44 +215,38 @@ class PartitionedRuntime(Runtime):
                 pieces.insert(0, _Piece(rows_, session=shard_session(model.SerializeToString())))
             self._stages.append((pieces, join_axis(plan, stage)))
 
-    def _hop_delay(self, x: np.ndarray, bandwidth: float) -> EMG:
-        """The delay of a call to a shard actor and back beyond its bytes, ``HOP_ROUNDS`` calls
-        to each sending the model's input, fitted as the planner's exponentially modified
-        Gaussian."""
-        import ray
-
-        from raysrv.analytics.forkjoin import fit_emg
-
-        moved = x.nbytes / bandwidth
-        found = []
-        for actor in self._actors:
-            ray.get(actor.echo.remote(x))
-            for _ in range(HOP_ROUNDS):
-                start = time.perf_counter()
-                ray.get(actor.echo.remote(x), timeout=self._timeout_s)
-                found.append(max(1e-7, time.perf_counter() - start - moved))
-        return fit_emg(found)
-
     def _start(self, model: str, shards: list[bytes], num_cpus: float) -> list[Any]:
-        """A placement group of a bundle per shard, and a shard actor in each, started; each
-        named ``raysrv-shard:{model}:{group}:{i}`` in the workers' namespace (``group``: the
-        placement group's id)."""
+        """A shard actor per shard, started: in bundles 1 to n of the leader's placement group
+        (a pool's leader), else in a group of its own of a bundle each. Each is named
+        ``raysrv-shard:{model}:{group}:{i}:{pid}`` in the workers' namespace (``group``: the
+        placement group's id; ``pid``: the leader's process, whose shards die with it)."""
         import ray
-        from ray.util.placement_group import placement_group
+        from ray.util.placement_group import get_current_placement_group, placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        self.placement_group = placement_group([{"CPU": num_cpus}] * len(shards), strategy="PACK")
+        current = get_current_placement_group()
+        if current is None:
+            current = placement_group([{"CPU": num_cpus}] * len(shards), strategy="PACK")
+            self._own_group, first = True, 0
+        elif len(current.bundle_specs) != len(shards) + 1:
+            raise RuntimeError(
+                f"the leader's placement group has {len(current.bundle_specs)} bundles; its "
+                f"plan needs 1 + {len(shards)}"
+            )
+        else:
+            first = 1
+        self.placement_group = current
         remote = ray.remote(ShardActor)
-        group = self.placement_group.id.hex()[:12]
+        group = current.id.hex()[:12]
         actors = []
         self._shard_models = [ray.put(model) for model in shards]  # kept for actor restarts
         try:
-            ray.get(self.placement_group.ready(), timeout=READY_TIMEOUT_S)
+            ray.get(current.ready(), timeout=READY_TIMEOUT_S)
             for i, shard in enumerate(self._shard_models):
                 strategy = PlacementGroupSchedulingStrategy(
-                    self.placement_group, placement_group_bundle_index=i
+                    current, placement_group_bundle_index=first + i
                 )
-                name = f"{SHARD_PREFIX}{model}:{group}:{i}"
+                name = f"{SHARD_PREFIX}{model}:{group}:{i}:{os.getpid()}"
                 options = {"num_cpus": num_cpus, "scheduling_strategy": strategy}
                 options |= {"name": name, "namespace": WORKERS_NAMESPACE}
                 options |= {"max_restarts": -1, "max_task_retries": 0}
@@ -219,21 +284,17 @@ class PartitionedRuntime(Runtime):
         return rows(self.output_names, [x])
 
     def close(self) -> None:
-        """End the shard actors and give their placement group back."""
+        """End the shard actors, and give their placement group back if it is their own (a
+        pool's leader's group is the pool's to remove)."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
         for actor in self._actors:
             ray.kill(actor, no_restart=True)
         self._actors = []
-        if self.placement_group is not None:
+        if self._own_group and self.placement_group is not None:
             remove_placement_group(self.placement_group)
-            self.placement_group = None
-
-
-def _shape(plan: Plan) -> list[tuple[int, int, str, int, bool]]:
-    """What a plan's shards are, apart from what it predicts."""
-    return [(s.first, s.last, s.option, s.parts, s.leader) for s in plan.stages]
+        self.placement_group = None
 
 
 def _run(session: Any, x: np.ndarray) -> np.ndarray:

@@ -39,7 +39,9 @@ dedicated models loaded, before it makes a new one. A worker asks Ray every
 owner for the ingress's ``orphan_timeout_s``; a replica that stops in order ends its workers
 at once (:meth:`RayWorkers.close`). A crashed worker fails the action it was running and is
 restarted by Ray with its dedicated model loaded again and nothing else; an INFER for a model
-it no longer holds answers ``not_loaded``.
+it no longer holds answers ``not_loaded``. A worker of a partitioned model leads its shard
+actors from bundle 0 of a placement group made with it and removed with it
+(:mod:`raysrv._partitioned`).
 
 The executors run at the worker's priority, or as many steps of niceness lower as the pool's
 ``resources.niceness`` (INFERs) and ``resources.load_niceness`` (LOADs, UNLOADs) say.
@@ -58,7 +60,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache, partial
@@ -93,6 +95,7 @@ MAX_CALLS = 256  # calls a worker accepts at once
 ORPHAN_CHECK_S = 1.0  # how often a worker asks whether its owner is alive
 MAX_GROUPS = 256  # groups of one pool's spec looked through for one to take over
 WORKERS_NAMESPACE = "raysrv"  # the Ray namespace of every pool's worker actors
+READY_TIMEOUT_S = 120.0  # for a worker to answer whether it runs in a placement group
 
 Owner = tuple[str, str]  # an ingress replica's actor name and Ray namespace
 
@@ -179,10 +182,13 @@ class PoolWorker:
         capacity_bytes: int | None,
         pinned: list[dict[str, Any]],
         niceness: tuple[int, int] = (0, 0),
+        plans: dict[str, Any] | None = None,
     ) -> None:
         """``niceness``: how much lower the INFER and the LOAD executors' priorities are
-        (:func:`lower_priority`)."""
+        (:func:`lower_priority`); ``plans``: the plan of each partitioned model, by name (one
+        not given is planned as it loads)."""
         self._capacity = capacity_bytes
+        self._plans = plans or {}
         self._models: dict[str, _Loaded] = {}
         self._peak = 0
         self._execution: Any = None
@@ -300,7 +306,7 @@ class PoolWorker:
             return self._no_room(model, declared)
         before, on_device = rss_bytes(), device_bytes()
         started, start = time.time(), time.perf_counter()
-        runtime = load_runtime(model)
+        runtime = load_runtime(model, self._plans.get(model.name))
         weight = _weights(model, runtime, rss_bytes() - before)
         if not self._fits(weight):
             del runtime
@@ -524,8 +530,9 @@ class _RayWorker(PoolWorker):
         pinned: list[dict[str, Any]],
         niceness: tuple[int, int],
         orphan_timeout_s: float,
+        plans: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(capacity_bytes, pinned, niceness)
+        super().__init__(capacity_bytes, pinned, niceness, plans)
         self.start_metrics()
         self._dedicated = frozenset(spec["name"] for spec in pinned)
         self._owner: Owner | None = None
@@ -554,6 +561,12 @@ class _RayWorker(PoolWorker):
             if self._owner == tuple(owner):
                 self._owner = None
 
+    def placement_group(self) -> Any:
+        """The placement group it runs in, if any (a partitioned model's leader's)."""
+        from ray.util.placement_group import get_current_placement_group
+
+        return get_current_placement_group()
+
     def _keep_dedicated(self) -> None:
         for name in list(self._models):
             if name not in self._dedicated:
@@ -571,17 +584,81 @@ class _RayWorker(PoolWorker):
             if owner is not None and alive(owner):
                 seen = time.monotonic()
             elif time.monotonic() - seen >= timeout_s:
+                group = self.placement_group()
+                if self._plans and group is not None:  # its own (RayWorkers.start)
+                    from ray.util.placement_group import remove_placement_group
+
+                    remove_placement_group(group)
                 ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
                 return
 
 
+class _Leaders:
+    """The placement groups of a partitioned pool's new workers as :meth:`RayWorkers.start`
+    makes them: the model planned once, on Ray, when the first is needed; a group per worker
+    that does not exist yet; and, at the end, each group made that no worker runs in removed
+    (an ingress replica that lost a race to make the same worker)."""
+
+    def __init__(self, pool: ResolvedPool) -> None:
+        partitioned = [pool.worker_model(m) for m in pool.pinned if m.partition is not None]
+        self._model = partitioned[0] if partitioned else None
+        self._plan: Any = None
+        self._made: dict[str, Any] = {}
+
+    async def place(self, name: str, options: dict[str, Any]) -> dict[str, Any] | None:
+        """The plans a worker named ``name`` is made with, its placement set in ``options``
+        if it is a new partitioned one; None for any other."""
+        if self._model is None or await asyncio.to_thread(alive, (name, WORKERS_NAMESPACE)):
+            return None
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from raysrv._partitioned import group_bundles, plan_on_ray
+
+        if self._plan is None:
+            task = ray.remote(plan_on_ray).options(num_cpus=self._model.resources.num_cpus)
+            self._plan = await task.remote(self._model)
+        bundles = group_bundles(self._model, self._plan)
+        made = placement_group(bundles, strategy="PACK", lifetime="detached")
+        self._made[name] = made
+        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(made, 0)
+        return {self._model.name: self._plan}
+
+    async def groups(self, actors: list[Any]) -> list[Any]:
+        """The placement group each of ``actors`` runs in (none: not partitioned)."""
+        if self._model is None:
+            return []
+        return list(await asyncio.gather(*(a.placement_group.remote() for a in actors)))
+
+    def drop_unused(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for name, made in self._made.items():
+            try:
+                worker = ray.get_actor(name, namespace=WORKERS_NAMESPACE)
+                used = ray.get(worker.placement_group.remote(), timeout=READY_TIMEOUT_S)
+            except ValueError:  # no such worker
+                used = None
+            except Exception as exc:  # a worker still starting: its group is kept
+                logger.warning("worker %s: its placement group kept (%s)", name, exc)
+                continue
+            if used is None or used.id != made.id:
+                remove_placement_group(made)
+
+
 class RayWorkers(Workers):
-    """A pool's workers as Ray actors (see the module docstring); made by :meth:`start`."""
+    """A pool's workers as Ray actors (see the module docstring); made by :meth:`start`.
+    ``groups``: the placement groups of a partitioned model's leaders, removed with them."""
 
     placement = "workers"
 
-    def __init__(self, actors: list[Any], owner: Owner, renew_s: float) -> None:
+    def __init__(
+        self, actors: list[Any], owner: Owner, renew_s: float, groups: Sequence[Any] = ()
+    ) -> None:
         self.actors = actors
+        self.groups = [g for g in groups if g is not None]
         self._calls = [0] * len(actors)
         self._renewal = asyncio.create_task(self._renew(owner, renew_s))
 
@@ -590,7 +667,9 @@ class RayWorkers(Workers):
         cls, pool: ResolvedPool, app: str, owner: Owner, orphan_timeout_s: float
     ) -> RayWorkers:
         """The pool's workers for ``owner`` (an ingress replica): the first group of the pool's
-        spec in ``app`` that has no live owner, else a new group."""
+        spec in ``app`` that has no live owner, else a new group. A new worker of a
+        partitioned model starts in bundle 0 of a placement group of its own, made for the
+        plan it is given (:mod:`raysrv._partitioned`)."""
         import ray
 
         pinned, niceness = _worker_args(pool)
@@ -602,20 +681,27 @@ class RayWorkers(Workers):
         args = (pool.capacity_bytes, pinned, niceness, orphan_timeout_s)
         if not await asyncio.to_thread(alive, owner):
             raise RuntimeError(f"the owner {owner} of pool {pool.name!r} is not a live actor")
+        leaders = _Leaders(pool)
 
-        def actor(group: int, i: int) -> Any:
+        async def actor(group: int, i: int) -> Any:
             name = f"raysrv:{app}:{pool.name}:{digest}:{group}:{i}"
-            return remote.options(**_actor_options(pool, name)).remote(*args)
+            options = _actor_options(pool, name)
+            plans = await leaders.place(name, options)
+            return remote.options(**options).remote(*args, plans)
 
-        for group in range(MAX_GROUPS):
-            leader = actor(group, 0)  # the group's: whoever holds it holds the others
-            if not await leader.claim.remote(owner):
-                continue
-            actors = [leader] + [actor(group, i) for i in range(1, pool.workers)]
-            taken = await asyncio.gather(*(a.claim.remote(owner) for a in actors[1:]))
-            if all(taken):
-                return cls(actors, owner, min(orphan_timeout_s / 4.0, 5.0))
-            await asyncio.gather(*(a.release.remote(owner) for a in actors))  # another's
+        try:
+            for group in range(MAX_GROUPS):
+                leader = await actor(group, 0)  # the group's: whoever holds it holds the others
+                if not await leader.claim.remote(owner):
+                    continue
+                actors = [leader] + [await actor(group, i) for i in range(1, pool.workers)]
+                taken = await asyncio.gather(*(a.claim.remote(owner) for a in actors[1:]))
+                if all(taken):
+                    groups = await leaders.groups(actors)
+                    return cls(actors, owner, min(orphan_timeout_s / 4.0, 5.0), groups)
+                await asyncio.gather(*(a.release.remote(owner) for a in actors))  # another's
+        finally:
+            await asyncio.to_thread(leaders.drop_unused)
         raise RuntimeError(f"pool {pool.name!r}: all {MAX_GROUPS} groups of workers are held")
 
     async def _renew(self, owner: Owner, every_s: float) -> None:
@@ -633,12 +719,15 @@ class RayWorkers(Workers):
                 logger.error("workers %s of this replica are held by another ingress", lost)
 
     def close(self) -> None:
-        """End the workers now (the owner stops in order)."""
+        """End the workers now (the owner stops in order), then their placement groups."""
         import ray
+        from ray.util.placement_group import remove_placement_group
 
         self._renewal.cancel()
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
+        for group in self.groups:
+            remove_placement_group(group)
 
     def __len__(self) -> int:
         return len(self.actors)

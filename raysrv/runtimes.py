@@ -163,14 +163,15 @@ def _key(key: Any) -> str:
     return key
 
 
-def load_runtime(spec: ModelSpec) -> Runtime:
+def load_runtime(spec: ModelSpec, plan: Any = None) -> Runtime:
     """Load the model ``spec`` describes, from its configured source only; a partitioned model
-    as its leader, with its shard actors started (:mod:`raysrv._partitioned`, inside Ray)."""
+    as its leader, with its shard actors started (:mod:`raysrv._partitioned`, inside Ray), on
+    ``plan`` if given."""
     threads = spec.resources.threads
     if spec.partition is not None:
         from raysrv._partitioned import PartitionedRuntime
 
-        return PartitionedRuntime(spec)
+        return PartitionedRuntime(spec, plan)
     if spec.runtime == "onnx":
         return OnnxRuntime(spec.source, spec.device, threads)
     if spec.runtime == "torch":

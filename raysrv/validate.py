@@ -98,11 +98,21 @@ def _check_spec(
 
 
 def _check_partitions(prefix: str, spec: RaysrvSpec, root: Path | None) -> list[Problem]:
-    """Each partitioned model whose file is there fits its memory limit in some plan (a model
-    built at its first start is checked by ``raysrv plan``, which builds it)."""
-    problems = []
+    """Each partitioned model whose file is there fits its memory limit in some plan, a model
+    set's every file included (a model built at its first start is checked by ``raysrv plan``,
+    which builds it)."""
     base = Path(spec.root) if spec.root else (root or Path.cwd())
-    for i, model in enumerate(spec.models):
+    found = [(["models", i], model) for i, model in enumerate(spec.models)]
+    for j, model_set in enumerate(spec.model_sets):
+        if model_set.template.partition is None:
+            continue
+        try:
+            members = model_set.expand(base)
+        except ValueError:  # no file yet: nothing to plan
+            continue
+        found += [(["model_sets", j, "template"], model) for model in members]
+    problems = []
+    for where, model in found:
         part = model.partition
         path = base / Path(model.source).expanduser()
         if part is None or not path.is_file():
@@ -112,8 +122,8 @@ def _check_partitions(prefix: str, spec: RaysrvSpec, root: Path | None) -> list[
         try:
             check_fits(path, part.workers, part.memory_limit_mb)
         except ValueError as exc:
-            where = _join(prefix, ["models", i, "partition", "memory_limit_mb"])
-            problems.append(Problem(where, str(exc), part.memory_limit_mb))
+            at = _join(prefix, [*where, "partition", "memory_limit_mb"])
+            problems.append(Problem(at, f"{model.name}: {exc}", part.memory_limit_mb))
     return problems
 
 

@@ -1,7 +1,8 @@
-"""Partitioned models on Ray: shard actors in the leader's placement group, one bundle each,
-giving the whole model's outputs under every option; served over HTTP by a worker that holds
-less than the whole model; a shard that dies fails its batches with a 500 and is started again;
-the group ends with its model.
+"""Partitioned models on Ray: a pool's leader in bundle 0 of its placement group and its shard
+actors in the others, one each, giving the whole model's outputs under every option; served
+over HTTP by a worker that holds less than the whole model; a shard that dies fails its
+batches with a 500 and is started again; a leader that dies comes back in its bundle with new
+shards; the group ends with its model.
 
 The models are small torch nets with random weights (torch's CPU build, the examples extra),
 exported to ONNX here."""
@@ -123,7 +124,7 @@ def test_every_option_runs_on_shard_actors_in_their_own_bundles(
         table = ray.util.placement_group_table(placement)
         assert len(table["bundles"]) == workers
         names = _shard_actors()
-        assert [int(n.rsplit(":", 1)[1]) for n in names] == list(range(workers))
+        assert [int(n.split(":")[-2]) for n in names] == list(range(workers))
         ready = [ray.get(a.ready.remote()) for a in runtime.shard_actors]
         group = placement.id.hex()
         assert [r["placement_group"] for r in ready] == [group] * workers
@@ -141,7 +142,51 @@ def test_every_option_runs_on_shard_actors_in_their_own_bundles(
     assert runtime.placement_group is None
 
 
-def test_a_model_over_twice_a_workers_limit_is_served_and_outlives_a_shard_death(
+def _leader() -> Any:
+    """The pool worker of the served model: its partitioned model's leader."""
+    name = next(
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == WORKERS_NAMESPACE and a["name"].startswith(f"raysrv:{APP}:net:")
+    )
+    return ray.get_actor(name, namespace=WORKERS_NAMESPACE)
+
+
+def _in_one_group(leader: Any) -> tuple[Any, list[Any]]:
+    """The leader's placement group and its shard actors, checked to be of its plan's
+    size and to run in that group."""
+    group = ray.get(leader.placement_group.remote())
+    assert group is not None
+    names = _shard_actors()
+    assert len(names) >= 2
+    assert len(ray.util.placement_group_table(group)["bundles"]) == 1 + len(names)
+    actors = [ray.get_actor(name, namespace=WORKERS_NAMESPACE) for name in names]
+    ready = [ray.get(a.ready.remote()) for a in actors]
+    assert {r["placement_group"] for r in ready} == {group.id.hex()}
+    return group, ready
+
+
+def _recovers(
+    client: httpx.Client, url: str, x: np.ndarray, want: np.ndarray, failure: str
+) -> list[int]:
+    """The statuses of queries sent until three in a row are answered (a minute at most),
+    each 500 saying ``failure`` and the last answer right."""
+    statuses = []
+    give_up = time.monotonic() + 60
+    while time.monotonic() < give_up:
+        answer = client.post(url, json={"input": x.tolist()})
+        statuses.append(answer.status_code)
+        if answer.status_code == 500:
+            assert failure in answer.text
+        if statuses[-3:] == [200, 200, 200]:
+            break
+        time.sleep(0.1)
+    assert statuses[-3:] == [200, 200, 200], statuses
+    np.testing.assert_allclose(answer.json()["output"], want, rtol=1e-5, atol=1e-5)
+    return statuses
+
+
+def test_a_model_over_twice_a_workers_limit_is_served_and_outlives_shard_and_leader_deaths(
     serve_session: RayCluster, model_file: Path
 ) -> None:
     weights = sum(layer.weight_bytes for layer in layers(onnx.load(str(model_file))))
@@ -161,34 +206,35 @@ def test_a_model_over_twice_a_workers_limit_is_served_and_outlives_a_shard_death
             assert answer.status_code == 200, answer.text
             np.testing.assert_allclose(answer.json()["output"], want, rtol=1e-5, atol=1e-5)
 
-        names = _shard_actors()
-        assert len(names) >= 2
-        actors = [ray.get_actor(name, namespace=WORKERS_NAMESPACE) for name in names]
-        held = [ray.get(a.ready.remote())["model_bytes"] for a in actors]
-        assert max(held) <= LIMIT_MB * 2**20, held
-        victim = ray.get_actor(names[0], namespace=WORKERS_NAMESPACE)
-        os.kill(ray.get(victim.ready.remote())["pid"], signal.SIGKILL)
-        statuses = []
-        give_up = time.monotonic() + 60
-        while time.monotonic() < give_up:
-            answer = client.post(url, json={"input": x[0].tolist()})
-            statuses.append(answer.status_code)
-            if answer.status_code == 500:
-                assert "shard worker of the partitioned model failed" in answer.text
-            if statuses[-3:] == [200, 200, 200] and 500 in statuses:
-                break
-            time.sleep(0.1)
+        leader = _leader()
+        group, ready = _in_one_group(leader)
+        assert max(r["model_bytes"] for r in ready) <= LIMIT_MB * 2**20, ready
+        os.kill(ready[0]["pid"], signal.SIGKILL)
+        shard_failed = "a shard worker of the partitioned model failed"
+        statuses = _recovers(client, url, x[0], expected[0], shard_failed)
         assert 500 in statuses, statuses  # the batch the death caught
         assert set(statuses) <= {200, 500}, statuses
-        assert statuses[-3:] == [200, 200, 200], statuses  # the group recovered
-        np.testing.assert_allclose(answer.json()["output"], expected[0], rtol=1e-5, atol=1e-5)
+
+        before = set(_shard_actors())
+        os.kill(ray.get(leader.ready.remote())["pid"], signal.SIGKILL)
+        statuses = _recovers(client, url, x[1], expected[1], "model 'net' failed on a batch")
+        assert set(statuses) <= {200, 500, 503}, statuses
+        again, _ = _in_one_group(leader)  # the same group, with new shard actors
+        assert again.id == group.id
+        assert not before & set(_shard_actors())
 
     serve.delete(APP)
     until(lambda: not _shard_actors(), 30, "the shard actors ended with their leader")
+    until(
+        lambda: ray.util.placement_group_table(group)["state"] == "REMOVED",
+        30,
+        "the group removed with its leader",
+    )
 
 
 class _Leader:
-    """A leader as a pool's worker is one: a detached actor that Ray restarts."""
+    """A leader made outside a placement group: a detached actor that Ray restarts, whose
+    shards get a group of their own."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
         from raysrv.runtimes import load_runtime
@@ -205,7 +251,7 @@ class _Leader:
         return self.runtime.placement_group.id.hex()
 
 
-def test_a_leader_that_crashes_comes_back_with_a_new_group_and_the_old_one_is_removed(
+def test_a_leader_outside_a_group_comes_back_with_a_new_one_and_the_old_one_removed(
     ray_cluster: RayCluster, model_file: Path
 ) -> None:
     options = {"num_cpus": 0.25, "lifetime": "detached", "max_restarts": -1}
@@ -237,5 +283,27 @@ def test_a_leader_that_crashes_comes_back_with_a_new_group_and_the_old_one_is_re
         lambda: ray.util.placement_group_table()[second]["state"] == "REMOVED",
         30,
         "the group removed with its leader",
+    )
+    until(lambda: not _shard_actors(), 30, "the shard actors ended with their leader")
+
+
+def test_an_orphaned_leader_removes_its_group(serve_session: RayCluster, model_file: Path) -> None:
+    apps = [{"name": "net", "models": ["net"], "cache_size": 0}]
+    # Serve checks the replica only once a minute: it will not start another in its place.
+    ingress = {"num_cpus": 0.1, "orphan_timeout_s": 3.0, "health_check_period_s": 60.0}
+    args = spec([_spec(model_file)], apps, ingress=ingress)
+    serve.run(build_app(args), name=APP, route_prefix=f"/{APP}")
+    group, _ = _in_one_group(_leader())
+    (replica,) = [
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["name"].startswith(f"SERVE_REPLICA::{APP}#ingress#")
+    ]
+    ray.kill(ray.get_actor(replica, namespace="serve"), no_restart=True)  # as a crash would
+    serve.delete(APP)
+    until(
+        lambda: ray.util.placement_group_table(group)["state"] == "REMOVED",
+        30,
+        "the orphaned leader's group removed",
     )
     until(lambda: not _shard_actors(), 30, "the shard actors ended with their leader")

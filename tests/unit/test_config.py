@@ -487,6 +487,7 @@ def test_the_partitioned_example_is_valid() -> None:
         ({"partition": {"memory_limit_mb": 8, "workers": 0}}, "partition.workers"),
         ({"partition": {"memory_limit_mb": 8, "worker": 2}}, "partition.worker"),
         ({"partition": {"workers": 2}}, "partition.memory_limit_mb"),
+        ({"resources": {"num_cpus": 0}}, "needs resources.num_cpus > 0"),
     ],
 )
 def test_partition_mistakes_are_named(update: dict[str, Any], fragment: str) -> None:
@@ -523,5 +524,24 @@ def test_validate_and_plan_check_that_a_plan_fits(
     bad.write_text(yaml.safe_dump(spec([model], [{"name": "x", "models": ["net"]}])))
     assert main(["validate", str(bad)]) == 1
     out = capsys.readouterr().out
-    assert "models[0].partition.memory_limit_mb: no plan fits 0.001 MiB a shard" in out
+    assert "models[0].partition.memory_limit_mb: net: no plan fits 0.001 MiB a shard" in out
     assert main(["plan", str(bad)]) == 1
+
+
+def test_validate_checks_that_every_file_of_a_partitioned_model_set_fits(tmp_path: Path) -> None:
+    nets = pytest.importorskip("tests.unit.partitioning.nets")
+    (tmp_path / "sets").mkdir()
+    # 300 KiB of weights: a third of them is still over the limit
+    wide = nets.nn.Sequential(nets.nn.Flatten(), nets.nn.Linear(768, 100))
+    for name, module in (("small", nets.resnet()), ("wide", wide)):
+        (tmp_path / "sets" / f"{name}.onnx").write_bytes(nets.to_onnx(module).SerializeToString())
+    template = {"runtime": "onnx", "input": {"shape": [3, 16, 16]}}
+    template["partition"] = {"workers": 2, "memory_limit_mb": 0.02}
+    zoo = {"name": "zoo", "source": "sets/*.onnx", "template": template}
+    doc = spec([model_spec("a")], [{"name": "x", "models": ["a"]}], model_sets=[zoo])
+    problems = [str(p) for p in validate_document(doc, tmp_path)]
+    assert len(problems) == 1, problems
+    where = "model_sets[0].template.partition.memory_limit_mb: wide: no plan fits 0.02 MiB"
+    assert problems[0].startswith(where), problems
+    template["partition"]["memory_limit_mb"] = 1
+    assert validate_document(doc, tmp_path) == []

@@ -4,6 +4,7 @@ memory; more workers or memory never make a plan slower."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -204,3 +205,18 @@ def test_a_shard_pays_one_session_however_many_layers_it_runs(
     assert apart - with_session.run_s(group, whole) == pytest.approx(2 * 3e-4)
     with pytest.raises(ValueError, match="session_s must be >= 0"):
         PerfModel({"default": (1e-5, 1e9)}, 1e8, EMG(1e-4, 1e-5, 2e-5), -1.0)
+
+
+def test_a_transfer_over_large_bytes_pays_large_s_once_each_way(
+    models: dict[str, list[Layer]],
+) -> None:
+    stem = models["resnet"][:1]
+    pieces = shards(stem, "spatial", 2)
+    small = PerfModel({"default": (1e-5, 1e9)}, 1e8, EMG(1e-4, 1e-5, 2e-5))
+    on_ray = dataclasses.replace(small, large_bytes=pieces[1].in_bytes - 1, large_s=1e-3)
+    assert pieces[1].out_bytes > pieces[1].in_bytes  # both ways over the threshold
+    assert on_ray.transfer_s(on_ray.large_bytes) == pytest.approx(on_ray.large_bytes / 1e8)
+    gap = on_ray.worker_s(stem, pieces, leader=True) - small.worker_s(stem, pieces, leader=True)
+    assert gap == pytest.approx(2e-3)
+    with pytest.raises(ValueError, match="large_bytes and large_s must be >= 0"):
+        dataclasses.replace(small, large_s=-1.0)
