@@ -24,8 +24,11 @@ the first five layers of each model under random machines and limits.
 SLO-aware (tight limit): at SLOs of 1.1, 1.5 and 2.5 times the latency-optimal plan's predicted
 latency, the cost (busy ms of leader and workers a query, as predicted) of the latency-optimal
 plan, of REINFORCE's plan (:func:`raysrv.partitioning.slo_aware`, seed 0) and of the best of as
-many random draws; REINFORCE's plan is measured as above (``--runs`` runs, one round). On the
-first five layers, the same searches against brute force's exact optimum.
+many random draws; REINFORCE's plan is measured as above (``--runs`` runs, one round). Then the
+plan :func:`raysrv.partitioning.plan` chooses for the cost objective, which measures the
+candidates it finds cheaper than the latency-optimal plan before it takes one, measured again
+here (``--rounds`` rounds of ``--runs`` runs, median) against the SLO. On the first five layers,
+the same searches against brute force's exact optimum.
 
 Results: bench/RESULTS.md, "Partitioned models".
 """
@@ -120,7 +123,8 @@ def measure(path: Path, rounds: int, runs: int) -> dict[str, Any]:
 
     out: dict[str, Any] = {"weight_bytes": weights, "layers": len(found), "plans": {}}
     whole_predicted = perf.latency_s(found, shards(found, "none", 1), True)
-    out["slo"] = slo_points(model, found, perf, tightest(found, perf, weights), x, runs)
+    limit = tightest(found, perf, weights)
+    out["slo"] = slo_points(path, model, found, perf, limit, x, rounds, runs)
     for name, limit in (("tight", tightest(found, perf, weights)), ("loose", 4 * weights)):
         plan = latency_optimal(found, perf, WORKERS, limit)
         with LocalPlan(model, plan) as local:
@@ -156,13 +160,16 @@ SLACKS = (1.1, 1.5, 2.5)  # SLOs, in the latency-optimal plan's predicted latenc
 
 
 def slo_points(
-    model: Any, found: list[Any], perf: Any, limit: int, x: np.ndarray, runs: int
-) -> list[dict[str, Any]]:
+    path: Path, model: Any, found: list[Any], perf: Any, limit: int, x: np.ndarray,
+    rounds: int, runs: int,
+) -> list[dict[str, Any]]:  # fmt: skip
     """At each SLO of :data:`SLACKS`: the latency-optimal plan's cost, the cost of the plans
-    REINFORCE and as many random draws find within it (the learned plan measured), and the
-    three searches on the first five layers against brute force's optimum."""
-    from raysrv.partitioning import brute_force, latency_optimal, random_search, slo_aware
+    REINFORCE and as many random draws find within it (the learned plan measured), the plan
+    the planner chooses for the cost objective (measured), and the three searches on the
+    first five layers against brute force's optimum."""
+    from raysrv.partitioning import brute_force, latency_optimal, plan, random_search, slo_aware
     from raysrv.partitioning.local import LocalPlan
+    from raysrv.partitioning.planner import MIB
     from raysrv.partitioning.profile import measure_s
 
     fastest = latency_optimal(found, perf, WORKERS, limit)
@@ -176,6 +183,12 @@ def slo_points(
         assert learned.plan is not None  # the fastest plan is within every SLO here
         with LocalPlan(model, learned.plan) as local:
             measured = measure_s(lambda: local.run(x), runs)  # noqa: B023 - used at once
+        chosen = plan(path, WORKERS, limit / MIB, "cost", slo * 1e3, perf=perf)
+        with LocalPlan(model, chosen) as local:
+            chosen_s = statistics.median(
+                measure_s(lambda: local.run(x), runs)  # noqa: B023 - used at once
+                for _ in range(rounds)
+            )
         head_slo = head_fastest.predicted_latency_s * slack
         exact = brute_force(head, perf, WORKERS, limit, slo_s=head_slo)
         head_learned = slo_aware(head, perf, WORKERS, limit, head_slo).plan
@@ -189,6 +202,10 @@ def slo_points(
                 "learned_predicted_ms": learned.plan.predicted_latency_s * 1e3,
                 "learned_measured_ms": measured * 1e3,
                 "random_cost_ms": drawn.plan.cost_s * 1e3 if drawn.plan else None,
+                "chosen_cost_ms": chosen.cost_s * 1e3,
+                "chosen_predicted_ms": chosen.predicted_latency_s * 1e3,
+                "chosen_measured_ms": chosen_s * 1e3,
+                "chosen_is_fastest": chosen.stages == fastest.stages,
                 "evaluated": learned.evaluated,
                 "learned_curve_ms": list(learned.best_costs_ms),
                 "random_curve_ms": list(drawn.best_costs_ms),
@@ -310,16 +327,18 @@ def main(argv: list[str] | None = None) -> int:
         for name, p in found["plans"].items():
             print(f"\n{model}, {name}:\n{p['describe']}")
     print("\n| model | SLO | SLO ms | latency-optimal cost | REINFORCE cost | random cost "
-          "| REINFORCE predicted ms | measured ms | first 5 layers: brute force / REINFORCE "
-          "/ random cost |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+          "| REINFORCE predicted ms | measured ms | planner's choice: cost, measured ms "
+          "| first 5 layers: brute force / REINFORCE / random cost |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for model, found in results.items():
         for p in found["slo"]:
             head = p["head"]
+            which = "latency-optimal" if p["chosen_is_fastest"] else "learned"
             print(
                 f"| {model} | {p['slack']}x | {p['slo_ms']:.3f} | {p['fastest_cost_ms']:.3f} "
                 f"| {p['learned_cost_ms']:.3f} | {_ms(p['random_cost_ms'])} "
                 f"| {p['learned_predicted_ms']:.3f} | {p['learned_measured_ms']:.3f} "
+                f"| {which} {p['chosen_cost_ms']:.3f}, {p['chosen_measured_ms']:.3f} "
                 f"| {head['brute_force_cost_ms']:.3f} / {_ms(head['learned_cost_ms'])} "
                 f"/ {_ms(head['random_cost_ms'])} |"
             )

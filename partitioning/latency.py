@@ -65,6 +65,13 @@ class Plan:
     def predicted_latency_s(self) -> float:
         return sum(stage.latency_s for stage in self.stages)
 
+    def predicted_s(self, perf: PerfModel) -> float:
+        """Its latency as ``perf`` predicts it: the same shards on another model's machine."""
+        return sum(
+            perf.latency_s(self.layers[s.first : s.last + 1], s.shards, s.leader)
+            for s in self.stages
+        )
+
     @property
     def cost_s(self) -> float:
         """Busy seconds of a query (gillis §IV-C, billed at a granularity of zero): the leader

@@ -20,7 +20,8 @@ two-layer network, trained on the performance model alone (no run of the model).
   ascends the mean of ``log p(its decisions) * advantage`` with Adam, the advantage the rank of
   the episode's reward in its batch, centred (:func:`_advantages`: a cheaper plan within the
   SLO then weighs as much as meeting it). The plan returned is the cheapest one within the SLO
-  seen in training or drawn greedily at the end.
+  seen in training or drawn greedily at the end, with the next cheapest as candidates for a
+  planner that measures them (:func:`.planner.plan`).
 
 :func:`random_search` draws as many plans uniformly from the same space, the baseline the
 learned policy must beat; :func:`.latency.brute_force` with ``slo_s`` gives the exact optimum on
@@ -45,6 +46,7 @@ __all__ = ["Search", "choices", "random_search", "slo_aware"]
 HIDDEN = 32  # units of each network's hidden layer
 LEARNING_RATE = 0.005
 BUDGET_RUNS = 10.0  # B of eq. 4, in runs of the whole model on the leader
+KEPT = 8  # the cheapest different plans within the SLO a search returns
 
 
 def choices(workers: int) -> list[tuple[str, int]]:
@@ -57,12 +59,43 @@ def choices(workers: int) -> list[tuple[str, int]]:
 @dataclass(frozen=True)
 class Search:
     """What a search found: the cheapest plan within the SLO (None if none was), how many
-    plans it evaluated, and the best cost within the SLO after each batch (ms; inf before
-    one is found)."""
+    plans it evaluated, the best cost within the SLO after each batch (ms; inf before one is
+    found), and the ``KEPT`` cheapest different plans within the SLO, cheapest first."""
 
     plan: Plan | None
     evaluated: int
     best_costs_ms: tuple[float, ...]
+    candidates: tuple[Plan, ...] = ()
+
+
+class _Kept:
+    """The cheapest different plans within the SLO seen so far, at most ``KEPT``."""
+
+    def __init__(self, space: _Space) -> None:
+        self._space = space
+        self._plans: dict[tuple[tuple[int, int, str, int, bool], ...], Plan] = {}
+
+    def offer(self, plan: Plan) -> None:
+        if not self._space.within(plan):
+            return
+        self._plans[tuple((s.first, s.last, s.option, s.parts, s.leader) for s in plan.stages)] = (
+            plan
+        )
+        if len(self._plans) > KEPT:
+            dearest = max(self._plans.items(), key=lambda kv: _order(kv[1]))
+            del self._plans[dearest[0]]
+
+    @property
+    def best(self) -> Plan | None:
+        return min(self._plans.values(), key=_order, default=None)
+
+    def cost_ms(self) -> float:
+        best = self.best
+        return best.cost_s * 1e3 if best is not None else math.inf
+
+    def search(self, evaluated: int, history: list[float]) -> Search:
+        kept = tuple(sorted(self._plans.values(), key=_order))
+        return Search(kept[0] if kept else None, evaluated, tuple(history), kept)
 
 
 class _Space:
@@ -277,11 +310,9 @@ def _episode(
     return episode
 
 
-def _cheaper(plan: Plan, than: Plan | None) -> bool:
-    return than is None or (plan.cost_s, plan.predicted_latency_s) < (
-        than.cost_s,
-        than.predicted_latency_s,
-    )
+def _order(plan: Plan) -> tuple[float, float]:
+    """Cheaper first, then faster."""
+    return plan.cost_s, plan.predicted_latency_s
 
 
 def _advantages(rewards: np.ndarray) -> np.ndarray:
@@ -315,27 +346,24 @@ def slo_aware(
     def sample(p: np.ndarray) -> int:
         return int(rng.choice(len(p), p=p))
 
-    best: Plan | None = None
+    kept = _Kept(space)
     history = []
     for _ in range(batches):
         drawn = [_episode(space, partitioner, placer, sample) for _ in range(batch)]
         plans = [space.plan(e.groups) for e in drawn]
         rewards = np.array([space.reward(p) for p in plans])
         for plan in plans:
-            if space.within(plan) and _cheaper(plan, best):
-                best = plan
+            kept.offer(plan)
         if np.ptp(rewards) > 0:
             for episode, r in zip(drawn, _advantages(rewards), strict=True):
                 for net, x, head, mask, action in episode.decisions:
                     net.ascend(x, head, mask, action, float(r))
             partitioner.step(1.0 / batch)
             placer.step(1.0 / batch)
-        history.append(best.cost_s * 1e3 if best is not None else math.inf)
+        history.append(kept.cost_ms())
     greedy = _episode(space, partitioner, placer, lambda p: int(np.argmax(p)))
-    plan = space.plan(greedy.groups)
-    if space.within(plan) and _cheaper(plan, best):
-        best = plan
-    return Search(best, batches * batch + 1, tuple(history))
+    kept.offer(space.plan(greedy.groups))
+    return kept.search(batches * batch + 1, history)
 
 
 def random_search(
@@ -351,12 +379,10 @@ def random_search(
     def uniform(p: np.ndarray) -> int:
         return int(rng.choice(np.flatnonzero(p > 0)))
 
-    best: Plan | None = None
+    kept = _Kept(space)
     history = []
     for k in range(samples):
-        plan = space.plan(_episode(space, partitioner, placer, uniform).groups)
-        if space.within(plan) and _cheaper(plan, best):
-            best = plan
+        kept.offer(space.plan(_episode(space, partitioner, placer, uniform).groups))
         if (k + 1) % batch == 0:
-            history.append(best.cost_s * 1e3 if best is not None else math.inf)
-    return Search(best, samples, tuple(history))
+            history.append(kept.cost_ms())
+    return kept.search(samples, history)

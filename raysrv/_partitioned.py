@@ -102,10 +102,10 @@ def plan_on_ray(spec: ModelSpec) -> Plan:
 
     part = spec.partition
     assert part is not None  # partitioned models only
-    proto = onnx.load(spec.source)
-    perf = ray_transfers(profile(proto, workers=part.workers), part.timeout_s)
+    threads = profile(onnx.load(spec.source), workers=part.workers)
+    perf = ray_transfers(threads, part.timeout_s)
     args = (part.workers, part.memory_limit_mb, part.objective, part.slo_ms)
-    return plan(spec.source, *args, perf=perf)
+    return plan(spec.source, *args, perf=perf, threads=threads)
 
 
 def ray_transfers(perf: PerfModel, timeout_s: float) -> PerfModel:

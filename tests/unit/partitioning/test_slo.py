@@ -4,12 +4,15 @@ what cannot be met, saying why."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
-from raysrv.partitioning import plan
+from raysrv.analytics.forkjoin import EMG
+from raysrv.partitioning import PerfModel, plan
 from raysrv.partitioning.graph import Layer
-from raysrv.partitioning.latency import brute_force, latency_optimal
+from raysrv.partitioning.latency import Plan, brute_force, latency_optimal
 from raysrv.partitioning.planner import check_fits
 from raysrv.partitioning.slo import choices, random_search, slo_aware
 from tests.unit.partitioning.nets import resnet, to_onnx
@@ -67,7 +70,7 @@ def test_plan_picks_the_cheapest_within_the_slo_and_runs_it(model_file: str) -> 
     limit_mb = 0.02
     fastest = plan(model_file, 2, limit_mb, perf=perf)
     slo_ms = fastest.predicted_latency_s * 1e3 * 1.5
-    cheapest = plan(model_file, 2, limit_mb, "cost", slo_ms, perf=perf)
+    cheapest = plan(model_file, 2, limit_mb, "cost", slo_ms, perf=perf, check_runs=0)
     assert cheapest.predicted_latency_s * 1e3 <= slo_ms
     assert cheapest.cost_s <= fastest.cost_s
     held = sum(s.weight_bytes for s in cheapest.shards)  # split, or copied in every row shard
@@ -78,6 +81,41 @@ def test_plan_picks_the_cheapest_within_the_slo_and_runs_it(model_file: str) -> 
 
     whole = ort.InferenceSession(model_file).run(None, {"x": x})[0]
     np.testing.assert_allclose(cheapest.run_local(x), whole, rtol=1e-5, atol=1e-6)
+
+
+def _shape(found: Plan) -> list[tuple[int, int, str, int, bool]]:
+    return [(s.first, s.last, s.option, s.parts, s.leader) for s in found.stages]
+
+
+def test_a_cost_plan_is_measured_and_one_that_misses_its_slo_is_not_chosen(
+    model_file: str,
+) -> None:
+    # A machine whose plans are all predicted within microseconds, where they take tenths of
+    # a millisecond.
+    fast = PerfModel({"default": (1e-9, 1e11)}, 1e13, EMG(1e-6, 1e-7, 1e-7))
+    fastest = plan(model_file, 2, 0.05, perf=fast)
+    slo_ms = fastest.predicted_latency_s * 1e3 * 1.5
+    trusted = plan(model_file, 2, 0.05, "cost", slo_ms, perf=fast, check_runs=0)
+    assert trusted.cost_s < fastest.cost_s  # the model alone picks a cheaper plan ...
+    checked = plan(model_file, 2, 0.05, "cost", slo_ms, perf=fast, check_runs=5)
+    assert _shape(checked) == _shape(fastest)  # ... measured over the SLO: the DP's plan
+    generous = plan(model_file, 2, 0.05, "cost", 10_000.0, perf=fast, check_runs=5)
+    assert generous.cost_s < fastest.cost_s  # measured within its SLO: a cheaper plan stands
+
+
+def test_what_ray_adds_beyond_threads_counts_against_the_slo(model_file: str) -> None:
+    threads = PerfModel({"default": (1e-9, 1e11)}, 1e13, EMG(1e-6, 1e-7, 1e-7))
+    ray = dataclasses.replace(threads, delay=EMG(0.05, 5e-5, 5e-5), _max_delay={})
+    fastest_ms = plan(model_file, 2, 0.01, perf=ray).predicted_latency_s * 1e3
+    tight_ms = fastest_ms + 0.01  # less than one measured run above it
+    trusted = plan(model_file, 2, 0.01, "cost", tight_ms, perf=ray, check_runs=0)
+    assert trusted.predicted_latency_s * 1e3 > fastest_ms - 0.05  # as near the SLO
+    # Measured alone (a millisecond at most), a plan is far within an SLO of Ray's (a tenth
+    # of a second); with what Ray adds beyond threads, the plan predicted nearest it is not.
+    alone = plan(model_file, 2, 0.01, "cost", tight_ms, perf=ray, check_runs=5)
+    assert _shape(alone) == _shape(trusted)
+    counted = plan(model_file, 2, 0.01, "cost", tight_ms, perf=ray, check_runs=5, threads=threads)
+    assert _shape(counted) != _shape(trusted)
 
 
 def test_plan_says_why_it_cannot(model_file: str) -> None:
