@@ -11,7 +11,9 @@ machine profiled in one process, and its transfers timed as calls to a probe act
 the profile alone (transfers between threads). Each round
 times ``--runs`` batches of one on Ray, then the same plan in one process
 (:class:`raysrv.partitioning.local.LocalPlan`), then the whole model in one session, then a
-call to an actor that only returns its input; medians of the rounds' medians.
+call to an actor that only returns its input; medians of the rounds' medians. Last, what that
+call costs after 0, 2, 5 and 10 ms of rest (``--runs`` calls each, medians): the delay the
+planner times its probe with.
 
 Results: bench/RESULTS.md, "Partitioned models".
 """
@@ -94,6 +96,33 @@ def measure(path: Path, rounds: int, runs: int) -> dict[str, Any]:
     }
 
 
+RESTS_S = (0.0, 0.002, 0.005, 0.01)
+
+
+def call_after_rest(runs: int) -> dict[str, float]:
+    """Median ms of a call to an actor that returns its input, after each of ``RESTS_S``."""
+    import time
+
+    import ray
+
+    echo = ray.remote(_Echo).options(num_cpus=0).remote()
+    x = np.zeros(1024, np.uint8)
+    found = {}
+    try:
+        ray.get(echo.run.remote(x))
+        for rest in RESTS_S:
+            times = []
+            for _ in range(runs):
+                time.sleep(rest)
+                start = time.perf_counter()
+                ray.get(echo.run.remote(x))
+                times.append(time.perf_counter() - start)
+            found[f"{rest * 1e3:g}"] = statistics.median(times) * 1e3
+    finally:
+        ray.kill(echo)
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     import ray
 
@@ -110,10 +139,11 @@ def main(argv: list[str] | None = None) -> int:
                 path = Path(tmp) / f"{name}.onnx"
                 export(module, path)
                 results[name] = measure(path, args.rounds, args.runs)
+        rests = call_after_rest(args.runs)
     finally:
         ray.shutdown()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1))
+    args.out.write_text(json.dumps({**results, "call_after_rest_ms": rests}, indent=1))
     print("| model | stages | shard actors | predicted with threads' rounds ms | predicted with "
           "Ray's calls ms | on Ray ms | on Ray / predicted | same plan in one process ms "
           "| whole model ms | actor call ms | max abs error |")  # fmt: skip
@@ -128,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     for name, r in results.items():
         print(f"\n{name}:\n{r['describe']}")
+    print("\n| rest before the call ms | " + " | ".join(rests) + " |")
+    print("|---|" + "---:|" * len(rests))
+    print("| call ms | " + " | ".join(f"{v:.3f}" for v in rests.values()) + " |")
     return 0
 
 

@@ -7,9 +7,12 @@ runs as it makes a new leader): the machine is profiled (:func:`raysrv.partition
 profile`), and since a round on Ray pays a call to an actor and back where the profile's
 threads did not, calls to a probe actor are timed for the transfers' delay, bandwidth and
 object-store cost (:func:`ray_transfers`) before :func:`raysrv.partitioning.planner.plan`
-runs. The pool then reserves a detached placement group of the leader's resources and one
-bundle of ``partition.num_cpus`` CPUs per worker shard (:func:`group_bundles`) and starts the
-leader in bundle 0 with the plan. The leader cuts every shard from the model file once
+runs; then again, each call after as long a rest as the plan's shard actors will have between
+their calls (a batch's latency less a stage's), and the model is planned again with those.
+
+The pool then reserves a detached placement group of the leader's resources and one bundle of
+``partition.num_cpus`` CPUs per worker shard (:func:`group_bundles`) and starts the leader in
+bundle 0 with the plan. The leader cuts every shard from the model file once
 (:class:`raysrv.partitioning.local.Sharder`), keeps its own shards as onnxruntime sessions and
 starts a shard actor in each other bundle, handing each only its own shard's bytes: a shard
 actor never sees the rest of the model, and loads its weights once. A batch runs the plan's
@@ -57,7 +60,7 @@ __all__ = [
 SHARD_PREFIX = "raysrv-shard:"  # of the shard actors' names
 READY_TIMEOUT_S = 120.0  # for the placement group and every shard actor to start
 HOP_ROUNDS = 100  # calls to a probe actor timed for each size of transfer on Ray
-IDLE_S = 0.002  # before each: a shard actor is called once a round and waits between
+IDLE_S = 0.002  # before each, at first: a shard actor is called once a batch, and waits
 # Ray passes an argument or result of up to this many bytes inside the call, larger ones
 # through its object store (its max_direct_call_object_size).
 INLINE_BYTES = int(os.environ.get("RAY_max_direct_call_object_size", 100 * 1024))  # noqa: SIM112
@@ -103,16 +106,21 @@ def plan_on_ray(spec: ModelSpec) -> Plan:
     part = spec.partition
     assert part is not None  # partitioned models only
     threads = profile(onnx.load(spec.source), workers=part.workers)
-    perf = ray_transfers(threads, part.timeout_s)
     args = (part.workers, part.memory_limit_mb, part.objective, part.slo_ms)
-    return plan(spec.source, *args, perf=perf, threads=threads)
+    idle_s = IDLE_S
+    for _ in range(2):  # planned again with its shard actors' rest between rounds
+        perf = ray_transfers(threads, part.timeout_s, idle_s)
+        found = plan(spec.source, *args, perf=perf, threads=threads)
+        idle_s = found.predicted_latency_s * (1.0 - 1.0 / len(found.stages))
+    return found
 
 
-def ray_transfers(perf: PerfModel, timeout_s: float) -> PerfModel:
+def ray_transfers(perf: PerfModel, timeout_s: float, idle_s: float = IDLE_S) -> PerfModel:
     """``perf`` with its transfers timed as calls to a probe actor, ``HOP_ROUNDS`` of each
-    of three sizes, each call after ``IDLE_S`` of rest (a process woken costs more than a
-    busy one): a small size, for the delay, and two over ``INLINE_BYTES``, whose line gives
-    the bandwidth and the larger objects' extra cost (``large_s``)."""
+    of three sizes, each call after ``idle_s`` of rest (a call to a process that has waited
+    costs more the longer it waited; bench/RESULTS.md, "On Ray"): a small size, for the delay,
+    and two over ``INLINE_BYTES``, whose line gives the bandwidth and the larger objects'
+    extra cost (``large_s``)."""
     import ray
 
     from raysrv.analytics.forkjoin import fit_emg
@@ -121,7 +129,7 @@ def ray_transfers(perf: PerfModel, timeout_s: float) -> PerfModel:
     probe = ray.remote(_Probe).options(num_cpus=0).remote()
     try:
         ray.get(probe.echo.remote(np.zeros(1, np.uint8)), timeout=READY_TIMEOUT_S)
-        timed = {n: _calls_s(probe, np.zeros(n, np.uint8), timeout_s) for n in sizes}
+        timed = {n: _calls_s(probe, np.zeros(n, np.uint8), timeout_s, idle_s) for n in sizes}
     finally:
         ray.kill(probe)
     small, big = sizes[0], sizes[1:]
@@ -139,12 +147,12 @@ def ray_transfers(perf: PerfModel, timeout_s: float) -> PerfModel:
     )
 
 
-def _calls_s(probe: Any, x: np.ndarray, timeout_s: float) -> list[float]:
+def _calls_s(probe: Any, x: np.ndarray, timeout_s: float, idle_s: float) -> list[float]:
     import ray
 
     found = []
     for _ in range(HOP_ROUNDS):
-        time.sleep(IDLE_S)
+        time.sleep(idle_s)
         start = time.perf_counter()
         ray.get(probe.echo.remote(x), timeout=timeout_s)
         found.append(time.perf_counter() - start)
