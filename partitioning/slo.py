@@ -78,9 +78,8 @@ class _Kept:
     def offer(self, plan: Plan) -> None:
         if not self._space.within(plan):
             return
-        self._plans[tuple((s.first, s.last, s.option, s.parts, s.leader) for s in plan.stages)] = (
-            plan
-        )
+        shape = tuple((s.first, s.last, s.option, s.parts, s.leader) for s in plan.stages)
+        self._plans[shape] = plan
         if len(self._plans) > KEPT:
             dearest = max(self._plans.items(), key=lambda kv: _order(kv[1]))
             del self._plans[dearest[0]]
