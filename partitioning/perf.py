@@ -16,6 +16,8 @@ the fork-join transfer delays of :mod:`raysrv.analytics.forkjoin`.
 * **A group's latency** (the fork-join round, §III-B, Fig. 4): on the leader alone, its run
   time; on workers alone, the slowest worker's transfer and run time plus the expected maximum
   delay; with the leader taking one shard itself, the larger of that and the leader's run.
+  Shards that run at once share the machine's memory system: each run takes ``side_by_side``
+  longer in a round of more than one shard.
 
 Caveats: shards run in parallel only where the machine has a core for each; the workers'
 delays are taken as independent (the tests of :mod:`raysrv.analytics.forkjoin` say why that
@@ -64,6 +66,7 @@ class PerfModel:
     session_s: float = 0.0  # what one run of a shard's session costs, whatever its layers
     large_bytes: float = math.inf  # a transfer of more bytes than this ...
     large_s: float = 0.0  # ... costs this much more
+    side_by_side: float = 0.0  # a shard run beside others takes this fraction longer
     _max_delay: dict[int, float] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -76,6 +79,8 @@ class PerfModel:
             raise ValueError(f"bandwidth must be positive, got {self.bandwidth}")
         if not self.session_s >= 0:
             raise ValueError(f"session_s must be >= 0, got {self.session_s}")
+        if not self.side_by_side >= 0:
+            raise ValueError(f"side_by_side must be >= 0, got {self.side_by_side}")
         if not (self.large_bytes >= 0 and self.large_s >= 0):
             raise ValueError(
                 f"large_bytes and large_s must be >= 0, got {self.large_bytes}, {self.large_s}"
@@ -106,20 +111,27 @@ class PerfModel:
         """The group's fork-join round over its shards ``pieces`` (:func:`.shards.shards`), the
         first on the leader if ``leader``, the others each on a worker."""
         on_workers = pieces[1:] if leader else pieces
-        slowest = max((self._remote_s(group, p) for p in on_workers), default=0.0)
+        slow = self._slowed(len(pieces) if leader else len(on_workers))
+        slowest = max((self._remote_s(group, p, slow) for p in on_workers), default=0.0)
         remote = slowest + self.expected_max_delay(len(on_workers))
-        local = self.run_s(group, pieces[0]) if leader else 0.0
+        local = self.run_s(group, pieces[0]) * slow if leader else 0.0
         return max(local, remote)
 
     def worker_s(self, group: Sequence[Layer], pieces: Sequence[Shard], leader: bool) -> float:
         """Seconds the round's workers are busy together: each its shard's run and bytes
         (what a cost counts, gillis §IV-C; the leader is busy the whole latency)."""
-        return sum(self._remote_s(group, p) for p in (pieces[1:] if leader else pieces))
+        on_workers = pieces[1:] if leader else pieces
+        slow = self._slowed(len(pieces) if leader else len(on_workers))
+        return sum(self._remote_s(group, p, slow) for p in on_workers)
+
+    def _slowed(self, running: int) -> float:
+        """What a shard's run is multiplied by with ``running`` shards running at once."""
+        return 1.0 + self.side_by_side if running > 1 else 1.0
 
     def transfer_s(self, n: float) -> float:
         """One transfer of ``n`` bytes, beyond its delay."""
         return n / self.bandwidth + (self.large_s if n > self.large_bytes else 0.0)
 
-    def _remote_s(self, group: Sequence[Layer], shard: Shard) -> float:
+    def _remote_s(self, group: Sequence[Layer], shard: Shard, slow: float = 1.0) -> float:
         moved = self.transfer_s(shard.in_bytes) + self.transfer_s(shard.out_bytes)
-        return self.run_s(group, shard) + moved
+        return self.run_s(group, shard) * slow + moved

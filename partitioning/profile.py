@@ -85,16 +85,28 @@ def profile(
                 if option != "none" and parts == workers + 1:
                     rounds.append((plan, seconds))
     bandwidth = _bandwidth(repeats)
-    delays = [d for plan, alone in rounds for d in _round_delays(proto, plan, alone, bandwidth)]
-    if len(delays) < 3:
+    timed = [(alone, _round_delays(proto, plan, alone, bandwidth)) for plan, alone in rounds]
+    if sum(len(found) for _, found in timed) < 3:
         raise ValueError(f"the model has no layer to split into {workers + 1} parts")
+    side_by_side, delays = _side_by_side(timed)
     runs = _runs(points)
     chain = _chain_s(proto, found, repeats)
     session = _session_s(proto, found, chain, repeats)
     layers_s = max(chain - len(found) * session, chain * 1e-3)  # the chain less its sessions
     scale = layers_s / _predicted_chain_s(found, runs)
     calibrated = {name: (o * scale, rate / scale) for name, (o, rate) in runs.items()}
-    return PerfModel(calibrated, bandwidth, fit_emg(delays), session)
+    return PerfModel(calibrated, bandwidth, fit_emg(delays), session, side_by_side=side_by_side)
+
+
+def _side_by_side(timed: list[tuple[float, list[float]]]) -> tuple[float, list[float]]:
+    """From each round's shard run alone and what the round took beyond it: the fraction a
+    shard's run grows by beside the others (the slope of the rounds' median excess on their
+    run alone, none if it does not grow) and the delays left once that is taken out."""
+    alone = np.array([a for a, _ in timed])
+    excess = np.array([np.median(found) for _, found in timed])
+    slope = float(np.polyfit(alone, excess, 1)[0]) if len(timed) > 1 and np.ptp(alone) > 0 else 0
+    slope = max(0.0, slope)
+    return slope, [max(1e-7, d - slope * a) for a, found in timed for d in found]
 
 
 def _session_s(proto: onnx.ModelProto, found: list[Layer], chain_s: float, repeats: int) -> float:

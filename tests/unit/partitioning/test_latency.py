@@ -220,3 +220,23 @@ def test_a_transfer_over_large_bytes_pays_large_s_once_each_way(
     assert gap == pytest.approx(2e-3)
     with pytest.raises(ValueError, match="large_bytes and large_s must be >= 0"):
         dataclasses.replace(small, large_s=-1.0)
+
+
+def test_shards_side_by_side_run_slower_and_a_shard_alone_does_not(
+    models: dict[str, list[Layer]],
+) -> None:
+    stem = models["resnet"][:1]
+    alone = PerfModel({"default": (1e-5, 1e9)}, 1e8, EMG(1e-4, 1e-5, 2e-5))
+    shared = dataclasses.replace(alone, side_by_side=0.5)
+    one = shards(stem, "none", 1)
+    for leader in (True, False):
+        assert shared.latency_s(stem, one, leader) == alone.latency_s(stem, one, leader)
+    pair = shards(stem, "spatial", 2)
+    run = alone.run_s(stem, pair[0])
+    assert shared.latency_s(stem, pair, True) - alone.latency_s(stem, pair, True) == (
+        pytest.approx(0.5 * max(run, alone.run_s(stem, pair[1])))
+    )
+    busy = shared.worker_s(stem, pair, False) - alone.worker_s(stem, pair, False)
+    assert busy == pytest.approx(0.5 * sum(alone.run_s(stem, p) for p in pair))
+    with pytest.raises(ValueError, match="side_by_side must be >= 0"):
+        dataclasses.replace(alone, side_by_side=-0.1)
