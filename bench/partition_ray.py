@@ -100,27 +100,22 @@ RESTS_S = (0.0, 0.002, 0.005, 0.01)
 
 
 def call_after_rest(runs: int) -> dict[str, float]:
-    """Median ms of a call to an actor that returns its input, after each of ``RESTS_S``."""
-    import time
-
+    """Median ms of a call to an actor that returns its input, after each of ``RESTS_S``
+    (the planner's probe, :func:`raysrv._partitioned.calls_s`)."""
     import ray
 
-    echo = ray.remote(_Echo).options(num_cpus=0).remote()
+    from raysrv._partitioned import Probe, calls_s
+
+    probe = ray.remote(Probe).options(num_cpus=0).remote()
     x = np.zeros(1024, np.uint8)
-    found = {}
     try:
-        ray.get(echo.run.remote(x))
-        for rest in RESTS_S:
-            times = []
-            for _ in range(runs):
-                time.sleep(rest)
-                start = time.perf_counter()
-                ray.get(echo.run.remote(x))
-                times.append(time.perf_counter() - start)
-            found[f"{rest * 1e3:g}"] = statistics.median(times) * 1e3
+        ray.get(probe.echo.remote(x))
+        return {
+            f"{rest * 1e3:g}": statistics.median(calls_s(probe, x, 60.0, rest, runs)) * 1e3
+            for rest in RESTS_S
+        }
     finally:
-        ray.kill(echo)
-    return found
+        ray.kill(probe)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -51,7 +51,9 @@ from raysrv.runtimes import Runtime, rows
 __all__ = [
     "SHARD_PREFIX",
     "PartitionedRuntime",
+    "Probe",
     "ShardActor",
+    "calls_s",
     "group_bundles",
     "plan_on_ray",
     "ray_transfers",
@@ -88,7 +90,7 @@ class ShardActor:
         return {"pid": os.getpid(), "model_bytes": self._bytes, "placement_group": group}
 
 
-class _Probe:
+class Probe:
     """An actor whose call does no work: what a round pays to reach a shard and back."""
 
     def echo(self, x: np.ndarray) -> np.ndarray:
@@ -126,10 +128,10 @@ def ray_transfers(perf: PerfModel, timeout_s: float, idle_s: float = IDLE_S) -> 
     from raysrv.analytics.forkjoin import fit_emg
 
     sizes = (1024, 2 * INLINE_BYTES, 16 * INLINE_BYTES)
-    probe = ray.remote(_Probe).options(num_cpus=0).remote()
+    probe = ray.remote(Probe).options(num_cpus=0).remote()
     try:
         ray.get(probe.echo.remote(np.zeros(1, np.uint8)), timeout=READY_TIMEOUT_S)
-        timed = {n: _calls_s(probe, np.zeros(n, np.uint8), timeout_s, idle_s) for n in sizes}
+        timed = {n: calls_s(probe, np.zeros(n, np.uint8), timeout_s, idle_s) for n in sizes}
     finally:
         ray.kill(probe)
     small, big = sizes[0], sizes[1:]
@@ -147,11 +149,15 @@ def ray_transfers(perf: PerfModel, timeout_s: float, idle_s: float = IDLE_S) -> 
     )
 
 
-def _calls_s(probe: Any, x: np.ndarray, timeout_s: float, idle_s: float) -> list[float]:
+def calls_s(
+    probe: Any, x: np.ndarray, timeout_s: float, idle_s: float, rounds: int = HOP_ROUNDS
+) -> list[float]:
+    """Seconds of each of ``rounds`` calls of ``probe.echo`` with ``x``, each after
+    ``idle_s`` of rest (``probe``: a Ray actor of :class:`Probe`)."""
     import ray
 
     found = []
-    for _ in range(HOP_ROUNDS):
+    for _ in range(rounds):
         time.sleep(idle_s)
         start = time.perf_counter()
         ray.get(probe.echo.remote(x), timeout=timeout_s)
