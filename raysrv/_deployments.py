@@ -37,7 +37,21 @@ logger = logging.getLogger(__name__)
 
 SERVE_NAMESPACE = "serve"  # where Serve names its replicas' actors
 
-__all__ = ["Ingress"]
+__all__ = ["STARTING", "Ingress", "StartFailed", "cause_line"]
+
+STARTING = "raysrv could not start app"  # how a failed start's one line begins
+
+
+class StartFailed(RuntimeError):
+    """An ingress replica could not start its app's workers: one line says which and why."""
+
+
+def cause_line(exc: BaseException) -> str:
+    """``exc`` in one line: its type and message, those of the error a remote call raised
+    where Ray wrapped one."""
+    cause = getattr(exc, "cause", None)
+    exc = cause if isinstance(cause, BaseException) else exc
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
 
 @serve.deployment
@@ -59,11 +73,17 @@ class Ingress:
         owner = (ray.get_runtime_context().get_actor_name() or "", SERVE_NAMESPACE)
         app = serve.get_replica_context().app_name
         orphan_s = self._spec.ingress.orphan_timeout_s
-        self._workers = {
-            p.name: await _workers(p, app, owner, orphan_s) for p in self._spec.resolved_pools()
-        }
-        for pool in self._workers.values():
-            await pool.ready()
+        self._workers: dict[str, Workers] = {}
+        try:
+            for pool_spec in self._spec.resolved_pools():
+                self._workers[pool_spec.name] = await _workers(pool_spec, app, owner, orphan_s)
+            for pool in self._workers.values():
+                await pool.ready()
+        except Exception as exc:  # e.g. a model that cannot load: no workers left behind
+            for pool in self._workers.values():
+                pool.close()
+            self._workers = {}
+            raise StartFailed(f"{STARTING} {app!r}: {cause_line(exc)}") from None
         self._server = Server(
             self._spec,
             self._workers,
@@ -76,11 +96,23 @@ class Ingress:
             root=None if root is None else Path(root),
         )
         await self._server.profile()
+        period_s = self._spec.ingress.plan_export_s
+        self._exports = asyncio.create_task(self._export_plans(period_s)) if period_s else None
         settle()  # start-up's objects out of the collector's full passes
+
+    async def _export_plans(self, period_s: float) -> None:
+        while True:
+            await asyncio.sleep(period_s)
+            try:
+                await self._server.export_plans()
+            except Exception:  # a plan that fails must not end the exports
+                logger.exception("exporting the models' plans failed")
 
     async def __del__(self) -> None:
         """Serve stops the replica in order: its workers end now, not ``orphan_timeout_s``
         later."""
+        if getattr(self, "_exports", None) is not None:
+            self._exports.cancel()
         for pool in getattr(self, "_workers", {}).values():
             pool.close()
 

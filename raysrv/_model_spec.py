@@ -32,6 +32,7 @@ __all__ = [
     "ResolvedPool",
     "ResourcesSpec",
     "check_pools",
+    "is_import_path",
     "resolve_pools",
 ]
 
@@ -327,7 +328,7 @@ class ModelSpec(ModelTemplate):
 
     @model_validator(mode="after")
     def _onnx_is_a_file(self) -> ModelSpec:
-        if self.runtime == "onnx" and _is_import_path(self.source):
+        if self.runtime == "onnx" and is_import_path(self.source):
             raise ValueError(f"onnx source must be a .onnx file, got {self.source!r}")
         return self
 
@@ -339,7 +340,7 @@ class ModelSpec(ModelTemplate):
             return int(self.weights_mb * MIB)
         if self.partition is not None:
             return None
-        if _is_import_path(self.source) or not os.path.isfile(self.source):
+        if is_import_path(self.source) or not os.path.isfile(self.source):
             return None
         return os.path.getsize(self.source)
 
@@ -388,7 +389,8 @@ class ModelSetSpec(_Strict):
         return models
 
 
-def _is_import_path(source: str) -> bool:
+def is_import_path(source: str) -> bool:
+    """Whether a model's ``source`` names ``pkg.mod:attr`` rather than a file."""
     return bool(re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", source))
 
 

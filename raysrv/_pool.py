@@ -638,6 +638,11 @@ class Pool:
         rows.reverse()
         return {name: [row[i] for row in rows] for i, name in enumerate(TIMELINE_COLUMNS)}
 
+    def last_arrival(self, name: str) -> float | None:
+        """When the last query of ``name`` arrived (this pool's clock), None before any."""
+        arrivals = self._arrivals.get(name)
+        return arrivals[-1] if arrivals else None
+
     def plan_snapshot(self, name: str) -> PlanSnapshot:
         """Copies of what the plan view needs (``raysrv._planner``), taken on the loop."""
         policy = self.policy(name)

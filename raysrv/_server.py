@@ -137,6 +137,7 @@ def json_object(body: bytes | bytearray, exact: bool = True) -> dict[str, Any]:
     return data
 
 
+PLAN_EXPORTS = 8  # models whose plan one export round refreshes at most (tens of ms each)
 TRACEBACK_EVERY_S = 60.0  # an unexpected error's traceback is logged at most this often
 _last_traceback = -math.inf
 
@@ -543,6 +544,8 @@ class Server:
         self._slo_ms: dict[str, float] = {}
         self._batching: dict[str, tuple[Any, float]] = {}  # (batching spec, SLO) per model
         self._added: set[str] = set()  # models of the live catalog
+        self._exported: dict[str, tuple[float, int]] = {}  # last arrival seen, round, by model
+        self._export_round = 0
         for model in spec.models:
             self._add_model(model)
         self.apps = {a.name: self._make_app(a) for a in spec.apps}
@@ -620,6 +623,7 @@ class Server:
                 self._pool(self._models.pop(name)).remove_model(name)
                 self._added.discard(name)
                 del self._slo_ms[name], self._batching[name]
+                self._exported.pop(name, None)
         for name, model in wanted.items():
             if name not in self._added:
                 self._add_model(model)
@@ -1114,6 +1118,26 @@ class Server:
         if len(text) > (limit := self.spec.ingress.max_context_chars):
             raise PayloadTooLarge(f"context of {len(text)} characters exceeds {limit}")
         return _context_key(text) if text else NO_CONTEXT
+
+    async def export_plans(self, limit: int = PLAN_EXPORTS) -> list[str]:
+        """Export the plan view's predicted p99 (``ray_raysrv_plan_predicted_p99_ms``, which
+        :meth:`plan` sets too) of at most ``limit`` models queried since their last export,
+        those exported longest ago first, one after another off the loop; the models
+        exported. The ingress calls it every ``ingress.plan_export_s``: the gauge is there
+        without anyone asking for a plan, and a thousand idle models cost nothing."""
+        self._export_round += 1
+        due = []
+        for name in list(self._models):
+            last = self.pool_of(name).last_arrival(name)
+            seen, round_ = self._exported.get(name, (None, 0))
+            if last is not None and last != seen:
+                due.append((round_, name, last))
+        chosen = sorted(due)[:limit]
+        for _, name, last in chosen:
+            self._exported[name] = (last, self._export_round)
+            if name in self._models:  # not removed live meanwhile
+                await self.plan(name)
+        return [name for _, name, _ in chosen]
 
     async def plan(self, model: str) -> dict[str, Any]:
         """What the analytic model predicts for ``model``'s batching now, and from what."""

@@ -79,6 +79,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "Call",
     "ColocatedWorkers",
+    "LoadFailed",
     "Owner",
     "PoolWorker",
     "RayWorkers",
@@ -156,6 +157,10 @@ def _growth(before: int | None, after: int | None) -> int | None:
     return None if after is None else after - (before or 0)
 
 
+class LoadFailed(RuntimeError):
+    """A worker's dedicated model could not be loaded (the message says which and why)."""
+
+
 @dataclass(slots=True)
 class _Loaded:
     runtime: Runtime
@@ -197,10 +202,16 @@ class PoolWorker:
         self._loads = ThreadPoolExecutor(1, "load", initializer=loads)
         self._pending: dict[str, Future[Report]] = {}  # model -> its last LOAD sent
         self._next: int | None = None  # the number of the call expected next
+        self._unloadable: str | None = None  # why a dedicated model could not be loaded
         for spec in pinned:
-            report = self._load(ModelSpec.model_validate(spec))
-            if report.status != "ok":
-                raise RuntimeError(f"model {spec['name']!r} cannot be loaded: {report.error}")
+            try:
+                report = self._load(ModelSpec.model_validate(spec))
+                error = None if report.status == "ok" else report.error
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+            if error is not None:
+                self._unloadable = f"model {spec['name']!r} cannot be loaded: {error}"
+                break
         settle()  # the loaded models out of the collector's full passes
 
     def start_metrics(self) -> None:
@@ -263,7 +274,11 @@ class PoolWorker:
         return self.unload(call.model)
 
     def ready(self) -> dict[str, Any]:
-        """What the worker holds: its process, its models' weights and its memory."""
+        """What the worker holds: its process, its models' weights and its memory; raises
+        :class:`LoadFailed` if a dedicated model could not be loaded. The worker itself stays
+        up, so that Ray does not start it again and again on a model that cannot load."""
+        if self._unloadable is not None:
+            raise LoadFailed(self._unloadable)
         models = list(self._models.items())  # a LOAD may be adding to them meanwhile
         return {
             "pid": os.getpid(),

@@ -1,6 +1,8 @@
 """The ``raysrv`` command line.
 
-* ``raysrv validate config.yaml [...]``: check config files without starting Ray.
+* ``raysrv validate config.yaml [...] [--no-sources]``: check config files without starting
+  Ray: their schema, and that every model file exists and every import path imports (from
+  the working directory, as under ``serve run``); ``--no-sources`` skips the latter.
 * ``raysrv plan config.yaml``: print the plan of each partitioned model (its stages, predicted
   latency and cost) from a profile of this machine, without starting Ray (a leader on Ray also
   times calls to its shard actors and may choose otherwise; profiles vary a little from run to
@@ -15,7 +17,10 @@
   ``bench/RESULTS.md``, "The fast path". Serve builds an application wherever its controller
   runs and does not tell the builder which file it came from, so ``raysrv run`` serves a copy
   of the file (in a temporary directory) whose raysrv applications name the file's directory
-  as their ``root``: relative model paths are read from beside the file.
+  as their ``root``: relative model paths are read from beside the file. It says once when
+  each app is running; an app that fails to deploy (a model that cannot load, say) ends the
+  run with exit status 1 after one line that says why, where plain ``serve run`` would keep
+  running.
 """
 
 from __future__ import annotations
@@ -23,9 +28,10 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import shutil
+import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,12 +48,14 @@ FAST_PATH = {
 }
 
 
-def _validate(files: Sequence[str]) -> int:
+def _validate(files: Sequence[str], sources: bool = True) -> int:
     from raysrv.validate import validate_file
 
+    if sources and os.getcwd() not in sys.path:  # import paths import as under `serve run`
+        sys.path.insert(0, os.getcwd())  # (whose --app-dir is the working directory)
     failed = 0
     for name in files:
-        problems = validate_file(name)
+        problems = validate_file(name, sources)
         if problems:
             failed += 1
             print(f"{name}: {len(problems)} problem(s)")
@@ -66,7 +74,6 @@ def _plan(config: str) -> int:
 
     if _validate([config]):
         return 1
-    sys.path.insert(0, os.getcwd())  # build hooks import as under `serve run` (--app-dir .)
     path = Path(config).resolve()
     doc = yaml.safe_load(path.read_text())
     apps = (
@@ -113,15 +120,6 @@ def serve_environment(base: Mapping[str, str], serve_proxy: bool) -> dict[str, s
     return dict(base) if serve_proxy else {**FAST_PATH, **base}
 
 
-def _serve_command() -> str:
-    """The ``serve`` script of this interpreter's environment, else the one on the PATH."""
-    beside = Path(sys.executable).with_name("serve")
-    found = str(beside) if beside.is_file() else shutil.which("serve")
-    if found is None:
-        raise SystemExit("raysrv run: no `serve` command; install ray[serve]")
-    return found
-
-
 def rooted(doc: dict[str, Any], root: Path) -> dict[str, Any]:
     """The Serve config ``doc`` with ``root`` given to each raysrv application that names none,
     so that its relative model paths are read from ``root`` wherever Serve builds it."""
@@ -135,16 +133,72 @@ def rooted(doc: dict[str, Any], root: Path) -> dict[str, Any]:
 
 
 def _run(config: str, serve_proxy: bool, rest: Sequence[str]) -> int:
+    os.environ.update(serve_environment(os.environ, serve_proxy))  # before Ray is imported
     if _validate([config]):
         return 1
     path = Path(config).resolve()
     doc = rooted(yaml.safe_load(path.read_text()), path.parent)
     served = Path(tempfile.mkdtemp(prefix="raysrv-run-")) / path.name  # kept for serve run
     served.write_text(yaml.safe_dump(doc, sort_keys=False))
-    serve = _serve_command()
-    argv = [serve, "run", str(served), *rest]
-    os.execve(serve, argv, serve_environment(os.environ, serve_proxy))
-    return 1  # pragma: no cover - execve does not return
+    apps = [app["name"] for app in doc.get("applications") or [] if app.get("name")]
+    failed, done = threading.Event(), threading.Event()
+    threading.Thread(target=_watch, args=(apps, failed, done), daemon=True).start()
+    from ray.serve.scripts import cli
+
+    try:
+        cli.main(args=["run", str(served), *rest], prog_name="serve")
+        code: Any = 0
+    except SystemExit as exc:
+        code = exc.code
+    finally:
+        done.set()
+    return 1 if failed.is_set() else code if isinstance(code, int) else 0 if code is None else 1
+
+
+def _watch(
+    apps: Sequence[str], failed: threading.Event, done: threading.Event, period_s: float = 1.0
+) -> None:
+    """Until ``done``, say once when each of ``apps`` runs; when one fails to deploy, say why
+    in one line and stop the run (Serve's own ``serve run`` would keep running with it
+    failed)."""
+    import ray
+    from ray import serve
+
+    running: set[str] = set()
+    while not done.wait(period_s):
+        if not ray.is_initialized():
+            continue
+        try:
+            status = serve.status().applications
+        except Exception:  # Serve not started yet, or shutting down
+            continue
+        for name in apps:
+            app = status.get(name)
+            if app is None:
+                continue
+            if app.status == "RUNNING" and name not in running:
+                running.add(name)
+                print(f"raysrv run: app {name!r} is running", flush=True)
+            elif app.status == "DEPLOY_FAILED":
+                messages = [app.message, *(d.message for d in app.deployments.values())]
+                print(f"raysrv run: app {name!r} failed: {failure_line(messages)}", flush=True)
+                failed.set()
+                os.kill(os.getpid(), signal.SIGINT)  # serve run's own way out: Ctrl-C
+                return
+
+
+def failure_line(messages: Sequence[str]) -> str:
+    """The cause of a failed deploy in one line, from Serve's status messages (which hold
+    tracebacks): the line of raysrv's own start error if there is one, else the last line
+    of the last message that has any."""
+    from raysrv._deployments import STARTING
+
+    lines = [line.strip() for text in messages for line in (text or "").splitlines()]
+    lines = [line for line in lines if line]
+    ours = [line for line in lines if STARTING in line]
+    if ours:
+        return ours[-1][ours[-1].index(STARTING) :]
+    return lines[-1] if lines else "no reason given"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -152,6 +206,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     check = commands.add_parser("validate", help="Check config files without starting Ray.")
     check.add_argument("files", nargs="+", help="Serve config or raysrv spec YAML files.")
+    check.add_argument(
+        "--no-sources",
+        dest="sources",
+        action="store_false",
+        help="do not look for model files or import model code (a config written for another "
+        "machine)",
+    )
     plans = commands.add_parser(
         "plan", help="Print each partitioned model's plan, predicted latency and cost."
     )
@@ -173,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "validate":
-        return _validate(args.files)
+        return _validate(args.files, args.sources)
     if args.command == "plan":
         return _plan(args.config)
     parser.error(f"unknown command {args.command}")  # pragma: no cover - argparse exits first

@@ -238,6 +238,15 @@ class IngressSpec(_Strict):
         description="Requests Serve queues for the ingress before answering 503 (-1: no bound).",
     )
     seed: int = Field(0, description="Seed of the selection policies' random generator.")
+    plan_export_s: float = Field(
+        15.0,
+        ge=0.0,
+        le=86_400.0,
+        description="How often the ingress exports each model's predicted p99 latency "
+        "(ray_raysrv_plan_predicted_p99_ms, as GET /v1/models/{model}/plan shows it) for the "
+        "models queried since their last export, at most 8 at a time, those waiting longest "
+        "first; 0: only when a plan is asked for.",
+    )
     trip_back_quantile: float = Field(
         0.99,
         gt=0.0,

@@ -42,6 +42,7 @@ __all__ = [
     "serve_http",
     "spec",
     "teach",
+    "UnloadableModel",
     "torch_linear",
 ]
 
@@ -81,6 +82,16 @@ class EchoModel:
             {"sum": s, "batch_size": len(batch), "batch": self.batches, "pid": os.getpid()}
             for s in sums
         ]
+
+
+class UnloadableModel:
+    """A python model whose weights cannot be read: it raises as it is made."""
+
+    def __init__(self) -> None:
+        raise OSError("weights.bin: truncated\nat byte 512")
+
+    def predict_batch(self, inputs: Sequence[Any]) -> list[Any]:
+        return list(inputs)
 
 
 class TextModel:

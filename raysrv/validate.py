@@ -17,7 +17,17 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from raysrv.config import HIDDEN, SECRET_FIELDS, LiveConfig, RaysrvSpec, looks_secret
+from raysrv._model_spec import is_import_path
+from raysrv._plugins import import_object
+from raysrv.config import (
+    HIDDEN,
+    SECRET_FIELDS,
+    LiveConfig,
+    ModelSetSpec,
+    ModelSpec,
+    RaysrvSpec,
+    looks_secret,
+)
 
 __all__ = ["BUILDER", "Problem", "validate_document", "validate_file"]
 
@@ -75,14 +85,18 @@ def _model_class(annotation: Any) -> type[BaseModel] | None:
 
 
 def _check_spec(
-    prefix: str, args: Any, deployments: Sequence[Any], root: Path | None
+    prefix: str, args: Any, deployments: Sequence[Any], root: Path | None, sources: bool
 ) -> list[Problem]:
     try:
         spec = RaysrvSpec.model_validate(args)
     except ValidationError as exc:
         return _from_validation(prefix + ".args" if prefix else "", exc)
     names = {"ingress"}
-    problems = _check_partitions(prefix + ".args" if prefix else "", spec, root)
+    at = prefix + ".args" if prefix else ""
+    problems = _check_partitions(at, spec, root)
+    if sources:
+        base = _base(spec, root)
+        problems += _check_sources(at, spec.models, spec.model_sets, base)
     for i, deployment in enumerate(deployments):
         where = f"{prefix}.deployments[{i}]"
         name = deployment.get("name") if isinstance(deployment, dict) else None
@@ -93,15 +107,82 @@ def _check_spec(
                 )
             )
         elif name == "ingress" and "user_config" in deployment:
-            problems += _check_live(where + ".user_config", deployment["user_config"], spec)
+            live = deployment["user_config"]
+            found = _check_live(where + ".user_config", live, spec)
+            if sources and not found:
+                catalog = LiveConfig.model_validate(live).catalog
+                at = where + ".user_config.catalog"
+                found = _check_sources(at, catalog.models, catalog.model_sets, _base(spec, root))
+            problems += found
     return problems
+
+
+def _base(spec: RaysrvSpec, root: Path | None) -> Path:
+    """Where the spec's relative model paths are read from."""
+    return Path(spec.root).expanduser() if spec.root else (root or Path.cwd())
+
+
+def _check_sources(
+    prefix: str, models: Sequence[ModelSpec], model_sets: Sequence[ModelSetSpec], base: Path
+) -> list[Problem]:
+    """What a deploy would first find missing: each model's file exists (or its ``build``
+    hook imports), each import path imports what it should, and each model set matches
+    files. Importing runs the modules' code, as the workers will."""
+    problems = []
+    for i, model in enumerate(models):
+        problems += _model_sources(_join(prefix, ["models", i]), model, base)
+    for j, model_set in enumerate(model_sets):
+        try:
+            model_set.expand(base)
+        except ValueError as exc:
+            at = _join(prefix, ["model_sets", j, "source"])
+            problems.append(Problem(at, str(exc), model_set.source))
+    return problems
+
+
+def _model_sources(prefix: str, model: ModelSpec, base: Path) -> list[Problem]:
+    problems = []
+    if model.build is not None:
+        problem = _importable(prefix + ".build", model.build, "a build hook")
+        problems += [problem] if problem else []
+    if model.runtime == "python" or (model.runtime == "torch" and is_import_path(model.source)):
+        problem = _importable(prefix + ".source", model.source, _WANTED[model.runtime])
+        return problems + ([problem] if problem else [])
+    path = Path(model.source).expanduser()
+    path = path if path.is_absolute() else base / path
+    if not path.is_file() and model.build is None:
+        problems.append(Problem(prefix + ".source", f"no such file: {path}", model.source))
+    return problems
+
+
+_WANTED = {
+    "python": "a class or factory whose instances have predict_batch(inputs)",
+    "torch": "a factory returning a torch.nn.Module",
+}
+
+
+def _importable(at: str, path: str, wanted: str) -> Problem | None:
+    """None if ``path`` imports as something callable (a class with ``predict_batch`` where
+    ``wanted`` says so), else the problem."""
+    try:
+        found = import_object(path)
+    except ValueError as exc:
+        return Problem(at, str(exc), path)
+    except Exception as exc:  # the module's own code failed as it was imported
+        return Problem(at, f"importing it raised {type(exc).__name__}: {exc}", path)
+    if not callable(found):
+        return Problem(at, f"not {wanted}: a {type(found).__name__}", path)
+    lacks = isinstance(found, type) and not callable(getattr(found, "predict_batch", None))
+    if "predict_batch" in wanted and lacks:
+        return Problem(at, f"class {found.__name__} has no predict_batch(inputs) method", path)
+    return None
 
 
 def _check_partitions(prefix: str, spec: RaysrvSpec, root: Path | None) -> list[Problem]:
     """Each partitioned model whose file is there fits its memory limit in some plan, a model
     set's every file included (a model built at its first start is checked by ``raysrv plan``,
     which builds it)."""
-    base = Path(spec.root) if spec.root else (root or Path.cwd())
+    base = _base(spec, root)
     found = [(["models", i], model) for i, model in enumerate(spec.models)]
     for j, model_set in enumerate(spec.model_sets):
         if model_set.template.partition is None:
@@ -137,7 +218,7 @@ def _check_live(prefix: str, data: Any, spec: RaysrvSpec) -> list[Problem]:
     return []
 
 
-def _check_serve(doc: dict[str, Any], root: Path | None) -> list[Problem]:
+def _check_serve(doc: dict[str, Any], root: Path | None, sources: bool) -> list[Problem]:
     from ray.serve.schema import DeploymentSchema, ServeApplicationSchema, ServeDeploySchema
 
     try:
@@ -156,17 +237,19 @@ def _check_serve(doc: dict[str, Any], root: Path | None) -> list[Problem]:
         for j, deployment in enumerate(deployments):
             problems += _unknown_keys(f"{prefix}.deployments[{j}]", deployment, DeploymentSchema)
         if app.get("import_path") == BUILDER:
-            problems += _check_spec(prefix, app.get("args") or {}, deployments, root)
+            problems += _check_spec(prefix, app.get("args") or {}, deployments, root, sources)
     return problems
 
 
-def validate_document(doc: Any, root: Path | None = None) -> list[Problem]:
+def validate_document(doc: Any, root: Path | None = None, sources: bool = True) -> list[Problem]:
     """Every problem of a parsed config document (empty when it is valid); relative model
-    paths are read from ``root`` (the file's directory), else the working directory."""
+    paths are read from ``root`` (the file's directory), else the working directory. Without
+    ``sources``, model files and import paths are not looked for (a config written for
+    another machine)."""
     if isinstance(doc, dict) and "applications" in doc:
-        return _check_serve(doc, root)
+        return _check_serve(doc, root, sources)
     if isinstance(doc, dict) and {"models", "model_sets", "apps", "pools"} & set(doc):
-        return _check_spec("", doc, [], root)
+        return _check_spec("", doc, [], root, sources)
     return [
         Problem(
             "",
@@ -176,12 +259,13 @@ def validate_document(doc: Any, root: Path | None = None) -> list[Problem]:
     ]
 
 
-def validate_file(path: str | Path) -> list[Problem]:
-    """Every problem of the YAML file at ``path``."""
+def validate_file(path: str | Path, sources: bool = True) -> list[Problem]:
+    """Every problem of the YAML file at ``path`` (``sources``: as in
+    :func:`validate_document`)."""
     try:
         doc = yaml.safe_load(Path(path).read_text())
     except OSError as exc:
         return [Problem(str(path), f"cannot read file: {exc.strerror}", str(path))]
     except yaml.YAMLError as exc:
         return [Problem(str(path), f"not valid YAML: {exc}", None)]
-    return validate_document(doc, Path(path).resolve().parent)
+    return validate_document(doc, Path(path).resolve().parent, sources)

@@ -17,10 +17,34 @@ import httpx
 from raysrv.cli import FAST_PATH
 from tests.conftest import haproxy_ports
 
-__all__ = ["served"]
+__all__ = ["finished", "served"]
 
 ROOT = Path(__file__).parents[2]
 STOP_S = 180  # the longest a `serve run` is given to shut down its Ray
+
+
+def _environment() -> dict[str, str]:
+    """This process's environment without an address or the fast path's variables, and with
+    HAProxy's ports of this test session."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", *FAST_PATH)}
+    return env | haproxy_ports()
+
+
+def finished(argv: Sequence[str], timeout_s: float) -> tuple[int, str]:
+    """The exit status and output (stdout and stderr together) of ``argv``, a command that
+    should end by itself within ``timeout_s``; whatever it left running is cleared."""
+    proc = subprocess.Popen(
+        list(argv), cwd=ROOT, env=_environment(), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        raise
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, out.decode(errors="replace")
 
 
 @contextlib.contextmanager
@@ -29,11 +53,9 @@ def served(argv: Sequence[str], port: int) -> Iterator[str]:
     answers ``/healthz``; its output goes to ``serve.log`` beside the file (its last
     argument)."""
     log_path = Path(argv[-1]).parent / "serve.log"
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", *FAST_PATH)}
-    env |= haproxy_ports()
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            list(argv), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            list(argv), cwd=ROOT, env=_environment(), stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
         url = f"http://127.0.0.1:{port}"

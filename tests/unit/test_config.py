@@ -248,28 +248,40 @@ def test_a_misspelled_key_field_is_named_and_its_value_never_shown(
     assert secret not in str(raised.value)
 
 
-def _exec_captured(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[str], dict]]:
-    calls: list[tuple[str, list[str], dict]] = []
-    monkeypatch.setattr(cli.os, "execve", lambda path, argv, env: calls.append((path, argv, env)))
+def _serve_captured(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[str], dict[str, str]]]:
+    """Each ``serve`` command line that ``raysrv run`` hands Serve's CLI, with the environment
+    it runs in; the fast path's variables are put back as they were after the test."""
+    from ray.serve import scripts
+
+    calls: list[tuple[list[str], dict[str, str]]] = []
+    for key in FAST_PATH:
+        monkeypatch.delenv(key, raising=False)
+
+    def run(args: list[str], prog_name: str) -> None:
+        assert prog_name == "serve"
+        calls.append((list(args), dict(cli.os.environ)))
+
+    monkeypatch.setattr(scripts.cli, "main", run)
     return calls
 
 
 def test_raysrv_run_serves_the_file_on_serves_fast_path_unless_told_otherwise(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    calls = _exec_captured(monkeypatch)
-    monkeypatch.delenv("RAY_SERVE_ENABLE_HA_PROXY", raising=False)
+    calls = _serve_captured(monkeypatch)
     monkeypatch.setenv("RAY_SERVE_THROUGHPUT_OPTIMIZED", "0")  # set by the user: it wins
-    main(["run", str(EXAMPLE), "--non-blocking", "--address", "auto"])
-    main(["run", "--serve-proxy", str(EXAMPLE)])
-    (path, argv, env), (_, plain_argv, plain_env) = calls
-    assert Path(path).name == "serve"
-    assert argv[1] == "run"
-    assert argv[3:] == ["--non-blocking", "--address", "auto"]
+    assert main(["run", str(EXAMPLE), "--non-blocking", "--address", "auto"]) == 0
+    for key in FAST_PATH:  # a process runs once: the variables of the run before are gone
+        monkeypatch.delenv(key, raising=False)
+    assert main(["run", "--serve-proxy", str(EXAMPLE)]) == 0
+    (argv, env), (plain_argv, plain_env) = calls
+    assert argv[0] == "run"
+    assert argv[2:] == ["--non-blocking", "--address", "auto"]
     assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
     assert env["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "0"
-    assert plain_argv[1] == "run"
-    assert len(plain_argv) == 3
+    assert env["RAY_SERVE_PROXY_HEALTH_CHECK_PERIOD_S"] == "2"
+    assert plain_argv[0] == "run"
+    assert len(plain_argv) == 2
     assert "RAY_SERVE_ENABLE_HA_PROXY" not in plain_env
     assert set(FAST_PATH) == {
         "RAY_SERVE_ENABLE_HA_PROXY",
@@ -277,7 +289,7 @@ def test_raysrv_run_serves_the_file_on_serves_fast_path_unless_told_otherwise(
         "RAY_SERVE_PROXY_HEALTH_CHECK_PERIOD_S",
     }
     # the file served is the example with its directory as the raysrv app's root, else as is
-    served = yaml.safe_load(Path(argv[2]).read_text())
+    served = yaml.safe_load(Path(argv[1]).read_text())
     example = _example()
     assert _args(served).pop("root") == str(EXAMPLE.parent)
     assert served == example
@@ -315,7 +327,7 @@ def test_relative_model_paths_are_read_from_the_specs_root_which_raysrv_run_sets
 def test_raysrv_run_starts_nothing_for_an_invalid_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    calls = _exec_captured(monkeypatch)
+    calls = _serve_captured(monkeypatch)
     doc = _example()
     _args(doc)["models"][0]["slo_ms"] = "soon"
     bad = tmp_path / "bad.yaml"
@@ -545,3 +557,94 @@ def test_validate_checks_that_every_file_of_a_partitioned_model_set_fits(tmp_pat
     assert problems[0].startswith(where), problems
     template["partition"]["memory_limit_mb"] = 1
     assert validate_document(doc, tmp_path) == []
+
+
+# -- sources: what a deploy would first find missing ------------------------------------------
+
+
+def test_validate_finds_missing_files_and_import_paths_that_do_not_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each problem a deploy would meet only after its retries is named at its field, with
+    the path or the import error; ``--no-sources`` leaves them for a config meant for another
+    machine, and the schema is still checked."""
+    (tmp_path / "here.onnx").write_bytes(b"")
+    (tmp_path / "setmodels").mkdir()
+    (tmp_path / "userpkg.py").write_text(
+        "class NoPredict:\n    pass\n\nNOT_CALLABLE = 3\n\ndef make():\n    return None\n"
+    )
+    (tmp_path / "crashing.py").write_text("raise RuntimeError('needs a GPU driver')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    onnx = {"runtime": "onnx", "input": {"shape": [4]}}
+    models = [
+        model_spec("ok-file", source="here.onnx", **onnx),
+        model_spec("ok-code"),  # raysrv.testing:EchoModel
+        model_spec("missing", source="gone.onnx", **onnx),
+        model_spec("built", source="later.onnx", build="userpkg:make", **onnx),
+        model_spec("bad-hook", source="later.onnx", build="userpkg:nothing", **onnx),
+        model_spec("typo", source="userpkgg:Model"),
+        model_spec("no-predict", source="userpkg:NoPredict"),
+        model_spec("constant", source="userpkg:NOT_CALLABLE"),
+        model_spec("crashes", source="crashing:Model"),
+        model_spec("torch-code", runtime="torch", source="userpkg:NOT_CALLABLE"),
+        model_spec("torch-file", runtime="torch", source="weights.pt"),
+    ]
+    names = [m["name"] for m in models]
+    raw = spec(models, [{"name": "a", "models": names}])
+    raw["model_sets"] = [
+        {"name": "empty", "source": "setmodels/*.onnx", "template": {**onnx, "pool": "p"}}
+    ]
+    raw["pools"] = [{"name": "p", "workers": 1}]
+    raw["apps"] = [{"name": "a", "models": ["ok-file"]}]
+    catalog = {"models": [model_spec("live", source="live.onnx", pool="p", **onnx)]}
+    doc = {
+        "applications": [
+            {
+                "name": "a",
+                "import_path": "raysrv.app:build_app",
+                "args": raw,
+                "deployments": [{"name": "ingress", "user_config": {"catalog": catalog}}],
+            }
+        ]
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    found = {p.path: p for p in validate_file(path)}
+    at = "applications[0].args."
+    assert sorted(found) == sorted(
+        [
+            *(f"{at}models[{i}].source" for i in (2, 5, 6, 7, 8, 9, 10)),
+            f"{at}models[4].build",
+            f"{at}model_sets[0].source",
+            "applications[0].deployments[0].user_config.catalog.models[0].source",
+        ]
+    )
+    assert found[f"{at}models[2].source"].message == f"no such file: {tmp_path / 'gone.onnx'}"
+    assert "cannot import module 'userpkgg'" in found[f"{at}models[5].source"].message
+    assert "has no predict_batch" in found[f"{at}models[6].source"].message
+    assert "not a class or factory" in found[f"{at}models[7].source"].message
+    assert "raised RuntimeError: needs a GPU driver" in found[f"{at}models[8].source"].message
+    assert "torch.nn.Module" in found[f"{at}models[9].source"].message
+    assert "no attribute 'nothing'" in found[f"{at}models[4].build"].message
+    assert "no file matches" in found[f"{at}model_sets[0].source"].message
+    assert validate_file(path, sources=False) == []
+    assert main(["validate", "--no-sources", str(path)]) == 0
+    assert main(["validate", str(path)]) == 1
+    assert "11 problem(s)" in capsys.readouterr().out
+
+
+def test_a_failed_deploy_is_told_in_one_line_from_serves_status_messages() -> None:
+    """raysrv's own start error where Serve's messages hold one, else the last line of the
+    last message (a build's traceback ends with its error)."""
+    from raysrv._deployments import STARTING
+
+    ours = f"{STARTING} 'text': LoadFailed: model 'embed' cannot be loaded: OSError: gone"
+    replica = (
+        "The deployment failed to start 3 times in a row. See controller logs.\n"
+        "Traceback (most recent call last):\n  File ...\n"
+        f"raysrv._deployments.StartFailed: {ours}\n"
+    )
+    assert cli.failure_line(["Deploying app 'text' failed.", replica]) == ours
+    build = "Traceback (most recent call last):\n  ...\nValueError: model 'm': source missing\n\n"
+    assert cli.failure_line([build, ""]) == "ValueError: model 'm': source missing"
+    assert cli.failure_line(["", ""]) == "no reason given"

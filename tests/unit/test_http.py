@@ -25,6 +25,7 @@ from raysrv._server import (
 )
 from raysrv.config import LiveConfig, RaysrvSpec
 from raysrv.errors import BadRequest, RaysrvError
+from raysrv.metrics import Metrics
 from raysrv.testing import EchoModel, LocalWorkers, fake_workers, model_spec, spec
 
 JSON = {"content-type": "application/json"}
@@ -843,6 +844,46 @@ def test_the_plan_view_shows_the_prediction_and_its_inputs() -> None:
         assert predicted["mean_batch_size"] == 1.0
         assert predicted["p99_ms"] == pytest.approx(plan["inputs"]["run_p99_ms"]["1"])
         assert unknown.status_code == 404
+
+    run(scenario())
+
+
+class _Plans(Metrics):
+    """The models whose predicted p99 was exported, in order."""
+
+    def __init__(self) -> None:
+        self.exported: list[str] = []
+
+    def plan(self, model: str, p99_ms: float) -> None:
+        self.exported.append(model)
+
+
+def test_the_plans_of_queried_models_are_exported_without_anyone_asking() -> None:
+    """Each round exports the models queried since their last export, at most ``limit``, the
+    one exported longest ago first; an idle model is not planned again, and one queried too
+    little for a prediction sets no gauge."""
+
+    async def queries(server: Server, model: str, n: int) -> None:
+        for i in range(n):
+            assert "output" in await server.predict_model(model, [i, 0, 0, 0])
+            await asyncio.sleep(0.001)
+
+    async def scenario() -> None:
+        metrics = _Plans()
+        server = Server(SPEC, {m: fake_workers(EchoModel()) for m in ("a", "b")}, metrics=metrics)
+        assert await server.export_plans() == []  # nothing queried yet
+        await queries(server, "a", 60)
+        await queries(server, "b", 60)
+        assert await server.export_plans(limit=1) == ["a"]
+        assert await server.export_plans(limit=1) == ["b"]  # a's turn came; then b's
+        assert await server.export_plans() == []  # neither queried since
+        await queries(server, "a", 1)
+        assert await server.export_plans() == ["a"]
+        assert metrics.exported == ["a", "b", "a"]
+        few = Server(SPEC, {m: fake_workers(EchoModel()) for m in ("a", "b")}, metrics=metrics)
+        await queries(few, "a", 3)
+        assert await few.export_plans() == ["a"]  # planned, but with too few arrivals to predict
+        assert metrics.exported == ["a", "b", "a"]
 
     run(scenario())
 

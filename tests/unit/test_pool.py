@@ -22,7 +22,7 @@ import raysrv._pool
 from bench.zoo import build_zoo, model_size
 from raysrv import batching
 from raysrv._pool import PROFILE_RUNS, Pool
-from raysrv._workers import Call, ColocatedWorkers, PoolWorker, Report
+from raysrv._workers import Call, ColocatedWorkers, LoadFailed, PoolWorker, Report
 from raysrv.batching.actions import LATE_START
 from raysrv.config import ModelSpec, PoolSpec, resolve_pools
 from raysrv.errors import ModelFailed, NotFound, Overloaded, Rejected
@@ -635,6 +635,29 @@ class _Opener(EchoModel):
 def _worker_spec(name: str, source: str) -> dict[str, Any]:
     spec = model_spec(name, pool="shared", source=source, weights_mb=1)
     return ModelSpec.model_validate(spec).model_dump(mode="json")
+
+
+def test_a_worker_whose_dedicated_model_cannot_load_says_why_when_asked_if_ready() -> None:
+    """It stays up rather than fail as it starts, which Ray would answer by starting it again
+    and again on the same failure; ``ready`` raises one line naming the model and the cause,
+    the line the ingress's failed start then carries (``cause_line``), also from inside the
+    error Ray wraps a remote call's in."""
+    from raysrv._deployments import cause_line
+
+    good = _worker_spec("good", "raysrv.testing:EchoModel")
+    bad = _worker_spec("bad", "raysrv.testing:UnloadableModel")
+    with pytest.raises(LoadFailed) as raised:
+        PoolWorker(None, [good, bad]).ready()
+    said = "model 'bad' cannot be loaded: OSError: weights.bin: truncated\nat byte 512"
+    assert str(raised.value) == said
+    line = "LoadFailed: model 'bad' cannot be loaded: OSError: weights.bin: truncated at byte 512"
+    assert cause_line(raised.value) == line
+
+    class RemoteError(Exception):  # as Ray raises it: a traceback, the error as ``cause``
+        cause = raised.value
+
+    assert cause_line(RemoteError("Traceback (most recent call last):\n  ...")) == line
+    assert PoolWorker(None, [good]).ready()["models"] == {"good": 1 << 20}
 
 
 def test_a_worker_loads_one_model_while_it_runs_a_batch_of_another() -> None:
