@@ -21,6 +21,14 @@
   each app is running; an app that fails to deploy (a model that cannot load, say) ends the
   run with exit status 1 after one line that says why, where plain ``serve run`` would keep
   running.
+* ``raysrv deploy config.yaml [serve deploy options]``: check the file, then ``serve deploy``
+  it to a running Ray cluster (one started by ``ray start --head`` with :data:`FAST_PATH` in
+  its environment, for a server that outlives the shell), its relative model paths read from
+  beside the file as for ``raysrv run``, and with Ray's token where this machine keeps one
+  (``RAY_AUTH_MODE=token``). Deploying again with only the ingress's ``user_config``
+  changed applies the live knobs without a restart. ``raysrv run`` refuses to start where
+  something already answers on the file's HTTP address: HAProxy would share the port with
+  it, and answers would come from either server.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import argparse
 import copy
 import os
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -132,27 +141,82 @@ def rooted(doc: dict[str, Any], root: Path) -> dict[str, Any]:
     return out
 
 
+def _rooted_copy(config: str) -> tuple[Path, dict[str, Any]]:
+    """A copy of the file ``config`` (in a temporary directory, kept for Serve) whose raysrv
+    applications read relative model paths from beside the file, and what it holds."""
+    path = Path(config).resolve()
+    doc = rooted(yaml.safe_load(path.read_text()), path.parent)
+    served = Path(tempfile.mkdtemp(prefix="raysrv-")) / path.name
+    served.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return served, doc
+
+
+def _serve(args: Sequence[str]) -> int:
+    """Serve's own command line, run in this process: its exit status."""
+    from ray.serve.scripts import cli
+
+    try:
+        cli.main(args=list(args), prog_name="serve")
+    except SystemExit as exc:
+        code = exc.code
+        return code if isinstance(code, int) else 0 if code is None else 1
+    return 0
+
+
 def _run(config: str, serve_proxy: bool, rest: Sequence[str]) -> int:
     os.environ.update(serve_environment(os.environ, serve_proxy))  # before Ray is imported
     if _validate([config]):
         return 1
-    path = Path(config).resolve()
-    doc = rooted(yaml.safe_load(path.read_text()), path.parent)
-    served = Path(tempfile.mkdtemp(prefix="raysrv-run-")) / path.name  # kept for serve run
-    served.write_text(yaml.safe_dump(doc, sort_keys=False))
+    served, doc = _rooted_copy(config)
+    taken = _answering(doc.get("http_options") or {})
+    if taken is not None:
+        print(
+            f"raysrv run: something already answers on {taken} (another raysrv or Serve?). "
+            "A second one would share the port with it, and answers would come from either. "
+            f"Stop it first, or change the one running with `raysrv deploy {config}`."
+        )
+        return 1
     apps = [app["name"] for app in doc.get("applications") or [] if app.get("name")]
     failed, done = threading.Event(), threading.Event()
     threading.Thread(target=_watch, args=(apps, failed, done), daemon=True).start()
-    from ray.serve.scripts import cli
-
     try:
-        cli.main(args=["run", str(served), *rest], prog_name="serve")
-        code: Any = 0
-    except SystemExit as exc:
-        code = exc.code
+        code = _serve(["run", str(served), *rest])
     finally:
         done.set()
-    return 1 if failed.is_set() else code if isinstance(code, int) else 0 if code is None else 1
+    return 1 if failed.is_set() else code
+
+
+def _answering(http_options: Mapping[str, Any]) -> str | None:
+    """``host:port`` of the config's HTTP address (Serve's defaults where it gives none) if
+    something accepts connections there now, else None."""
+    host = str(http_options.get("host") or "127.0.0.1")
+    port = int(http_options.get("port") or 8000)
+    reach = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    try:
+        with socket.create_connection((reach, port), timeout=1.0):
+            return f"{host}:{port}"
+    except OSError:
+        return None
+
+
+def _deploy(config: str, rest: Sequence[str]) -> int:
+    """``serve deploy`` of the file to a running Ray cluster, checked and rooted as for
+    ``raysrv run``, presenting the cluster's token where Ray keeps one on this machine."""
+    if "RAY_AUTH_MODE" not in os.environ and _token_here():  # read as Ray is imported
+        os.environ["RAY_AUTH_MODE"] = "token"
+    if _validate([config]):
+        return 1
+    served, _ = _rooted_copy(config)
+    return _serve(["deploy", str(served), *rest])
+
+
+def _token_here() -> bool:
+    """Whether Ray's token for clusters started on this machine is at hand: in
+    ``RAY_AUTH_TOKEN``, at ``RAY_AUTH_TOKEN_PATH``, or in ``~/.ray/auth_token``."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return True
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or "~/.ray/auth_token"
+    return Path(path).expanduser().is_file()
 
 
 def _watch(
@@ -228,9 +292,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="keep Serve's Python proxy and threading (what plain `serve run` does)",
     )
+    deploy = commands.add_parser(
+        "deploy",
+        help="Check a Serve config file, then `serve deploy` it to a running Ray cluster.",
+        description="Any option after the file goes to `serve deploy` as it is (--address).",
+    )
+    deploy.add_argument("config", help="Serve config YAML file.")
     args, rest = parser.parse_known_args(argv)
     if args.command == "run":
         return _run(args.config, args.serve_proxy, rest)
+    if args.command == "deploy":
+        return _deploy(args.config, rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "validate":

@@ -141,18 +141,19 @@ def _check_sources(
 
 
 def _model_sources(prefix: str, model: ModelSpec, base: Path) -> list[Problem]:
-    problems = []
-    if model.build is not None:
-        problem = _importable(prefix + ".build", model.build, "a build hook")
-        problems += [problem] if problem else []
+    """The model's code imports, or its file exists, or its ``build`` hook, which a deploy
+    calls only for a missing file, imports."""
     if model.runtime == "python" or (model.runtime == "torch" and is_import_path(model.source)):
         problem = _importable(prefix + ".source", model.source, _WANTED[model.runtime])
-        return problems + ([problem] if problem else [])
+        return [problem] if problem else []
     path = Path(model.source).expanduser()
     path = path if path.is_absolute() else base / path
-    if not path.is_file() and model.build is None:
-        problems.append(Problem(prefix + ".source", f"no such file: {path}", model.source))
-    return problems
+    if path.is_file():
+        return []
+    if model.build is None:
+        return [Problem(prefix + ".source", f"no such file: {path}", model.source)]
+    problem = _importable(prefix + ".build", model.build, "a build hook")
+    return [problem] if problem else []
 
 
 _WANTED = {

@@ -17,13 +17,13 @@ import httpx
 from raysrv.cli import FAST_PATH
 from tests.conftest import haproxy_ports
 
-__all__ = ["finished", "served"]
+__all__ = ["environment", "finished", "served", "stop"]
 
 ROOT = Path(__file__).parents[2]
 STOP_S = 180  # the longest a `serve run` is given to shut down its Ray
 
 
-def _environment() -> dict[str, str]:
+def environment() -> dict[str, str]:
     """This process's environment without an address or the fast path's variables, and with
     HAProxy's ports of this test session."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", *FAST_PATH)}
@@ -34,13 +34,13 @@ def finished(argv: Sequence[str], timeout_s: float) -> tuple[int, str]:
     """The exit status and output (stdout and stderr together) of ``argv``, a command that
     should end by itself within ``timeout_s``; whatever it left running is cleared."""
     proc = subprocess.Popen(
-        list(argv), cwd=ROOT, env=_environment(), stdout=subprocess.PIPE,
+        list(argv), cwd=ROOT, env=environment(), stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     try:
         out, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        _stop(proc)
+        stop(proc)
         raise
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
@@ -55,7 +55,7 @@ def served(argv: Sequence[str], port: int) -> Iterator[str]:
     log_path = Path(argv[-1]).parent / "serve.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            list(argv), cwd=ROOT, env=_environment(), stdout=log, stderr=subprocess.STDOUT,
+            list(argv), cwd=ROOT, env=environment(), stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
         url = f"http://127.0.0.1:{port}"
@@ -63,7 +63,7 @@ def served(argv: Sequence[str], port: int) -> Iterator[str]:
             _wait_healthy(url, proc, log_path)
             yield url
         finally:
-            _stop(proc)
+            stop(proc)
 
 
 def _wait_healthy(
@@ -84,7 +84,7 @@ def _wait_healthy(
     raise TimeoutError(f"no healthy server after {timeout_s} s:\n{log.read_text()[-4000:]}")
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def stop(proc: subprocess.Popen[bytes]) -> None:
     """Ctrl-C for `serve run` (it shuts down the Ray it started, HAProxy included: about 30 s
     here when idle), then clear its process group: killed sooner, Ray leaves its HAProxy
     running."""

@@ -594,7 +594,7 @@ def test_validate_finds_missing_files_and_import_paths_that_do_not_import(
     raw["model_sets"] = [
         {"name": "empty", "source": "setmodels/*.onnx", "template": {**onnx, "pool": "p"}}
     ]
-    raw["pools"] = [{"name": "p", "workers": 1}]
+    raw["pools"] = [{"name": "p", "workers": 1, "memory_mb": 64}]
     raw["apps"] = [{"name": "a", "models": ["ok-file"]}]
     catalog = {"models": [model_spec("live", source="live.onnx", pool="p", **onnx)]}
     doc = {
@@ -630,7 +630,7 @@ def test_validate_finds_missing_files_and_import_paths_that_do_not_import(
     assert validate_file(path, sources=False) == []
     assert main(["validate", "--no-sources", str(path)]) == 0
     assert main(["validate", str(path)]) == 1
-    assert "11 problem(s)" in capsys.readouterr().out
+    assert "10 problem(s)" in capsys.readouterr().out
 
 
 def test_a_failed_deploy_is_told_in_one_line_from_serves_status_messages() -> None:
@@ -648,3 +648,32 @@ def test_a_failed_deploy_is_told_in_one_line_from_serves_status_messages() -> No
     build = "Traceback (most recent call last):\n  ...\nValueError: model 'm': source missing\n\n"
     assert cli.failure_line([build, ""]) == "ValueError: model 'm': source missing"
     assert cli.failure_line(["", ""]) == "no reason given"
+
+
+def test_raysrv_run_sees_a_server_already_on_its_address(tmp_path: Path) -> None:
+    """What answers on the config's HTTP address (any interface read as this machine's), and
+    nothing where nothing listens; Serve's defaults where the config gives none."""
+    import socket
+
+    from tests.conftest import free_port
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        assert cli._answering({"host": "127.0.0.1", "port": port}) == f"127.0.0.1:{port}"
+        assert cli._answering({"host": "0.0.0.0", "port": port}) == f"0.0.0.0:{port}"
+    assert cli._answering({"port": free_port()}) is None
+
+
+def test_raysrv_deploy_presents_rays_token_where_this_machine_keeps_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "token"))
+    assert not cli._token_here()
+    (tmp_path / "token").write_text("secret")
+    assert cli._token_here()
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "none"))
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "secret")
+    assert cli._token_here()
