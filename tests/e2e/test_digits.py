@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ import yaml
 from examples.digits import build as digits
 from tests.conftest import free_port
 from tests.e2e.serving import served
+from tests.readme import blocks
 
 ROOT = Path(__file__).parents[2]
 CONFIG = ROOT / "examples" / "digits" / "config.yaml"
@@ -170,3 +172,23 @@ def test_feedback_is_stored_in_redis_and_docs_are_served(server: str, redis_url:
     assert apps[0]["models"] == list(digits.MODEL_NAMES)
     schema = httpx.get(f"{server}/openapi.json", timeout=10).json()
     assert "/v1/{app}/predict" in schema["paths"]
+
+
+def test_the_readmes_quickstart_queries_answer_as_it_shows(server: str) -> None:
+    """The README's quickstart shell block, run as written but for the port: a prediction,
+    then feedback that names the answer's own query id."""
+    _, block = blocks("## Quickstart", "bash")
+    script = block.replace("localhost:8000", server.removeprefix("http://"))
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script], capture_output=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    answer, feedback = (json.loads(line) for line in done.stdout.decode().splitlines())
+    assert answer["output"]["label"] == 0  # the README's digit is a 0
+    assert answer["models"][0] in digits.MODEL_NAMES
+    assert feedback == {
+        "query_id": answer["query_id"],
+        "app": "digits",
+        "accepted": True,
+        "relabelled": False,
+    }

@@ -1,13 +1,19 @@
-"""A long-lived server, run as the README says: `ray start --head` with the fast path's
-variables, `raysrv deploy` of the digits example, answers over HTTP and to a Python caller in
-another process that names the cluster's address and presents Ray's token, a live knob
-applied by deploying the file again (the ingress replica not restarted), and `raysrv run`
-refusing the port that the server holds."""
+"""A long-lived server, run with the README's commands ("A long-lived server", "Calling from
+Python", "Monitoring"): `ray start --head` with the fast path's variables, `raysrv deploy` of
+the digits example, answers over HTTP and to the README's Python caller in another process,
+raysrv's metrics on the node's metrics port, a live knob applied by deploying the file again
+(the ingress replica not restarted), and `raysrv run` refusing the port that the server holds.
+Each command is the README's, with this test's ports, address and copy of the file; the head
+is stopped as Ctrl-C stops `ray start --block`, not by `ray stop`, which would stop every Ray
+of the machine, this test session's own included."""
 
 from __future__ import annotations
 
+import contextlib
+import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,31 +25,38 @@ import yaml
 from raysrv.cli import FAST_PATH
 from tests.conftest import free_port
 from tests.e2e.serving import ROOT, environment, finished, stop
+from tests.readme import blocks
 
 CONFIG = ROOT / "examples" / "digits" / "config.yaml"
 START_S = 120  # Ray's head node, then the app's deploy
+METRICS_S = 60  # Ray exports metrics every few seconds
 BIN = Path(sys.executable).parent
+(SERVER,) = blocks("### A long-lived server", "bash")
+(CALLER,) = blocks("### Calling from Python", "python")
+(METRICS,) = blocks("### Monitoring", "bash")
 
-CALLER = """
-import ray
-from ray import serve
 
-ray.init(address="{address}")
-digits = serve.get_app_handle("digits")
-answer = digits.predict.remote("digits", [0.0] * 64).result()
-print(answer["models"], answer["output"]["label"])
-"""
+def _line(block: str, starts: str) -> list[str]:
+    """The words of the block's line that starts with ``starts``, without its comment."""
+    (line,) = [line for line in block.splitlines() if line.startswith(starts)]
+    return shlex.split(line, comments=True)
+
+
+def test_the_readme_runs_the_server_with_the_fast_paths_variables() -> None:
+    words = _line(SERVER, "export ")
+    assert dict(word.split("=", 1) for word in words[1:]) == FAST_PATH
 
 
 @pytest.fixture
-def head(tmp_path: Path) -> Iterator[tuple[str, str]]:
-    """A Ray head node of its own (`ray start --head --block`), with the fast path's
-    variables: its address and its dashboard's."""
-    gcs, dashboard = free_port(), free_port()
-    argv = [
-        str(BIN / "ray"), "start", "--head", "--block", f"--port={gcs}",
-        f"--dashboard-port={dashboard}", "--disable-usage-stats",
-    ]  # fmt: skip
+def head(tmp_path: Path) -> Iterator[tuple[str, str, int]]:
+    """A Ray head node of its own, started by the README's `ray start` line (`--block` added,
+    its ports free ones), with the fast path's variables: its address, its dashboard's and its
+    metrics port."""
+    gcs, dashboard, metrics = free_port(), free_port(), free_port()
+    argv = _line(SERVER, "ray start ")
+    argv = [word.replace("8080", str(metrics)) for word in argv]
+    argv = [str(BIN / argv[0]), *argv[1:], "--block", f"--port={gcs}"]
+    argv += [f"--dashboard-port={dashboard}", "--disable-usage-stats"]
     with (tmp_path / "ray.log").open("wb") as log:
         proc = subprocess.Popen(
             argv, cwd=ROOT, env=environment() | FAST_PATH, stdout=log,
@@ -51,9 +64,19 @@ def head(tmp_path: Path) -> Iterator[tuple[str, str]]:
         )  # fmt: skip
         try:
             _wait_until(lambda: _answers(f"http://127.0.0.1:{dashboard}/api/version"), proc)
-            yield f"127.0.0.1:{gcs}", f"http://127.0.0.1:{dashboard}"
+            yield f"127.0.0.1:{gcs}", f"http://127.0.0.1:{dashboard}", metrics
         finally:
             stop(proc)
+            _forget(gcs)
+
+
+def _forget(gcs: int) -> None:
+    """Take the stopped head out of the file where Ray notes the machine's running cluster
+    (`ray stop` would): left there, a later `serve run` would try to join the dead head."""
+    noted = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
+    with contextlib.suppress(FileNotFoundError):
+        if noted.read_text().strip().endswith(f":{gcs}"):
+            noted.unlink()
 
 
 def _wait_until(ready: object, proc: subprocess.Popen[bytes]) -> None:
@@ -76,7 +99,10 @@ def _answers(url: str) -> bool:
 
 
 def _deploy(path: Path, dashboard: str) -> None:
-    code, out = finished([str(BIN / "raysrv"), "deploy", str(path), "--address", dashboard], 120)
+    """The README's `raysrv deploy` line, on ``path``, to the dashboard at ``dashboard``."""
+    argv = _line(SERVER, "raysrv deploy ")
+    argv = [str(BIN / argv[0]), *argv[1:-1], str(path), "--address", dashboard]
+    code, out = finished(argv, 120)
     assert code == 0, out[-4000:]
 
 
@@ -93,9 +119,9 @@ def _ingress_pids() -> set[int]:
 
 
 def test_a_long_lived_server_deployed_called_and_changed_live(
-    head: tuple[str, str], tmp_path: Path
+    head: tuple[str, str, int], tmp_path: Path
 ) -> None:
-    address, dashboard = head
+    address, dashboard, metrics = head
     config = yaml.safe_load(CONFIG.read_text())
     port = free_port()
     config["http_options"]["port"] = port
@@ -111,18 +137,28 @@ def test_a_long_lived_server_deployed_called_and_changed_live(
     body = {"input": [0.0] * 64}
     assert httpx.post(f"{url}/v1/digits/predict", json=body, timeout=30).status_code == 200
 
+    assert CALLER.startswith("# RAY_AUTH_MODE=token python caller.py\n")
     caller = tmp_path / "caller.py"
-    caller.write_text(CALLER.format(address=address))
-    env = {k: v for k, v in environment().items() if k not in FAST_PATH} | {
-        "RAY_AUTH_MODE": "token"
-    }
+    caller.write_text(CALLER.replace("192.0.2.2:6379", address))
+    env = {k: v for k, v in environment().items() if k not in FAST_PATH}
     done = subprocess.run(
-        [sys.executable, str(caller)], cwd=tmp_path, env=env, capture_output=True, timeout=120
-    )
+        [sys.executable, str(caller)], cwd=tmp_path, env=env | {"RAY_AUTH_MODE": "token"},
+        capture_output=True, timeout=120,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr.decode()[-4000:]
     models, label = done.stdout.decode().strip().splitlines()[-1].rsplit(" ", 1)
     assert int(label) in range(10)
     assert any(name in models for name in ("logreg", "mlp", "cnn"))  # split picks one
+
+    scrape = METRICS.replace("localhost:8080", f"localhost:{metrics}")
+    deadline = time.monotonic() + METRICS_S
+    while time.monotonic() < deadline:
+        shown = subprocess.run(["bash", "-o", "pipefail", "-c", scrape], capture_output=True)
+        if shown.returncode == 0:
+            break
+        time.sleep(2)
+    assert shown.returncode == 0, "no ray_raysrv_requests_total on the metrics port"
+    assert 'app="digits"' in shown.stdout.decode()
 
     before = _ingress_pids()
     assert len(before) == 1

@@ -1,6 +1,6 @@
-"""The partitioned example through `serve run`, over real HTTP: a model of 17.5 MiB whose shards
-may hold 8 MiB each (its worker holds only its own shards, the others run on shard actors)
-answers as the whole model does, on the digits test split."""
+"""The partitioned example through `raysrv run`, as the README serves it, over real HTTP: a
+model of 17.5 MiB whose shards may hold 8 MiB each (its worker holds only its own shards, the
+others run on shard actors) answers as the whole model does, on the digits test split."""
 
 from __future__ import annotations
 
@@ -31,12 +31,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     config["http_options"]["port"] = port
     path = tmp_path_factory.mktemp("e2e-partitioned") / "config.yaml"
-    config["applications"][0]["args"]["root"] = str(path.parent)
     path.write_text(yaml.safe_dump(config))
     models = CONFIG.parent / "models"  # built here on the first start, kept for the next
     models.mkdir(exist_ok=True)
     (path.parent / "models").symlink_to(models, target_is_directory=True)
-    with served([str(Path(sys.executable).with_name("serve")), "run", str(path)], port) as url:
+    with served([str(Path(sys.executable).with_name("raysrv")), "run", str(path)], port) as url:
         yield url
 
 
