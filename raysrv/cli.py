@@ -21,6 +21,8 @@
   each app is running; an app that fails to deploy (a model that cannot load, say) ends the
   run with exit status 1 after one line that says why, where plain ``serve run`` would keep
   running.
+* ``raysrv dashboard``: print raysrv's Grafana dashboard (:mod:`raysrv.dashboard`) as JSON;
+  ``raysrv dashboard push --url URL --token TOKEN``: create or replace it on a Grafana server.
 * ``raysrv deploy config.yaml [serve deploy options]``: check the file, then ``serve deploy``
   it to a running Ray cluster (one started by ``ray start --head`` with :data:`FAST_PATH` in
   its environment, for a server that outlives the shell), its relative model paths read from
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import signal
 import socket
@@ -121,6 +124,20 @@ def _plan(config: str) -> int:
             )
     if not found:
         print(f"{config}: no model declares partition")
+    return 0
+
+
+def _dashboard(action: str | None, url: str | None, token: str | None, folder: str | None) -> int:
+    from raysrv import dashboard
+
+    if action is None:
+        print(json.dumps(dashboard.dashboard(), indent=2))
+        return 0
+    if not url or not token:
+        print("raysrv dashboard push: give --url and --token (or GRAFANA_TOKEN)")
+        return 2
+    answer = dashboard.push(url, token, folder)
+    print(f"raysrv dashboard: {answer.get('status', 'pushed')} at {url}{answer.get('url', '')}")
     return 0
 
 
@@ -298,6 +315,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Any option after the file goes to `serve deploy` as it is (--address).",
     )
     deploy.add_argument("config", help="Serve config YAML file.")
+    board = commands.add_parser(
+        "dashboard",
+        help="Print raysrv's Grafana dashboard as JSON, or push it to a Grafana server.",
+    )
+    board.add_argument("action", nargs="?", choices=["push"], help="push it to --url")
+    board.add_argument("--url", help="the Grafana server, e.g. http://localhost:3000")
+    board.add_argument(
+        "--token",
+        default=os.environ.get("GRAFANA_TOKEN"),
+        help="a Grafana service account token (default: $GRAFANA_TOKEN)",
+    )
+    board.add_argument("--folder-uid", help="the Grafana folder to put it in")
     args, rest = parser.parse_known_args(argv)
     if args.command == "run":
         return _run(args.config, args.serve_proxy, rest)
@@ -309,6 +338,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _validate(args.files, args.sources)
     if args.command == "plan":
         return _plan(args.config)
+    if args.command == "dashboard":
+        return _dashboard(args.action, args.url, args.token, args.folder_uid)
     parser.error(f"unknown command {args.command}")  # pragma: no cover - argparse exits first
     return 2
 

@@ -38,7 +38,8 @@ def ray_cluster() -> Iterator[RayCluster]:
     os.environ.pop(SEPARATE_LOOP, None)
     ray.init(
         num_cpus=4,
-        include_dashboard=False,
+        include_dashboard=True,  # it keeps the metrics' service-discovery file
+        dashboard_port=free_port(),
         namespace="serve",
         _metrics_export_port=metrics_port,
         logging_level="warning",

@@ -33,12 +33,20 @@ RUN_BY: dict[str, tuple[str, str] | None] = {
     "raysrv deploy examples/digits/config.yaml": (LONG_LIVED, "def _deploy("),
     "ray stop": None,
     "curl -s localhost:8080/metrics | grep '^ray_raysrv_requests_total'": (LONG_LIVED, "METRICS"),
+    "prometheus --config.file=clusters/monitoring/prometheus.yml": (
+        "tests/integration/test_monitoring.py",
+        'SHIPPED = ROOT / "clusters" / "monitoring" / "prometheus.yml"',
+    ),
+    "raysrv dashboard push --url http://localhost:3000": (
+        "tests/unit/test_dashboard.py",
+        'main(["dashboard", "push", "--url", url, "--token"',
+    ),
     "raysrv run examples/text/config.yaml": ("tests/e2e/test_text.py", '"raysrv")), "run"'),
     "raysrv run examples/partitioned/config.yaml": (
         "tests/e2e/test_partitioned.py",
         '"raysrv")), "run"',
     ),
-    "apt-get install redis-server": (".ci/run", "apt-get install -y -qq redis-server"),
+    "apt-get install redis-server": (".ci/run", "missing+=(redis-server)"),
 }
 
 
