@@ -23,10 +23,11 @@ from urllib.parse import parse_qsl
 import numpy as np
 import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from raysrv._docs import docs_page
 from raysrv._model_spec import NUMERIC
 from raysrv._oip import HEADER as INFER_HEADER
 from raysrv._oip import add_oip_routes
@@ -671,13 +672,26 @@ async def _send_json(send: Any, status: int, payload: Any) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def _add_docs(api: FastAPI) -> None:
+    @api.get("/docs", include_in_schema=False)
+    async def _docs() -> HTMLResponse:
+        return HTMLResponse(docs_page(api.openapi()))
+
+
 def create_http_app(
     server: Server, max_body_bytes: int, metrics: Metrics | None = None
 ) -> PredictRoutes:
     """The REST API of ``server``; see the OpenAPI schema at ``/openapi.json``."""
     metrics = metrics or Metrics()
     keys = Keys(server.spec.ingress.api_keys)
-    api = FastAPI(title="raysrv", version="1", description="Model serving with adaptive batching.")
+    api = FastAPI(
+        title="raysrv",
+        version="1",
+        description="Model serving with adaptive batching.",
+        docs_url=None,  # FastAPI's page loads from a CDN: /docs is raysrv's own (_docs)
+        redoc_url=None,
+    )
+    _add_docs(api)
 
     @api.exception_handler(RaysrvError)
     async def _raysrv_error(request: Request, exc: RaysrvError) -> JSONResponse:

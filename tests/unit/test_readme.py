@@ -47,6 +47,7 @@ RUN_BY: dict[str, tuple[str, str] | None] = {
         '"raysrv")), "run"',
     ),
     "apt-get install redis-server": (".ci/run", "missing+=(redis-server)"),
+    "apt-get install prometheus": (".ci/run", "missing+=(prometheus)"),
 }
 
 
