@@ -137,6 +137,11 @@ class ResourcesSpec(_Strict):
     num_cpus: float = Field(1.0, ge=0.0, description="Logical CPUs reserved per replica.")
     num_gpus: float = Field(0.0, ge=0.0, description="GPUs reserved per replica.")
     memory_mb: int | None = Field(None, gt=0, description="Memory reserved per replica, in MiB.")
+    custom: dict[str, float] = Field(
+        default_factory=dict,
+        description="Ray custom resources reserved per replica, e.g. {fast-disk: 1}: it runs "
+        "only on a node that offers them (`ray start --resources`).",
+    )
     threads: int = Field(1, ge=1, le=256, description="Intra-op threads of the runtime.")
     niceness: int = Field(
         0,
@@ -153,6 +158,19 @@ class ResourcesSpec(_Strict):
         description="The same for a worker's LOADs and UNLOADs, so that they yield the CPU to "
         "batches.",
     )
+
+    @field_validator("custom")
+    @classmethod
+    def _custom_resources(cls, custom: dict[str, float]) -> dict[str, float]:
+        builtin = sorted(set(custom) & {"CPU", "GPU", "memory", "object_store_memory"})
+        if builtin:
+            raise ValueError(
+                f"custom names Ray's own resources {builtin}: use num_cpus, num_gpus, memory_mb"
+            )
+        negative = sorted(k for k, v in custom.items() if v <= 0)
+        if negative:
+            raise ValueError(f"custom resources must be more than 0: {negative}")
+        return custom
 
 
 class PartitionSpec(_Strict):

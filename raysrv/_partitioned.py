@@ -173,6 +173,7 @@ def group_bundles(spec: ModelSpec, plan: Plan) -> list[dict[str, float]]:
     leader = {"CPU": spec.resources.num_cpus}
     if spec.resources.memory_mb is not None:
         leader["memory"] = spec.resources.memory_mb * 1024 * 1024
+    leader.update(spec.resources.custom)
     return [leader] + [{"CPU": part.num_cpus}] * len(plan.worker_shards())
 
 

@@ -492,6 +492,8 @@ def _actor_options(pool: ResolvedPool, name: str) -> dict[str, Any]:
     }
     if pool.resources.memory_mb is not None:
         options["memory"] = pool.resources.memory_mb * 1024 * 1024
+    if pool.resources.custom:
+        options["resources"] = dict(pool.resources.custom)
     return options
 
 

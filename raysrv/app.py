@@ -62,9 +62,11 @@ def build_app(args: RaysrvSpec) -> Application:
     if ongoing == "auto":
         slo_ms = longest_slo_ms(spec.models, spec.apps)
         ongoing = auto_bound(spec.resolved_pools(), slo_ms)
+    per_node = spec.ingress.max_replicas_per_node
     return Ingress.options(
         name="ingress",
         num_replicas=spec.ingress.replicas,
+        **({} if per_node is None else {"max_replicas_per_node": per_node}),
         ray_actor_options=spec.ingress_resources(),
         max_ongoing_requests=ongoing,
         max_queued_requests=spec.ingress.max_queued_requests,

@@ -232,6 +232,12 @@ class IngressSpec(_Strict):
         description="Seconds the worker actors of an ingress replica that died wait for a new "
         "replica to take them over, models loaded, before they exit.",
     )
+    max_replicas_per_node: int | None = Field(
+        None,
+        ge=1,
+        description="At most this many ingress replicas on one node (Serve's own option): 1 "
+        "spreads them over the nodes, one a node.",
+    )
     max_queued_requests: int = Field(
         128,
         ge=-1,
@@ -414,6 +420,12 @@ class RaysrvSpec(_Strict):
             options["num_gpus"] = gpus
         if memory_mb := sum(p.workers * (p.resources.memory_mb or 0) for p in colocated):
             options["memory"] = memory_mb * MIB
+        custom: dict[str, float] = {}
+        for pool in colocated:
+            for name, amount in pool.resources.custom.items():
+                custom[name] = custom.get(name, 0.0) + pool.workers * amount
+        if custom:
+            options["resources"] = custom
         return options
 
 

@@ -1,7 +1,8 @@
 """``raysrv validate``: check a config file without starting Ray, reporting every problem.
 
 Accepts a Ray Serve config (``applications: [...]``) whose raysrv applications carry the spec in
-``args``, or a bare raysrv spec (``models:``, ``apps:``). Besides raysrv's own schema it checks
+``args``, a KubeRay RayService manifest that embeds one as ``spec.serveConfigV2``, or a bare
+raysrv spec (``models:``, ``apps:``). Besides raysrv's own schema it checks
 what Serve lets through silently: unknown keys at the top level, in an application and in a
 deployment override, deployment names that match nothing, and the ingress ``user_config``.
 Each problem names its field path and the offending value.
@@ -247,6 +248,8 @@ def validate_document(doc: Any, root: Path | None = None, sources: bool = True) 
     paths are read from ``root`` (the file's directory), else the working directory. Without
     ``sources``, model files and import paths are not looked for (a config written for
     another machine)."""
+    if isinstance(doc, dict) and doc.get("kind") == "RayService":
+        return _check_ray_service(doc, root, sources)
     if isinstance(doc, dict) and "applications" in doc:
         return _check_serve(doc, root, sources)
     if isinstance(doc, dict) and {"models", "model_sets", "apps", "pools"} & set(doc):
@@ -258,6 +261,20 @@ def validate_document(doc: Any, root: Path | None = None, sources: bool = True) 
             doc,
         )
     ]
+
+
+def _check_ray_service(doc: dict[str, Any], root: Path | None, sources: bool) -> list[Problem]:
+    """A KubeRay RayService manifest: the Serve config it embeds as ``spec.serveConfigV2``."""
+    at = "spec.serveConfigV2"
+    text = (doc.get("spec") or {}).get("serveConfigV2")
+    if not isinstance(text, str):
+        return [Problem(at, "a RayService needs its Serve config here, as a YAML string", text)]
+    try:
+        embedded = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        return [Problem(at, f"not valid YAML: {exc}", None)]
+    found = validate_document(embedded, root, sources)
+    return [Problem(f"{at}.{p.path}" if p.path else at, p.message, p.value) for p in found]
 
 
 def validate_file(path: str | Path, sources: bool = True) -> list[Problem]:

@@ -8,8 +8,9 @@ import contextlib
 import os
 import signal
 import subprocess
+import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -17,10 +18,11 @@ import httpx
 from raysrv.cli import FAST_PATH
 from tests.conftest import haproxy_ports
 
-__all__ = ["environment", "finished", "served", "stop"]
+__all__ = ["answers", "environment", "finished", "ray_node", "served", "stop"]
 
 ROOT = Path(__file__).parents[2]
 STOP_S = 180  # the longest a `serve run` is given to shut down its Ray
+NODE_S = 120  # the longest a `ray start` node is given to come up
 
 
 def environment() -> dict[str, str]:
@@ -95,3 +97,43 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def ray_node(
+    argv: Sequence[str], log_path: Path, ready: Callable[[], bool], gcs_port: int
+) -> Iterator[None]:
+    """A `ray start --block` node of a cluster of its own (``argv``), with the fast path's
+    variables and Ray's token presented; up once ``ready()``, stopped as Ctrl-C stops it,
+    then taken out of the file where Ray notes the machine's running cluster (`ray stop`
+    would): left there, a later `serve run` would try to join the dead head."""
+    env = environment() | FAST_PATH | {"RAY_AUTH_MODE": "token"}
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            list(argv), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + NODE_S
+            while not ready():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    said = log_path.read_text()[-4000:]
+                    raise RuntimeError(f"ray start did not come up:\n{said}")
+                time.sleep(1)
+            yield
+        finally:
+            stop(proc)
+            noted = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
+            with contextlib.suppress(FileNotFoundError):
+                if noted.read_text().strip().endswith(f":{gcs_port}"):
+                    noted.unlink()
+
+
+def answers(url: str) -> bool:
+    """Whether anything answers at ``url`` (Ray's dashboard asks for its token: a 401 is
+    up)."""
+    try:
+        httpx.get(url, timeout=2)
+    except httpx.HTTPError:
+        return False
+    return True

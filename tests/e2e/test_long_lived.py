@@ -9,11 +9,9 @@ of the machine, this test session's own included."""
 
 from __future__ import annotations
 
-import contextlib
 import shlex
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +22,7 @@ import yaml
 
 from raysrv.cli import FAST_PATH
 from tests.conftest import free_port
-from tests.e2e.serving import ROOT, environment, finished, stop
+from tests.e2e.serving import ROOT, answers, environment, finished, ray_node
 from tests.readme import blocks
 
 CONFIG = ROOT / "examples" / "digits" / "config.yaml"
@@ -57,45 +55,9 @@ def head(tmp_path: Path) -> Iterator[tuple[str, str, int]]:
     argv = [word.replace("8080", str(metrics)) for word in argv]
     argv = [str(BIN / argv[0]), *argv[1:], "--block", f"--port={gcs}"]
     argv += [f"--dashboard-port={dashboard}", "--disable-usage-stats"]
-    with (tmp_path / "ray.log").open("wb") as log:
-        proc = subprocess.Popen(
-            argv, cwd=ROOT, env=environment() | FAST_PATH, stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-        try:
-            _wait_until(lambda: _answers(f"http://127.0.0.1:{dashboard}/api/version"), proc)
-            yield f"127.0.0.1:{gcs}", f"http://127.0.0.1:{dashboard}", metrics
-        finally:
-            stop(proc)
-            _forget(gcs)
-
-
-def _forget(gcs: int) -> None:
-    """Take the stopped head out of the file where Ray notes the machine's running cluster
-    (`ray stop` would): left there, a later `serve run` would try to join the dead head."""
-    noted = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
-    with contextlib.suppress(FileNotFoundError):
-        if noted.read_text().strip().endswith(f":{gcs}"):
-            noted.unlink()
-
-
-def _wait_until(ready: object, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + START_S
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "ray start ended"
-        if ready():  # type: ignore[operator]
-            return
-        time.sleep(1)
-    raise TimeoutError("ray start --head did not come up")
-
-
-def _answers(url: str) -> bool:
-    """Whether anything answers at ``url`` (the dashboard asks for Ray's token: a 401 is up)."""
-    try:
-        httpx.get(url, timeout=2)
-    except httpx.HTTPError:
-        return False
-    return True
+    url = f"http://127.0.0.1:{dashboard}"
+    with ray_node(argv, tmp_path / "ray.log", lambda: answers(f"{url}/api/version"), gcs):
+        yield f"127.0.0.1:{gcs}", url, metrics
 
 
 def _deploy(path: Path, dashboard: str) -> None:
