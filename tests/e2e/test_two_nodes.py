@@ -90,7 +90,9 @@ def test_workers_go_where_the_config_puts_them_and_each_nodes_ingress_answers(
     pids: dict[str, set[int]] = defaultdict(set)
     sent, deadline = 0, time.monotonic() + DEPLOY_S
     while any(len(pids[app]) < 2 for app in APPS) and time.monotonic() < deadline:
-        for app in APPS:  # a connection a query: HAProxy picks a replica for each
+        # a connection a query, HAProxy picking a replica for each: three of one app in a
+        # row, or a round robin over two replicas would send each app to one replica alone
+        for app in (a for a in APPS for _ in range(3)):
             try:
                 answer = httpx.post(f"{url}/v1/{app}/predict", json={"input": [sent, 0, 0, 0]})
             except httpx.HTTPError:

@@ -65,7 +65,8 @@ def test_hostile_traffic_grows_the_ingress_by_less_than_its_store_budget(
             statuses[status] = statuses.get(status, 0) + 1
 
     with httpx.Client(timeout=60) as client:
-        feedbacks(100, client)  # the process at its steady state before the measure
+        feedbacks(100, client)  # the process at its steady state before the measure,
+        client.get(f"{base}/v1/models/echo/plan")  # the plan's modules imported, as exports do
         before = _rss(base)
         feedbacks(FEEDBACKS, client)
         for i in range(UNKNOWN):

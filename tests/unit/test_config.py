@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -389,6 +390,44 @@ def test_a_colocated_pools_workers_are_reserved_with_the_ingress() -> None:
     assert RaysrvSpec.model_validate(raw).ingress_resources() == {
         "num_cpus": parsed.ingress.num_cpus + 1.0
     }
+
+
+def test_custom_resources_go_with_the_workers_that_need_them() -> None:
+    """A model's custom resources are asked for by each of its worker actors, by its
+    partitioned leader's bundle, and, where its workers are colocated, by the ingress for
+    each of them; Ray's own resources and amounts of 0 are refused, naming them."""
+    from raysrv._partitioned import group_bundles
+    from raysrv._workers import _actor_options
+
+    raw = _pooled()
+    raw["models"][1].update(resources={"num_cpus": 0.5, "custom": {"node-b": 0.1}}, replicas=2)
+    parsed = RaysrvSpec.model_validate(raw)
+    (pool,) = [p for p in parsed.resolved_pools() if p.name == "b"]
+    assert _actor_options(pool, "w")["resources"] == {"node-b": 0.1}
+    assert "resources" not in _actor_options(parsed.resolved_pools()[0], "w")
+    assert "resources" not in parsed.ingress_resources()
+    raw["models"][1].update(placement="colocated")
+    assert RaysrvSpec.model_validate(raw).ingress_resources()["resources"] == {"node-b": 0.2}
+    model = ModelSpec.model_validate(
+        model_spec(
+            "p",
+            runtime="onnx",
+            source="m.onnx",
+            resources={"num_cpus": 1, "custom": {"node-b": 0.5}},
+            partition={"memory_limit_mb": 8},
+        )
+    )
+
+    class TwoShards:  # what group_bundles reads of a plan
+        def worker_shards(self) -> list[int]:
+            return [0, 1]
+
+    leader, *shards = group_bundles(model, TwoShards())  # type: ignore[arg-type]
+    assert leader == {"CPU": 1.0, "node-b": 0.5}
+    assert shards == [{"CPU": 0.5}, {"CPU": 0.5}]  # shard workers go wherever they fit
+    for custom, fragment in (({"CPU": 1}, "Ray's own resources ['CPU']"), ({"x": 0}, "['x']")):
+        with pytest.raises(ValidationError, match=re.escape(fragment)):
+            ModelSpec.model_validate(model_spec("m", resources={"custom": custom}))
 
 
 @pytest.mark.parametrize(
