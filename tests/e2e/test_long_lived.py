@@ -31,7 +31,7 @@ METRICS_S = 60  # Ray exports metrics every few seconds
 BIN = Path(sys.executable).parent
 (SERVER,) = blocks("### A long-lived server", "bash")
 (CALLER,) = blocks("### Calling from Python", "python")
-(METRICS,) = blocks("### Monitoring", "bash")
+(METRICS,) = [b for b in blocks("### Monitoring", "bash") if b.startswith("curl ")]
 
 
 def _line(block: str, starts: str) -> list[str]:
