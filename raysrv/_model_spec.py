@@ -167,9 +167,9 @@ class ResourcesSpec(_Strict):
             raise ValueError(
                 f"custom names Ray's own resources {builtin}: use num_cpus, num_gpus, memory_mb"
             )
-        negative = sorted(k for k, v in custom.items() if v <= 0)
-        if negative:
-            raise ValueError(f"custom resources must be more than 0: {negative}")
+        empty = sorted(k for k, v in custom.items() if v <= 0)
+        if empty:
+            raise ValueError(f"custom resources must be more than 0: {empty}")
         return custom
 
 

@@ -1124,7 +1124,7 @@ class Server:
         :meth:`plan` sets too) of at most ``limit`` models queried since their last export,
         those exported longest ago first, one after another off the loop; the models
         exported. The ingress calls it every ``ingress.plan_export_s``: the gauge is there
-        without anyone asking for a plan, and a thousand idle models cost nothing."""
+        without anyone asking for a plan, and idle models cost no plan."""
         self._export_round += 1
         due = []
         for name in list(self._models):

@@ -145,7 +145,8 @@ def _model_sources(prefix: str, model: ModelSpec, base: Path) -> list[Problem]:
     """The model's code imports, or its file exists, or its ``build`` hook, which a deploy
     calls only for a missing file, imports."""
     if model.runtime == "python" or (model.runtime == "torch" and is_import_path(model.source)):
-        problem = _importable(prefix + ".source", model.source, _WANTED[model.runtime])
+        predicts = model.runtime == "python"
+        problem = _importable(prefix + ".source", model.source, predicts)
         return [problem] if problem else []
     path = Path(model.source).expanduser()
     path = path if path.is_absolute() else base / path
@@ -153,19 +154,13 @@ def _model_sources(prefix: str, model: ModelSpec, base: Path) -> list[Problem]:
         return []
     if model.build is None:
         return [Problem(prefix + ".source", f"no such file: {path}", model.source)]
-    problem = _importable(prefix + ".build", model.build, "a build hook")
+    problem = _importable(prefix + ".build", model.build)
     return [problem] if problem else []
 
 
-_WANTED = {
-    "python": "a class or factory whose instances have predict_batch(inputs)",
-    "torch": "a factory returning a torch.nn.Module",
-}
-
-
-def _importable(at: str, path: str, wanted: str) -> Problem | None:
-    """None if ``path`` imports as something callable (a class with ``predict_batch`` where
-    ``wanted`` says so), else the problem."""
+def _importable(at: str, path: str, predicts: bool = False) -> Problem | None:
+    """None if ``path`` imports as something callable (with ``predicts``, a factory or a
+    class with ``predict_batch``), else the problem, at ``at``."""
     try:
         found = import_object(path)
     except ValueError as exc:
@@ -173,9 +168,9 @@ def _importable(at: str, path: str, wanted: str) -> Problem | None:
     except Exception as exc:  # the module's own code failed as it was imported
         return Problem(at, f"importing it raised {type(exc).__name__}: {exc}", path)
     if not callable(found):
-        return Problem(at, f"not {wanted}: a {type(found).__name__}", path)
+        return Problem(at, f"of type {type(found).__name__}, not a class or a function", path)
     lacks = isinstance(found, type) and not callable(getattr(found, "predict_batch", None))
-    if "predict_batch" in wanted and lacks:
+    if predicts and lacks:
         return Problem(at, f"class {found.__name__} has no predict_batch(inputs) method", path)
     return None
 

@@ -661,9 +661,9 @@ def test_validate_finds_missing_files_and_import_paths_that_do_not_import(
     assert found[f"{at}models[2].source"].message == f"no such file: {tmp_path / 'gone.onnx'}"
     assert "cannot import module 'userpkgg'" in found[f"{at}models[5].source"].message
     assert "has no predict_batch" in found[f"{at}models[6].source"].message
-    assert "not a class or factory" in found[f"{at}models[7].source"].message
+    assert "of type int, not a class or a function" in found[f"{at}models[7].source"].message
     assert "raised RuntimeError: needs a GPU driver" in found[f"{at}models[8].source"].message
-    assert "torch.nn.Module" in found[f"{at}models[9].source"].message
+    assert "not a class or a function" in found[f"{at}models[9].source"].message
     assert "no attribute 'nothing'" in found[f"{at}models[4].build"].message
     assert "no file matches" in found[f"{at}model_sets[0].source"].message
     assert validate_file(path, sources=False) == []
