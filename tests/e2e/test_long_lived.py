@@ -101,7 +101,7 @@ def test_a_long_lived_server_deployed_called_and_changed_live(
 
     assert CALLER.startswith("# RAY_AUTH_MODE=token python caller.py\n")
     caller = tmp_path / "caller.py"
-    caller.write_text(CALLER.replace("192.0.2.2:6379", address))
+    caller.write_text(CALLER.replace("10.0.0.1:6379", address))
     env = {k: v for k, v in environment().items() if k not in FAST_PATH}
     done = subprocess.run(
         [sys.executable, str(caller)], cwd=tmp_path, env=env | {"RAY_AUTH_MODE": "token"},
