@@ -1,6 +1,7 @@
 """The cluster definitions in ``clusters/``: the Ray cluster launcher file passes the launcher's
-own published schema (the one the installed Ray ships, `ray/autoscaler/ray-schema.json`), and
-every node it starts carries Serve's fast path and the custom resources the two-node test uses
+own published schema (the one the installed Ray ships, `ray/autoscaler/ray-schema.json`), the
+KubeRay RayService passes the schema of KubeRay's fields kept in ``clusters/schemas/``, and every
+node either starts carries Serve's fast path and the custom resources the two-node test uses
 (``tests/e2e/test_two_nodes.py``)."""
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def test_the_launcher_file_passes_rays_own_schema_with_the_fast_path_on_every_no
 
 
 SERVICE = ROOT / "clusters" / "kuberay" / "rayservice.yaml"
+SERVICE_SCHEMA = ROOT / "clusters" / "schemas" / "rayservice.schema.json"
 EXAMPLE = ROOT / "examples" / "digits" / "config.yaml"
 
 
@@ -75,3 +77,65 @@ def test_the_ray_service_embeds_the_example_and_runs_the_fast_path_in_every_cont
     (problem,) = validate_file(broken, sources=False)
     assert problem.path == "spec.serveConfigV2.applications[0].args.models[0].slo_ms"
     assert problem.value == "soon"
+
+
+def _refusal(manifest: dict, schema: dict) -> tuple[str, str]:
+    """Where the schema refuses the manifest, and why."""
+    validator = jsonschema.Draft202012Validator(schema)
+    error = jsonschema.exceptions.best_match(validator.iter_errors(manifest))
+    assert error is not None, "the schema accepted it"
+    return ".".join(map(str, error.absolute_path)), error.message
+
+
+CONTAINER = "template.spec.containers.0"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "refused_at", "reason"),
+    [
+        (  # a bare number where Kubernetes takes only strings
+            "headGroupSpec.rayStartParams.metrics-export-port",
+            8080,
+            "headGroupSpec.rayStartParams.metrics-export-port",
+            "is not of type 'string'",
+        ),
+        (  # a misspelt field, which the API server's strict field validation refuses
+            "workerGroupSpec",
+            [],
+            "",
+            "'workerGroupSpec' was unexpected",
+        ),
+        (
+            f"workerGroupSpecs.0.{CONTAINER}.ports.0.containerPort",
+            "8080",
+            f"workerGroupSpecs.0.{CONTAINER}.ports.0.containerPort",
+            "is not of type 'integer'",
+        ),
+        (
+            f"headGroupSpec.{CONTAINER}.resources.limits.memory",
+            "4 GB",
+            f"headGroupSpec.{CONTAINER}.resources.limits.memory",
+            "does not match",
+        ),
+        ("authOptions.mode", "password", "authOptions.mode", "is not one of"),
+    ],
+)
+def test_the_ray_service_passes_the_schema_of_kuberays_fields_and_a_mistake_does_not(
+    field: str, value: object, refused_at: str, reason: str
+) -> None:
+    schema = json.loads(SERVICE_SCHEMA.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    manifest = yaml.safe_load(SERVICE.read_text())
+    jsonschema.validate(manifest, schema, cls=jsonschema.Draft202012Validator)
+    for group in manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
+        # KubeRay's operator refuses a group whose bounds do not hold its replicas
+        assert group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
+
+    *parents, last = [int(k) if k.isdigit() else k for k in field.split(".")]
+    node = manifest["spec"]["rayClusterConfig"]
+    for key in parents:
+        node = node[key]
+    node[last] = value
+    where, why = _refusal(manifest, schema)
+    assert where == ".".join(filter(None, ("spec.rayClusterConfig", refused_at)))
+    assert reason in why
