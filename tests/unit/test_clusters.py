@@ -1,6 +1,7 @@
 """The cluster definitions in ``clusters/``: the Ray cluster launcher file passes the launcher's
-own published schema (the one the installed Ray ships, `ray/autoscaler/ray-schema.json`), the
-KubeRay RayService passes the schema of KubeRay's fields kept in ``clusters/schemas/``, and every
+own published schema (the one the installed Ray ships, `ray/autoscaler/ray-schema.json`) and the
+stricter one of the local provider kept in ``clusters/schemas/``, the KubeRay RayService passes
+the schema of KubeRay's fields kept there, and every
 node either starts carries Serve's fast path and the custom resources the two-node test uses
 (``tests/e2e/test_two_nodes.py``)."""
 
@@ -19,6 +20,7 @@ from raysrv.cli import FAST_PATH
 
 ROOT = Path(__file__).parents[2]
 LAUNCHER = ROOT / "clusters" / "launcher" / "local.yaml"
+SCHEMAS = ROOT / "clusters" / "schemas"
 
 
 def _environment(command: str) -> dict[str, str]:
@@ -41,9 +43,22 @@ def test_the_launcher_file_passes_rays_own_schema_with_the_fast_path_on_every_no
     with pytest.raises(jsonschema.ValidationError, match="'type' is a required property"):
         jsonschema.validate(broken, schema)
 
+    local = json.loads((SCHEMAS / "launcher-local.schema.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(local)
+    jsonschema.validate(config, local, cls=jsonschema.Draft202012Validator)
+    assert config["max_workers"] >= len(config["provider"]["worker_ips"])
+    # no worker addresses: Ray's schema lets it through, `ray up` would have no machine to use
+    headless = {**config, "provider": {"type": "local", "head_ip": "10.0.0.1"}}
+    jsonschema.validate(headless, schema)
+    with pytest.raises(jsonschema.ValidationError, match="'worker_ips' is a required property"):
+        jsonschema.validate(headless, local, cls=jsonschema.Draft202012Validator)
+    never_started = {**config, "worker_start_ray_commands": ["ray stop"]}
+    with pytest.raises(jsonschema.ValidationError, match="does not contain"):
+        jsonschema.validate(never_started, local, cls=jsonschema.Draft202012Validator)
+
 
 SERVICE = ROOT / "clusters" / "kuberay" / "rayservice.yaml"
-SERVICE_SCHEMA = ROOT / "clusters" / "schemas" / "rayservice.schema.json"
+SERVICE_SCHEMA = SCHEMAS / "rayservice.schema.json"
 EXAMPLE = ROOT / "examples" / "digits" / "config.yaml"
 
 
