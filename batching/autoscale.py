@@ -1,0 +1,327 @@
+"""How many workers a pool should have: from a model of its queue, or from its requests in flight.
+
+Two scalers behind one method, :meth:`Scaler.decide`, which reads a :class:`PoolLoad` (the
+pool's recent arrivals, its queries in flight, its measured run times) and returns a
+:class:`ScaleDecision`. Neither holds a clock, an event loop or Ray: the live pool and the
+simulator call them alike.
+
+``analytic`` (batch §IV, eq. 2 taken over the number of workers). The arrivals of the last
+``window_s`` are fitted by a MAP2 (``fit_map2``, batch §III-A) and the run times per batch size
+give S_k. The pool is modelled as BATCH's buffer (a batch is cut at ``max_batch`` queries or
+``timeout`` after its first) in front of c workers that serve batches first come first served;
+:meth:`~raysrv.analytics.BatchBufferModel.latency_bounds` bounds the ``percentile`` of latency
+from above for each c. The scaler asks for the fewest workers whose bound meets the SLO (cost,
+eq. 1 with reserved workers, grows with c alone), searching the buffer's timeout over a small
+grid: the live policies cut batches as workers free, which the buffer stands for with the
+timeout that serves the load with the fewest workers. The bound is pessimistic by design (it
+charges every batch the largest batch's time once c > 1), so a count that meets it meets the
+SLO. Two corrections make it plan ahead rather than react:
+
+* **Cold start.** A worker asked for now serves only after ``cold_start_s``; the rate it is
+  planned for is the rate of the last half window extrapolated over the cold start when it is
+  rising (a ramp), never below the window's rate, times ``1 + headroom``.
+* **Scale to zero** (``min: 0``) only after ``idle_s`` without an arrival, and never sooner than
+  ten cold starts: an idle spell shorter than that costs the next query more than the worker
+  saves.
+
+``reactive`` is the rule Ray Serve's autoscaler applies to replicas: ``ceil(ongoing /
+target_ongoing)``, ``ongoing`` averaged over ``look_back_s``. It sees a spike only once its
+queries are queued, which is the comparison the analytic scaler is measured against
+(``bench/RESULTS.md``, "Elastic capacity").
+
+Both go through the same hysteresis (:class:`Hysteresis`): up once the need has stayed above
+the workers in service for ``up_after_s`` (0: at once), down once it has stayed below for
+``down_after_s``, and then only to the largest need seen over that span. Removing a worker is
+the pool's business: it drains the worker first (:meth:`PoolScheduler.drain`), so no query is
+lost to a scale-down.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "AutoscalingSpec",
+    "Hysteresis",
+    "PoolLoad",
+    "ScaleDecision",
+    "Scaler",
+    "make_scaler",
+]
+
+MIN_GAPS = 20  # arrivals the analytic scaler fits a MAP2 to, at the least
+IDLE_COLD_STARTS = 10  # scale to zero after at least this many cold starts without an arrival
+TIMEOUT_FRACTIONS = (0.0, 0.25, 0.5, 1.0)  # the buffer timeouts searched, as shares of S_B
+MAX_BUSY = 0.85  # the busiest the bound's workers are planned, charged S_B a batch
+CAPS = 3  # batch caps searched: the policy's, its half and its quarter
+
+
+class AutoscalingSpec(BaseModel):
+    """``autoscaling:`` of a pool or of a model's dedicated workers."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    policy: Literal["analytic", "reactive"] = Field(
+        "analytic",
+        description="'analytic': the fewest workers a model of the queue says meet the SLO "
+        "(BATCH eq. 2 over workers); 'reactive': queries in flight over target_ongoing, as "
+        "Ray Serve scales replicas.",
+    )
+    min: int = Field(1, ge=0, le=1024, description="Fewest workers; 0 lets an idle pool stop.")
+    max: int = Field(ge=1, le=1024, description="Most workers.")
+    percentile: float = Field(
+        0.99, gt=0.0, lt=1.0, description="The latency quantile that must meet the SLO."
+    )
+    slo_ms: float | None = Field(
+        None,
+        gt=0.0,
+        description="The SLO the analytic scaler plans for; unset: the tightest SLO of the "
+        "pool's models.",
+    )
+    every_s: float = Field(2.0, gt=0.0, le=600.0, description="Seconds between decisions.")
+    window_s: float = Field(
+        10.0, gt=0.0, le=3600.0, description="Seconds of arrivals the analytic scaler fits."
+    )
+    headroom: float = Field(
+        0.1, ge=0.0, le=10.0, description="Plan for this much more load than measured."
+    )
+    target_ongoing: float = Field(
+        2.0, gt=0.0, le=1e6, description="Reactive: queries in flight per worker aimed at."
+    )
+    look_back_s: float = Field(
+        5.0, gt=0.0, le=3600.0, description="Reactive: seconds the in-flight count is averaged."
+    )
+    up_after_s: float = Field(
+        0.0, ge=0.0, le=3600.0, description="Scale up once the need has held this long."
+    )
+    down_after_s: float = Field(
+        10.0, ge=0.0, le=3600.0, description="Scale down once the need has held this long."
+    )
+    idle_s: float = Field(
+        60.0, gt=0.0, le=86400.0, description="With min 0: stop after this long without queries."
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingSpec:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) is above max ({self.max})")
+        return self
+
+
+@dataclass(frozen=True)
+class PoolLoad:
+    """What a scaler reads of a pool at one decision (times in seconds on the pool's clock)."""
+
+    now: float
+    workers: int  # in service, not draining
+    arrivals: Sequence[float]  # arrival times, oldest first, over at least the scaler's window
+    ongoing: float  # queries queued or running now
+    run_times: Mapping[int, float]  # batch size -> median run time, the sizes measured
+    max_batch: int  # the largest batch the pool's policy cuts
+    slo_s: float  # the SLO to plan for
+    cold_start_s: float = 0.0  # from asking for a worker to its first batch
+
+
+@dataclass(frozen=True)
+class ScaleDecision:
+    """The workers to have, what the rule asked for before the hysteresis, and why."""
+
+    workers: int
+    needed: int
+    reason: str
+    rate: float | None = None  # analytic: the arrival rate planned for, per second
+    predicted_s: float | None = None  # analytic: the bound on the percentile at ``needed``
+    timeout_s: float | None = None  # analytic: the buffer's timeout that met the bound
+    max_batch: int | None = None  # analytic: and its batch cap
+
+
+@dataclass
+class Hysteresis:
+    """Up once the need has held above the workers for ``up_after_s``, down once it has held
+    below for ``down_after_s``, to the largest need of that span; otherwise no change."""
+
+    up_after_s: float
+    down_after_s: float
+    _needs: deque[tuple[float, int]] = field(default_factory=deque)
+
+    def apply(self, now: float, current: int, needed: int) -> int:
+        self._needs.append((now, needed))
+        span = max(self.up_after_s, self.down_after_s)
+        while len(self._needs) > 1 and self._needs[1][0] <= now - span:
+            self._needs.popleft()
+        up = self._held(now, self.up_after_s)
+        if up is not None and min(up) > current:
+            return min(up)
+        down = self._held(now, self.down_after_s)
+        if down is not None and max(down) < current:
+            return max(down)
+        return current
+
+    def _held(self, now: float, span_s: float) -> list[int] | None:
+        """The needs over the last ``span_s``, if the record covers that span."""
+        if self._needs[0][0] > now - span_s:
+            return None
+        start = max(i for i, (t, _) in enumerate(self._needs) if t <= now - span_s)
+        return [n for _, n in list(self._needs)[start:]]
+
+
+class Scaler:
+    """A pool's scaler: :meth:`decide` once every ``spec.every_s``."""
+
+    def __init__(self, spec: AutoscalingSpec) -> None:
+        self.spec = spec
+        self._hysteresis = Hysteresis(spec.up_after_s, spec.down_after_s)
+
+    def decide(self, load: PoolLoad) -> ScaleDecision:
+        needed, reason, extra = self._need(load)
+        needed = min(max(needed, self.spec.min), self.spec.max)
+        if load.workers == 0 and load.ongoing > 0:
+            needed = max(needed, 1)  # queries wait for a worker: no hysteresis from zero
+            target = needed
+        else:
+            target = self._hysteresis.apply(load.now, load.workers, needed)
+        return ScaleDecision(
+            min(max(target, self.spec.min), self.spec.max), needed, reason, **extra
+        )
+
+    def _need(self, load: PoolLoad) -> tuple[int, str, dict[str, Any]]:
+        raise NotImplementedError
+
+    def _idle(self, load: PoolLoad) -> bool:
+        """Whether a pool allowed to stop has gone long enough without a query."""
+        if self.spec.min > 0 or load.ongoing > 0:
+            return False
+        last = load.arrivals[-1] if len(load.arrivals) else -math.inf
+        return load.now - last >= max(self.spec.idle_s, IDLE_COLD_STARTS * load.cold_start_s)
+
+
+class ReactiveScaler(Scaler):
+    """Queries in flight over ``target_ongoing``, averaged over ``look_back_s``."""
+
+    def __init__(self, spec: AutoscalingSpec) -> None:
+        super().__init__(spec)
+        self._ongoing: deque[tuple[float, float]] = deque()
+
+    def _need(self, load: PoolLoad) -> tuple[int, str, dict[str, Any]]:
+        self._ongoing.append((load.now, load.ongoing))
+        while self._ongoing[0][0] < load.now - self.spec.look_back_s:
+            self._ongoing.popleft()
+        if self._idle(load):
+            return 0, "idle", {}
+        mean = sum(n for _, n in self._ongoing) / len(self._ongoing)
+        need = math.ceil(mean / self.spec.target_ongoing - 1e-9)
+        return max(need, 1), f"{mean:.1f} in flight", {}
+
+
+class AnalyticScaler(Scaler):
+    """The fewest workers whose latency bound meets the SLO (see the module docstring)."""
+
+    def _need(self, load: PoolLoad) -> tuple[int, str, dict[str, Any]]:
+        if self._idle(load):
+            return 0, "idle", {}
+        arrivals = np.asarray(load.arrivals, dtype=float)
+        recent = arrivals[arrivals >= load.now - self.spec.window_s]
+        if recent.size <= MIN_GAPS or not load.run_times:
+            return max(load.workers, 1), "too few arrivals or run times to fit", {}
+        service = _service_times(load.run_times, load.max_batch)
+        scale = self._rate_factor(recent, load)
+        from raysrv.analytics import fit_map2
+
+        arrival = fit_map2(np.diff(recent) / scale)
+        slo = self.spec.slo_ms / 1000.0 if self.spec.slo_ms is not None else load.slo_s
+        best = _fewest(arrival, service, slo, self.spec.percentile, self.spec.max)
+        extra = {"rate": float(arrival.rate)}
+        if best is None:
+            return self.spec.max, "the SLO is out of reach: max", extra
+        workers, bound, timeout, batch = best
+        extra |= {"predicted_s": bound, "timeout_s": timeout, "max_batch": batch}
+        return workers, f"p{self.spec.percentile * 100:g} bound {bound * 1000:.1f} ms", extra
+
+    def _rate_factor(self, recent: np.ndarray, load: PoolLoad) -> float:
+        """How much faster than the window's rate to plan for: a rate that rose measurably
+        (the last half window's count above half the window's by more than two standard
+        errors of a steady rate's) extrapolated over the cold start, then the headroom."""
+        span = max(load.now - recent[0], 1e-9)
+        rate = recent.size / span
+        half = int(np.count_nonzero(recent >= load.now - span / 2))
+        ahead = 1.0
+        if half - recent.size / 2 > math.sqrt(recent.size):
+            rising = half / (span / 2)
+            slope = (rising - rate) / (span / 4)  # the two rates are span / 4 apart
+            ahead = (rising + slope * (span / 4 + load.cold_start_s)) / rate
+        return ahead * (1.0 + self.spec.headroom)
+
+
+def _service_times(run_times: Mapping[int, float], max_batch: int) -> np.ndarray:
+    from raysrv.batching.profile import interpolate_batches, monotone_service_times
+
+    sizes = sorted(run_times)
+    raw = interpolate_batches(sizes, [run_times[k] for k in sizes], np.arange(1, max_batch + 1))
+    return monotone_service_times(raw)
+
+
+def _fewest(
+    arrival: object, service: np.ndarray, slo: float, q: float, most: int
+) -> tuple[int, float, float, int] | None:
+    """(workers, bound, timeout, batch): the fewest workers, up to ``most``, whose bound on the
+    ``q``-percentile meets ``slo`` with one of the buffers searched (the policy's batch cap, its
+    half and its quarter, timeouts of shares of the batch's time); None if none do. A buffer
+    whose latency with as many workers as batches (its lower bound) misses the SLO is skipped."""
+    from raysrv.analytics import BatchBufferModel
+
+    best: tuple[int, float, float, int] | None = None
+    caps = sorted({max(1, service.size >> i) for i in range(CAPS)})
+    for B in caps:
+        for timeout in sorted({f * float(service[B - 1]) for f in TIMEOUT_FRACTIONS}):
+            if timeout + float(service[0]) > slo:
+                continue
+            model = BatchBufferModel(arrival, service[:B], B, timeout)  # type: ignore[arg-type]
+            if model.latency_percentile(q) > slo:
+                continue
+            most_here = most if best is None else best[0] - 1
+            found = _bisect(model, q, slo, arrival.rate, most_here)  # type: ignore[attr-defined]
+            if found is not None:
+                best = (found[0], found[1], timeout, B)
+    return best
+
+
+def _bisect(model: Any, q: float, slo: float, rate: float, most: int) -> tuple[int, float] | None:
+    """The fewest workers up to ``most`` whose bound meets ``slo``, and the bound. One worker
+    is charged each batch's own time; more are charged the largest batch's, so fewer than
+    keep those below ``MAX_BUSY`` of their time busy are not tried: nearly saturated, their
+    bound is far above any SLO, and slow to compute."""
+    if most < 1:
+        return None
+    per_batch = rate / model.mean_batch_size()
+    if per_batch * float(model.batch_size_pmf() @ model.service) < MAX_BUSY:
+        bound = _bound(model, q, 1)
+        if bound <= slo:
+            return 1, bound
+    lo, hi = max(2, math.ceil(per_batch * float(model.service[-1]) / MAX_BUSY)), most
+    found = None
+    while lo <= hi:  # the bound falls as workers are added
+        c = (lo + hi) // 2
+        bound = _bound(model, q, c)
+        if bound <= slo:
+            found, hi = (c, bound), c - 1
+        else:
+            lo = c + 1
+    return found
+
+
+def _bound(model: object, q: float, workers: int) -> float:
+    try:
+        return float(model.latency_bounds(q, workers).upper)  # type: ignore[attr-defined]
+    except ValueError:  # too few workers for the load: no bound
+        return math.inf
+
+
+def make_scaler(spec: AutoscalingSpec) -> Scaler:
+    return AnalyticScaler(spec) if spec.policy == "analytic" else ReactiveScaler(spec)
