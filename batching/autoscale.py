@@ -278,17 +278,17 @@ def _fewest(
 
     best: tuple[int, float, float, int] | None = None
     caps = sorted({max(1, service.size >> i) for i in range(CAPS)})
-    for B in caps:
-        for timeout in sorted({f * float(service[B - 1]) for f in TIMEOUT_FRACTIONS}):
+    for cap in caps:
+        for timeout in sorted({f * float(service[cap - 1]) for f in TIMEOUT_FRACTIONS}):
             if timeout + float(service[0]) > slo:
                 continue
-            model = BatchBufferModel(arrival, service[:B], B, timeout)  # type: ignore[arg-type]
+            model = BatchBufferModel(arrival, service[:cap], cap, timeout)  # type: ignore[arg-type]
             if model.latency_percentile(q) > slo:
                 continue
             most_here = most if best is None else best[0] - 1
             found = _bisect(model, q, slo, arrival.rate, most_here)  # type: ignore[attr-defined]
             if found is not None:
-                best = (found[0], found[1], timeout, B)
+                best = (found[0], found[1], timeout, cap)
     return best
 
 

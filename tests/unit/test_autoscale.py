@@ -39,7 +39,8 @@ def test_the_analytic_count_meets_the_slo_on_the_live_scheduler_and_one_fewer_mi
     arrivals = _poisson(rate, 10.0)
     spec = AutoscalingSpec(max=32, headroom=0.0)
     decision = make_scaler(spec).decide(_load(arrivals))
-    assert decision.predicted_s is not None and decision.predicted_s <= SLO_S
+    assert decision.predicted_s is not None
+    assert decision.predicted_s <= SLO_S
     assert decision.workers == decision.needed > 1
 
     # the simulator runs the pool's own scheduler with that many workers and the batch the
