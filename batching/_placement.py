@@ -26,6 +26,8 @@ class Placement:
     """The LOAD and UNLOAD half of a pool's scheduler (a mixin of ``PoolScheduler``)."""
 
     workers: list[_Worker]
+    _all: dict[int, _Worker]
+    _coming: list[float]
     capacity_bytes: int | None
     _models: dict[str, _Model]
     _active: dict[str, _Model]
@@ -102,9 +104,9 @@ class Placement:
         if self.capacity_bytes is not None and (model.weight_bytes or 0) > self.capacity_bytes:
             return math.inf
         load, one = _load_estimate(model.runs), _estimate(model.runs, 1)
-        return min(
-            max(w.loads.free_at(now) + load, w.infers.free_at(now)) + one for w in self.workers
-        )
+        here = (max(w.loads.free_at(now) + load, w.infers.free_at(now)) + one for w in self.workers)
+        coming = (max(at, now) + load + one for at in self._coming)  # workers asked for
+        return min([*here, *coming], default=math.inf)
 
     def _load_order(self, model: _Model, now: float, out: _Out) -> list[_Worker]:
         """Workers whose LOAD executor is free in this step and where ``model`` fits, those
@@ -183,7 +185,7 @@ class Placement:
 
     def _emit_removals(self, now: float, out: _Out) -> None:
         for index, name in self._removals:
-            w = self.workers[index]
+            w = self._all[index]
             if name in w.held and name not in self._models:
                 self._unload(w, name, now, out, evicted=False)
         self._removals.clear()

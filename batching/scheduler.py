@@ -141,9 +141,12 @@ class PoolScheduler(Placement):
         load_backoff_s: float = 1.0,
         ahead_s: float = 0.005,
     ) -> None:
-        if workers < 1 or depth < 1:
-            raise ValueError(f"need workers >= 1 and depth >= 1, got {workers} and {depth}")
-        self.workers = [_Worker(i, depth) for i in range(workers)]
+        if workers < 0 or depth < 1:
+            raise ValueError(f"need workers >= 0 and depth >= 1, got {workers} and {depth}")
+        self.workers = [_Worker(i, depth) for i in range(workers)]  # in service, by index
+        self._all = {w.index: w for w in self.workers}  # and those draining
+        self._depth = depth
+        self._coming: list[float] = []  # when the workers asked for should be in service
         self.capacity_bytes = capacity_bytes
         self.kind = kind
         self.profile = profile or RunProfile()
@@ -189,7 +192,7 @@ class PoolScheduler(Placement):
 
     def pin(self, worker: int, name: str, weight_bytes: int) -> None:
         """``name`` is loaded on ``worker`` for good (a dedicated pool's model, loaded at start)."""
-        w = self.workers[worker]
+        w = self._all[worker]
         w.held[name] = weight_bytes
         w.pinned.add(name)
         w.peak_bytes = max(w.peak_bytes, w.resident)
@@ -223,6 +226,47 @@ class PoolScheduler(Placement):
 
     def __contains__(self, name: object) -> bool:
         return name in self._models
+
+    # -- workers in and out ----------------------------------------------------------------
+
+    def add_worker(self) -> int:
+        """A new worker in service, holding nothing yet: its index, one never used before."""
+        index = max(self._all, default=-1) + 1
+        w = _Worker(index, self._depth)
+        self._all[index] = w
+        self.workers.append(w)
+        if self._coming:
+            self._coming.pop(0)
+        return index
+
+    def expect_workers(self, ready_at: list[float]) -> None:
+        """Workers asked for, and when each should be in service: a cold query that only one
+        of them can serve in time waits for it rather than being refused."""
+        self._coming = sorted(ready_at)
+        for model in self._active.values():
+            model.dirty = True  # a cold one's doom changes
+
+    def drain(self, index: int) -> None:
+        """Take worker ``index`` out of service: it gets no more work, and the actions already
+        sent to it report as before (:meth:`finished`). It is :meth:`drained` once they have."""
+        w = self._all[index]
+        if w not in self.workers:
+            raise ValueError(f"worker {index} is not in service")
+        self.workers.remove(w)
+        self._removals = [(i, name) for i, name in self._removals if i != index]
+        for model in self._models.values():
+            model.dirty = True  # its policy sees one worker fewer
+
+    def drained(self, index: int) -> bool:
+        """Whether a worker out of service has no action in flight any more."""
+        w = self._all[index]
+        return w not in self.workers and not w.busy
+
+    def forget(self, index: int) -> None:
+        """Forget a drained worker (its process can go)."""
+        if not self.drained(index):
+            raise ValueError(f"worker {index} is in service or has actions in flight")
+        del self._all[index]
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -396,7 +440,7 @@ class PoolScheduler(Placement):
                 f"worker not offered to it"
             )
         queries = self._take(model, decision.query_ids)
-        w = self.workers[decision.replica]
+        w = self._all[decision.replica]
         ready = w.ready_at(model.name, now)
         expected = ready if decision.expected_start is None else decision.expected_start
         predicted = _estimate(model.runs, len(queries), PREDICT_Q, default=math.inf)
@@ -444,7 +488,7 @@ class PoolScheduler(Placement):
     def finished(self, result: ActionResult) -> None:
         """A worker's report of one action, at ``result.finished``."""
         action = result.action
-        w = self.workers[action.worker]
+        w = self._all[action.worker]
         w.executor(action).done(action, result.finished, result.ended)
         if isinstance(action, Infer):
             self._infer_done(w, action, result)
@@ -595,9 +639,10 @@ class PoolScheduler(Placement):
                 "in_flight": len(w.infers.inflight) + len(w.loads.inflight),
                 "busy": w.busy,
                 "free_in_s": w.infers.outstanding(now),
+                "draining": w not in self.workers,
             }
-            for w in self.workers
+            for _, w in sorted(self._all.items())
         ]
 
     def busy(self) -> int:
-        return sum(w.busy for w in self.workers)
+        return sum(w.busy for w in self._all.values())

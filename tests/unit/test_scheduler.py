@@ -1196,3 +1196,101 @@ def test_on_one_machine_the_weather_is_the_last_action_on_any_worker() -> None:
     assert per_worker.slowdown(0, 1.8, "infer") == pytest.approx(2.0)
     assert machine.slowdown(0, 1.8, "infer") == pytest.approx(1.0)
     assert machine.slowdown(1, 1.2, "infer") == pytest.approx(2.0)
+
+
+# -- workers in and out ---------------------------------------------------------------------
+
+
+def _drive(s: PoolScheduler, until: float, run_s: float, events: dict[float, Any]) -> dict:
+    """Run ``s`` on a fake clock, every INFER taking ``run_s``; at each time in ``events``
+    call it with the scheduler. Each query's answers: its worker(s), or the refusal."""
+    answers: dict[int, list[object]] = collections.defaultdict(list)
+    running: list[tuple[float, Infer]] = []
+    t = 0.0
+    while t < until:
+        for at in [a for a in events if a <= t]:
+            events.pop(at)(s)
+        for end, action in [r for r in running if r[0] <= t]:
+            running.remove((end, action))
+            s.finished(_done(action, end, run_s))
+            for qid in action.query_ids:
+                answers[qid].append(action.worker)
+        step = s.step(t)
+        for action in step.actions:
+            if isinstance(action, Infer):
+                start = max([t, *(e for e, a in running if a.worker == action.worker)])
+                running.append((start + run_s, action))
+        for refusal in step.refusals:
+            for qid in refusal.query_ids:
+                answers[qid].append(refusal.reason)
+        t = round(t + 0.001, 6)
+    return answers
+
+
+def test_a_drained_worker_finishes_what_it_was_sent_gets_nothing_more_and_loses_no_query() -> None:
+    s = _dedicated(workers=2, max_batch_size=2)
+    sent_to: dict[int, set[int]] = collections.defaultdict(set)
+    queries = iter(range(10_000))
+
+    def arrive(at: float) -> Any:
+        def add(s: PoolScheduler) -> None:
+            for _ in range(3):
+                s.submit("m", _q(next(queries), at, at + 5.0))
+
+        return add
+
+    def drain(s: PoolScheduler) -> None:
+        (one,) = [w for w in s.describe_workers(0.505) if w["worker"] == 1]
+        assert one["in_flight"]  # busy as it goes
+        s.drain(1)
+
+    events = {round(0.01 * i, 3): arrive(round(0.01 * i, 3)) for i in range(100)}
+    events[0.505] = drain
+    original_step = s.step
+
+    def step(now: float) -> Any:
+        out = original_step(now)
+        for action in out.actions:
+            sent_to[action.worker].add(now)
+        return out
+
+    s.step = step  # type: ignore[method-assign]
+    answers = _drive(s, 3.0, 0.015, events)
+    assert len(answers) == 300
+    assert all(len(a) == 1 and a[0] in (0, 1) for a in answers.values())  # each once, answered
+    assert max(sent_to[1]) < 0.505 <= max(sent_to[0])  # nothing for worker 1 once draining
+    assert s.drained(1)
+    s.forget(1)
+    assert [w["worker"] for w in s.describe_workers(3.0)] == [0]
+    s.drain(0)
+    with pytest.raises(ValueError, match="worker 0 is not in service"):
+        s.drain(0)
+
+
+def test_a_worker_added_takes_work_and_the_policy_sees_it() -> None:
+    s = _dedicated(workers=1, max_batch_size=1)
+    for i in range(4):
+        s.submit("m", _q(i))
+    assert {a.worker for a in s.step(0.0).actions} == {0}
+    index = s.add_worker()
+    s.pin(index, "m", 0)
+    assert index == 1
+    assert {a.worker for a in s.step(0.0).actions} == {1}  # worker 0 is at its depth
+
+
+def test_a_cold_query_waits_for_a_worker_asked_for_rather_than_being_refused() -> None:
+    s = PoolScheduler(0, depth=2)
+    s.add_model("m", _policy(max_batch_size=1))
+    s.runs("m").observe(1, 0.010)
+    s.runs("m").observe_load(0.100)
+    s.submit("m", _q(0, 0.0, deadline=1.0))
+    s.expect_workers([0.5])  # in service by 0.5 s: loaded by 0.6, answered by 0.61
+    assert s.step(0.0).refusals == ()
+    s.expect_workers([])
+    assert s.step(0.0).refusals[0].reason == COLD_DOOMED  # no worker coming: refused
+    s.submit("m", _q(1, 0.0, deadline=1.0))
+    s.expect_workers([0.5])
+    index = s.add_worker()
+    (load, *_) = s.step(0.5).actions
+    assert isinstance(load, Load)
+    assert load.worker == index
