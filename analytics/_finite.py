@@ -16,7 +16,7 @@ from scipy.signal import fftconvolve
 
 from raysrv.analytics._cycle import stationary
 
-__all__ = ["QueueInputs", "lattice_step", "queue_waits"]
+__all__ = ["LATTICE_POINTS", "MAX_ITER", "QueueInputs", "lattice_step", "queue_waits"]
 
 
 @dataclass(frozen=True)
@@ -32,12 +32,20 @@ class QueueInputs:
     fill_cdf: np.ndarray | None
 
 
-def lattice_step(longest_service: float, timeout: float, rate: float) -> float:
-    """The lattice: 1/400 of the longest batch, the timeout and the mean gap together."""
-    return (longest_service + timeout + 1.0 / rate) / 400
+LATTICE_POINTS = 400  # the lattice's default resolution
+MAX_ITER = 5000  # Lindley steps before a queue counts as too near saturation to bound
 
 
-def queue_waits(m: QueueInputs, c: int, step: float) -> tuple[np.ndarray, np.ndarray]:
+def lattice_step(
+    longest_service: float, timeout: float, rate: float, points: int = LATTICE_POINTS
+) -> float:
+    """The lattice: 1/``points`` of the longest batch, the timeout and the mean gap together."""
+    return (longest_service + timeout + 1.0 / rate) / points
+
+
+def queue_waits(
+    m: QueueInputs, c: int, step: float, max_iter: int = MAX_ITER
+) -> tuple[np.ndarray, np.ndarray]:
     """Laws of the bound's queue wait for timer batches and for full batches.
 
     Batch n+c waits W = max(0, V - D): V = W' + S - (gaps before its buffer opened), with W' the
@@ -52,7 +60,7 @@ def queue_waits(m: QueueInputs, c: int, step: float) -> tuple[np.ndarray, np.nda
         before = np.convolve(before, cycle)  # the gaps up to batch n+c's buffer opening
     window = np.convolve(before, open_time)
     service = _service_pmf(m, c, step)
-    wait = _lindley_wait(window, service)
+    wait = _lindley_wait(window, service, max_iter=max_iter)
     v = np.convolve(np.convolve(wait, service), before[::-1])  # from -(len(before) - 1) up
     v_offset = -(before.size - 1)
     t_steps = int(math.floor(m.timeout / step))
@@ -92,7 +100,7 @@ def _exp_gap(D0: np.ndarray, D1: np.ndarray, step: float) -> np.ndarray:
 
 
 def _lindley_wait(
-    window: np.ndarray, service: np.ndarray, tol: float = 1e-10, max_iter: int = 5000
+    window: np.ndarray, service: np.ndarray, tol: float = 1e-10, max_iter: int = MAX_ITER
 ) -> np.ndarray:
     """Stationary W = max(0, W + S - G) on a lattice: ``service[s]`` = P(S = s steps),
     ``window[g]`` = P(G = g steps), S and G independent."""

@@ -72,7 +72,13 @@ import numpy as np
 from scipy.linalg import expm, solve
 
 from raysrv.analytics._cycle import Cycle, cycle_for, phase_rates, stationary
-from raysrv.analytics._finite import QueueInputs, lattice_step, queue_waits
+from raysrv.analytics._finite import (
+    LATTICE_POINTS,
+    MAX_ITER,
+    QueueInputs,
+    lattice_step,
+    queue_waits,
+)
 from raysrv.analytics._mapfit import stationary as null_vector
 
 __all__ = ["ArrivalLike", "BatchBufferModel", "LatencyBounds", "Pricing"]
@@ -318,8 +324,17 @@ class BatchBufferModel:
 
     # -- finite servers --------------------------------------------------------------------------
 
-    def latency_bounds(self, q: float, replicas: int | None = None) -> LatencyBounds:
-        """Bounds on the q-quantile with ``replicas`` servers (see the module docstring).
+    def latency_bounds(
+        self,
+        q: float,
+        replicas: int | None = None,
+        points: int = LATTICE_POINTS,
+        max_iter: int = MAX_ITER,
+    ) -> LatencyBounds:
+        """Bounds on the q-quantile with ``replicas`` servers (see the module docstring), on a
+        lattice of ``points`` steps over the longest batch, the timeout and the mean gap: fewer
+        are faster and give a looser upper bound, never a lower one. A queue whose wait has not
+        settled after ``max_iter`` Lindley steps raises ValueError, as one too near saturation.
 
         Upper bound: every batch served in S_B, so FCFS is cyclic and batch n+c waits
         W = max(0, V - D) with V = W' + S_B - (gaps before its buffer opened), independent of
@@ -331,8 +346,8 @@ class BatchBufferModel:
         if self.method != "exact":
             raise ValueError("latency_bounds needs method='exact'")
         lower = self.latency_percentile(q)
-        step = lattice_step(float(self.service[-1]), self.timeout, self.rate)
-        timer_wait, fill_wait = self._queue_waits(int(c), step)
+        step = lattice_step(float(self.service[-1]), self.timeout, self.rate, points)
+        timer_wait, fill_wait = self._queue_waits(int(c), step, max_iter)
         ys = np.arange(max(timer_wait.size, fill_wait.size)) * step
         timer_wait = np.pad(timer_wait, (0, ys.size - timer_wait.size))
         fill_wait = np.pad(fill_wait, (0, ys.size - fill_wait.size))
@@ -344,13 +359,16 @@ class BatchBufferModel:
         hi = lower + float(ys[-1]) + step
         return LatencyBounds(q, lower, _invert(upper_cdf, q, lower, hi))
 
-    def _queue_waits(self, c: int, step: float) -> tuple[np.ndarray, np.ndarray]:
+    def _queue_waits(
+        self, c: int, step: float, max_iter: int = MAX_ITER
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Lattice laws of the bound's queue wait for timer batches and for full batches."""
         opened = self._cycle.fill_cdf if self._cycle is not None else None
         return queue_waits(
             QueueInputs(self.D0, self.D1, self.service, self._batch_pmf(), self.timeout, opened),
             c,
             step,
+            max_iter,
         )
 
 

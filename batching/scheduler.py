@@ -229,9 +229,13 @@ class PoolScheduler(Placement):
 
     # -- workers in and out ----------------------------------------------------------------
 
-    def add_worker(self) -> int:
-        """A new worker in service, holding nothing yet: its index, one never used before."""
-        index = max(self._all, default=-1) + 1
+    def add_worker(self, index: int | None = None) -> int:
+        """A new worker in service, holding nothing yet: its index (``index``, or the next
+        after the highest known)."""
+        if index is None:
+            index = max(self._all, default=-1) + 1
+        elif index in self._all:
+            raise ValueError(f"worker {index} is already known")
         w = _Worker(index, self._depth)
         self._all[index] = w
         self.workers.append(w)
@@ -256,6 +260,10 @@ class PoolScheduler(Placement):
         self._removals = [(i, name) for i, name in self._removals if i != index]
         for model in self._models.values():
             model.dirty = True  # its policy sees one worker fewer
+
+    def indices(self) -> list[int]:
+        """Every worker known, in service or draining, ascending."""
+        return sorted(self._all)
 
     def drained(self, index: int) -> bool:
         """Whether a worker out of service has no action in flight any more."""

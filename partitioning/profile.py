@@ -104,8 +104,8 @@ def _side_by_side(timed: list[tuple[float, list[float]]]) -> tuple[float, list[f
     run alone, none if it does not grow) and the delays left once that is taken out."""
     alone = np.array([a for a, _ in timed])
     excess = np.array([np.median(found) for _, found in timed])
-    slope = float(np.polyfit(alone, excess, 1)[0]) if len(timed) > 1 and np.ptp(alone) > 0 else 0
-    slope = max(0.0, slope)
+    varied = len(timed) > 1 and np.ptp(alone) > 0 and np.ptp(excess) > 0  # else no slope
+    slope = max(0.0, float(np.polyfit(alone, excess, 1)[0])) if varied else 0.0
     return slope, [max(1e-7, d - slope * a) for a, found in timed for d in found]
 
 

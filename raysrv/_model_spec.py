@@ -15,6 +15,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from raysrv import batching
+from raysrv.batching.autoscale import AutoscalingSpec
 
 __all__ = [
     "DTYPES",
@@ -247,7 +248,14 @@ class ModelTemplate(_Strict):
         "size is not a file's (factories, python classes); measured at the first load.",
     )
     device: Literal["cpu", "gpu"] = Field("cpu", description="Where the replicas run.")
-    replicas: int = Field(1, ge=1, le=1024, description="Number of replica actors.")
+    replicas: int = Field(
+        1, ge=1, le=1024, description="Number of replica actors (with autoscaling: at start)."
+    )
+    autoscaling: AutoscalingSpec | None = Field(
+        None,
+        description="Add and remove replicas live between min and max: 'analytic' from a "
+        "model of the queue, 'reactive' from the queries in flight; unset, `replicas` stay.",
+    )
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Per replica.")
     placement: Placement = Field("workers", description=_PLACEMENT)
     batching: BatchingSpec = Field(default_factory=BatchingSpec, description="Batching policy.")
@@ -320,8 +328,24 @@ class ModelTemplate(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _partitioned_replicas_stay(self) -> ModelTemplate:
+        if self.partition is not None and self.autoscaling is not None:
+            raise ValueError(
+                "autoscaling of a partitioned model: its replicas' placement groups are planned "
+                "once, at start; give `replicas` instead"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _pooled_takes_the_pools_workers(self) -> ModelTemplate:
-        worker_keys = ("device", "replicas", "resources", "placement", "pipeline_depth")
+        worker_keys = (
+            "device",
+            "replicas",
+            "autoscaling",
+            "resources",
+            "placement",
+            "pipeline_depth",
+        )
         fields = type(self).model_fields
         clash = [
             k
@@ -451,6 +475,7 @@ class ResolvedPool:
     depth: int
     pinned: tuple[ModelSpec, ...] = ()
     placement: Placement = "workers"
+    autoscaling: AutoscalingSpec | None = None
 
     @property
     def kind(self) -> str:
@@ -484,7 +509,15 @@ def resolve_pools(pools: list[PoolSpec], models: list[ModelSpec]) -> list[Resolv
     ]
     dedicated = [
         ResolvedPool(
-            m.name, m.replicas, m.device, m.resources, None, m.pipeline_depth, (m,), m.placement
+            m.name,
+            _starting(m.replicas, m.autoscaling),
+            m.device,
+            m.resources,
+            None,
+            m.pipeline_depth,
+            (m,),
+            m.placement,
+            m.autoscaling,
         )
         for m in models
         if m.pool is None
@@ -517,3 +550,11 @@ def _no_duplicates(kind: str, names: list[str]) -> None:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ValueError(f"{kind} names must be unique, repeated: {dupes}")
+
+
+def _starting(replicas: int, autoscaling: AutoscalingSpec | None) -> int:
+    """The workers a pool starts with: ``replicas``, within the autoscaler's bounds, and one
+    at the least (a pool that may stop starts with one, and stops once idle)."""
+    if autoscaling is None:
+        return replicas
+    return max(1, autoscaling.min, min(replicas, autoscaling.max))

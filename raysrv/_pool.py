@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import itertools
 import logging
 import math
@@ -47,6 +48,7 @@ from raysrv.batching.actions import (
     QueueFull,
     Refusal,
 )
+from raysrv.batching.autoscale import PoolLoad, ScaleDecision, Scaler, make_scaler
 from raysrv.batching.profile import SortedWindow
 from raysrv.batching.scheduler import PoolScheduler
 from raysrv.config import Input, InputSpec, ModelSpec, ResolvedPool
@@ -142,7 +144,17 @@ class Pool:
         # every query adds to them
         self._trips_in: collections.deque[float] = collections.deque(maxlen=TRIP_SHOWN)
         self._kept_back: collections.deque[float] = collections.deque(maxlen=TRIP_SHOWN)
-        self._back = [-math.inf] * len(workers)  # when each worker's last call came back
+        # when each worker's last call came back
+        self._back: collections.defaultdict[int, float] = collections.defaultdict(lambda: -math.inf)
+        # the autoscaler (``start_scaling``): its arrivals, workers starting and draining
+        scaling = pool.autoscaling
+        self._scaler: Scaler | None = None if scaling is None else make_scaler(scaling)
+        self._scaling: asyncio.Task[None] | None = None
+        self._recent: collections.deque[float] = collections.deque()
+        self._starting: set[int] = set()
+        self._draining: set[int] = set()
+        self._cold_start_s = 0.0  # the last worker's, from asking for it to its being ready
+        self.decision: ScaleDecision | None = None
         self._timeline: collections.deque[tuple[Any, ...]] = collections.deque(
             maxlen=TIMELINE_ACTIONS
         )
@@ -164,7 +176,7 @@ class Pool:
             max_queue=model.max_queue,
         )
         if any(m.name == model.name for m in self.spec.pinned):
-            for worker in range(len(self._workers)):
+            for worker in self._workers.indices():
                 self.scheduler.pin(worker, model.name, weight or 0)
         self._specs[model.name] = spec.model_dump(mode="json")
         self._arrivals[model.name] = collections.deque(maxlen=ARRIVAL_WINDOW)
@@ -216,6 +228,8 @@ class Pool:
         self._entries[query_id] = _Entry(model, x, future, cold, now)
         self._queued[future] = query_id
         self._arrivals[model].append(now)
+        if self._scaler is not None:
+            self._recent.append(now)
         self._poke()
         return future
 
@@ -493,8 +507,10 @@ class Pool:
         self._report_memory(action.worker)
 
     def _report_memory(self, worker: int) -> None:
-        held = self.scheduler.describe_workers(self._clock())[worker]["resident_bytes"]
-        self._metrics.worker_memory(self.name, worker, int(held))  # type: ignore[arg-type]
+        for shown in self.scheduler.describe_workers(self._clock()):
+            if shown["worker"] == worker:
+                held = int(shown["resident_bytes"])  # type: ignore[call-overload]
+                self._metrics.worker_memory(self.name, worker, held)
 
     @staticmethod
     def _fail(entries: list[_Entry], error: Exception) -> None:
@@ -522,7 +538,7 @@ class Pool:
             seen.add(group)
             try:
                 if name in pinned:
-                    for worker in range(len(self._workers)):
+                    for worker in self._workers.indices():
                         await self._profile_sizes(name, worker, sizes)
                 else:
                     await self._profile_loaded(name, sizes)
@@ -556,6 +572,120 @@ class Pool:
     async def _one(self, worker: int, call: Call) -> Report:
         (report,) = await self._workers.run(worker, [call])
         return report
+
+    # -- autoscaling -----------------------------------------------------------------------
+
+    def start_scaling(self) -> None:
+        """Decide every ``every_s`` from now on (:meth:`scale`), if the pool's spec has an
+        autoscaler (on the loop, once profiled)."""
+        spec = self.spec.autoscaling
+        if spec is None or self._scaling is not None or self._closed:
+            return
+        self._scaling = asyncio.get_running_loop().create_task(self._scale_every(spec.every_s))
+
+    async def _scale_every(self, every_s: float) -> None:
+        while not self._closed:
+            await asyncio.sleep(every_s)
+            try:
+                await self.scale()
+            except Exception:  # a failed step must not end the scaling
+                logger.exception("scaling pool %s failed", self.name)
+
+    async def scale(self) -> ScaleDecision:
+        """One decision of the autoscaler, carried out: workers started (and in service once
+        ready), or drained (and ended once their work is back)."""
+        if self._scaler is None or self.spec.autoscaling is None:
+            raise ValueError(f"pool {self.name!r} has no autoscaling")
+        self._forget_drained()
+        now = self._clock()
+        window = self.spec.autoscaling.window_s
+        while self._recent and self._recent[0] < now - window:
+            self._recent.popleft()
+        load = self._load(now)
+        decision = await asyncio.to_thread(self._scaler.decide, load)
+        self.decision = decision
+        serving = len(self.scheduler.workers) + len(self._starting)
+        if decision.workers > serving:
+            await self._grow(decision.workers - serving)
+        elif decision.workers < serving:
+            self._shrink(serving - decision.workers)
+        return decision
+
+    def _load(self, now: float) -> PoolLoad:
+        """What the autoscaler reads of the pool now: a dedicated pool's one model."""
+        (model,) = self.spec.pinned
+        policy = self.scheduler.policy(model.name)
+        return PoolLoad(
+            now=now,
+            workers=len(self.scheduler.workers),
+            arrivals=tuple(self._recent),
+            ongoing=len(self._entries),
+            run_times=self.scheduler.runs(model.name).table(0.5, SHOWN_WINDOW),
+            max_batch=policy.max_batch_size,
+            slo_s=policy.slo_s,
+            cold_start_s=self._cold_start_s,
+        )
+
+    async def _grow(self, count: int) -> None:
+        """Start ``count`` workers, each in service as soon as it is ready; a cold query that
+        only they can serve in time waits for them."""
+        asked = self._clock()
+        known = [*self.scheduler.indices(), *self._workers.indices(), *self._starting]
+        first = max(known, default=-1) + 1
+        indices = list(range(first, first + count))
+        self._starting.update(indices)
+        self.scheduler.expect_workers([asked + self._cold_start_s] * len(self._starting))
+        results = await asyncio.gather(
+            *(self._workers.add(i) for i in indices), return_exceptions=True
+        )
+        for index, result in zip(indices, results, strict=True):
+            self._starting.discard(index)
+            if isinstance(result, BaseException):
+                logger.warning("pool %s: worker %d did not start: %s", self.name, index, result)
+                continue
+            self.scheduler.add_worker(index)
+            for model in self.spec.pinned:
+                weight = self.spec.worker_model(model).weight_bytes()
+                self.scheduler.pin(index, model.name, weight or 0)
+            self._cold_start_s = self._clock() - asked
+        self.scheduler.expect_workers([asked + self._cold_start_s] * len(self._starting))
+        self._poke()
+
+    def _shrink(self, count: int) -> None:
+        """Drain ``count`` workers, the newest first: they take no more work, and end once
+        what they were sent is back (:meth:`_forget_drained`), so no query is lost."""
+        for index in sorted((w.index for w in self.scheduler.workers), reverse=True)[:count]:
+            self.scheduler.drain(index)
+            self._draining.add(index)
+        self._poke()
+        self._forget_drained()
+
+    def _forget_drained(self) -> None:
+        for index in sorted(self._draining):
+            if self.scheduler.drained(index):
+                self._draining.discard(index)
+                self.scheduler.forget(index)
+                self._workers.remove(index)
+                self._back.pop(index, None)
+                for key in [k for k in self._memory if k[0] == index]:
+                    del self._memory[key]
+
+    def describe_scaling(self) -> dict[str, Any]:
+        """The autoscaler's spec, the workers in service, starting and draining, and its last
+        decision."""
+        spec = self.spec.autoscaling
+        assert spec is not None
+        decision = self.decision
+        return {
+            "policy": spec.policy,
+            "min": spec.min,
+            "max": spec.max,
+            "in_service": len(self.scheduler.workers),
+            "starting": sorted(self._starting),
+            "draining": sorted(self._draining),
+            "cold_start_s": self._cold_start_s,
+            "last": None if decision is None else dataclasses.asdict(decision),
+        }
 
     # -- what users see --------------------------------------------------------------------
 
@@ -593,12 +723,14 @@ class Pool:
         memory as measured."""
         s = self.scheduler
         workers = s.describe_workers(self._clock())
+        indices = self._workers.indices()
         try:
-            measured = await self._workers.ready()
+            measured = dict(zip(indices, await self._workers.ready(), strict=True))
         except Exception as exc:  # a worker restarting: show what the scheduler knows
             logger.warning("reading pool %s's workers failed: %s", self.name, exc)
-            measured = [{}] * len(workers)
-        for shown, seen in zip(workers, measured, strict=True):
+            measured = {}
+        for shown in workers:
+            seen = measured.get(shown["worker"], {})  # type: ignore[call-overload]
             shown["process"] = {
                 k: v for k, v in seen.items() if k not in ("rss_growth", "device_growth")
             }
@@ -621,6 +753,7 @@ class Pool:
             "evictions": s.evictions,
             "cold_starts": s.cold_starts,
             "workers": workers,
+            **({"autoscaling": self.describe_scaling()} if self._scaler is not None else {}),
         }
 
     def timeline(self, since: float = 0.0, after: int = -1) -> dict[str, list[Any]]:
@@ -657,8 +790,10 @@ class Pool:
         )
 
     async def close(self) -> None:
-        """Stop stepping and fail whatever is still queued."""
+        """Stop stepping and scaling, and fail whatever is still queued."""
         self._closed = True
+        if self._scaling is not None:
+            self._scaling.cancel()
         for handle in (self._due, self._timer):
             if handle is not None:
                 handle.cancel()

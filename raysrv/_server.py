@@ -570,10 +570,13 @@ class Server:
         return self._pool(spec)
 
     async def profile(self) -> None:
-        """Profile every pool (``Pool.profile``), one after another. Call it before the first
-        query; the ingress does, before it takes traffic."""
+        """Profile every pool (``Pool.profile``), one after another, then start the pools'
+        autoscalers. Call it before the first query; the ingress does, before it takes
+        traffic."""
         for pool in self.pools.values():
             await pool.profile()
+        for pool in self.pools.values():
+            pool.start_scaling()
 
     def _make_app(self, app: AppSpec) -> _App:
         selection = policies.make_policy(

@@ -50,6 +50,7 @@ The executors run at the worker's priority, or as many steps of niceness lower a
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import json
 import logging
@@ -60,7 +61,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache, partial
@@ -217,6 +218,12 @@ class PoolWorker:
     def start_metrics(self) -> None:
         """Report run times as ``ray_raysrv_execution_ms`` (inside Ray only)."""
         self._execution = _execution_histogram()
+
+    def stop(self) -> None:
+        """End the executors' threads once their actions are done, and drop the models."""
+        self._infers.shutdown(wait=False)
+        self._loads.shutdown(wait=False)
+        self._models.clear()
 
     async def run(self, calls: list[Call], seq: int | None = None) -> list[Report]:
         """Carry out ``calls`` (the actions the scheduler sent this worker in one step: one
@@ -459,13 +466,27 @@ class Workers:
     auto: dict[str, Any] | None = None
 
     def __len__(self) -> int:
+        return len(self.indices())
+
+    def indices(self) -> list[int]:
+        """The workers' numbers, ascending."""
         raise NotImplementedError
 
     def run(self, worker: int, calls: list[Call]) -> Awaitable[list[Report]]:
         raise NotImplementedError
 
     async def ready(self) -> list[dict[str, Any]]:
-        """Each worker's :meth:`PoolWorker.ready`, once its dedicated models are loaded."""
+        """Each worker's :meth:`PoolWorker.ready` in the order of :meth:`indices`, once its
+        dedicated models are loaded."""
+        raise NotImplementedError
+
+    async def add(self, index: int) -> None:
+        """Start worker ``index``, a number not running; returns once its dedicated models are
+        loaded (raises :class:`LoadFailed` if one cannot be, the worker ended)."""
+        raise NotImplementedError
+
+    def remove(self, index: int) -> None:
+        """End worker ``index`` (drained: nothing of it in flight)."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -512,21 +533,36 @@ class ColocatedWorkers(Workers):
 
     def __init__(self, pool: ResolvedPool, metrics: bool = True) -> None:
         pinned, niceness = _worker_args(pool)
-        self.workers = [
-            PoolWorker(pool.capacity_bytes, pinned, niceness) for _ in range(pool.workers)
-        ]
-        if metrics:
-            for worker in self.workers:
-                worker.start_metrics()
+        self._args = (pool.capacity_bytes, pinned, niceness)
+        self._metrics = metrics
+        self.workers = {i: self._make() for i in range(pool.workers)}
 
-    def __len__(self) -> int:
-        return len(self.workers)
+    def _make(self) -> PoolWorker:
+        worker = PoolWorker(*self._args)
+        if self._metrics:
+            worker.start_metrics()
+        return worker
+
+    def indices(self) -> list[int]:
+        return sorted(self.workers)
 
     def run(self, worker: int, calls: list[Call]) -> Awaitable[list[Report]]:
         return self.workers[worker].submit(calls)
 
     async def ready(self) -> list[dict[str, Any]]:
-        return [worker.ready() for worker in self.workers]
+        return [self.workers[i].ready() for i in self.indices()]
+
+    async def add(self, index: int) -> None:
+        worker = await asyncio.to_thread(self._make)  # its dedicated models load off the loop
+        try:
+            worker.ready()
+        except LoadFailed:
+            worker.stop()
+            raise
+        self.workers[index] = worker
+
+    def remove(self, index: int) -> None:
+        self.workers.pop(index).stop()
 
 
 def alive(owner: Owner) -> bool:
@@ -672,11 +708,19 @@ class RayWorkers(Workers):
     placement = "workers"
 
     def __init__(
-        self, actors: list[Any], owner: Owner, renew_s: float, groups: Sequence[Any] = ()
+        self,
+        actors: list[Any],
+        owner: Owner,
+        renew_s: float,
+        groups: Sequence[Any] = (),
+        make: Callable[[int], Awaitable[Any]] | None = None,
     ) -> None:
-        self.actors = actors
+        """``make``: a new worker of the group by its number (:meth:`add`)."""
+        self.actors = dict(enumerate(actors))
         self.groups = [g for g in groups if g is not None]
-        self._calls = [0] * len(actors)
+        self._calls = collections.Counter[int]()
+        self._owner = owner
+        self._make = make
         self._renewal = asyncio.create_task(self._renew(owner, renew_s))
 
     @classmethod
@@ -715,7 +759,8 @@ class RayWorkers(Workers):
                 taken = await asyncio.gather(*(a.claim.remote(owner) for a in actors[1:]))
                 if all(taken):
                     groups = await leaders.groups(actors)
-                    return cls(actors, owner, min(orphan_timeout_s / 4.0, 5.0), groups)
+                    renew_s = min(orphan_timeout_s / 4.0, 5.0)
+                    return cls(actors, owner, renew_s, groups, partial(actor, group))
                 await asyncio.gather(*(a.release.remote(owner) for a in actors))  # another's
         finally:
             await asyncio.to_thread(leaders.drop_unused)
@@ -726,13 +771,14 @@ class RayWorkers(Workers):
         forgotten its owner and would end itself after ``orphan_timeout_s``."""
         while True:
             await asyncio.sleep(every_s)
+            actors = dict(self.actors)  # workers may come and go meanwhile
             try:
-                held = await asyncio.gather(*(a.claim.remote(owner) for a in self.actors))
+                held = await asyncio.gather(*(a.claim.remote(owner) for a in actors.values()))
             except Exception as exc:  # a worker restarting: the next round claims it
                 logger.warning("claiming workers again: %s", exc)
                 continue
             if not all(held):
-                lost = [i for i, ok in enumerate(held) if not ok]
+                lost = [i for i, ok in zip(actors, held, strict=True) if not ok]
                 logger.error("workers %s of this replica are held by another ingress", lost)
 
     def close(self) -> None:
@@ -741,20 +787,45 @@ class RayWorkers(Workers):
         from ray.util.placement_group import remove_placement_group
 
         self._renewal.cancel()
-        for actor in self.actors:
+        for actor in self.actors.values():
             ray.kill(actor, no_restart=True)
         for group in self.groups:
             remove_placement_group(group)
 
-    def __len__(self) -> int:
-        return len(self.actors)
+    def indices(self) -> list[int]:
+        return sorted(self.actors)
 
     def run(self, worker: int, calls: list[Call]) -> Awaitable[list[Report]]:
         self._calls[worker] += 1
         return self.actors[worker].run.remote(calls, self._calls[worker])
 
     async def ready(self) -> list[dict[str, Any]]:
-        return list(await asyncio.gather(*(a.ready.remote() for a in self.actors)))
+        actors = [self.actors[i] for i in self.indices()]
+        return list(await asyncio.gather(*(a.ready.remote() for a in actors)))
+
+    async def add(self, index: int) -> None:
+        """A new actor of the group, claimed for its owner (a worker of that number that has
+        outlived an earlier owner is taken over, its dedicated models loaded)."""
+        import ray
+
+        if self._make is None or self.groups:
+            raise RuntimeError("this pool's workers cannot be added to")
+        actor = await self._make(index)
+        try:
+            if not await actor.claim.remote(self._owner):
+                raise RuntimeError(f"worker {index} is held by another ingress")
+            await actor.ready.remote()
+        except Exception:
+            ray.kill(actor, no_restart=True)
+            raise
+        self._calls[index] = 0
+        self.actors[index] = actor
+
+    def remove(self, index: int) -> None:
+        import ray
+
+        ray.kill(self.actors.pop(index), no_restart=True)
+        self._calls.pop(index, None)
 
 
 def wall(clock_now: float, clock_t: float) -> float:

@@ -201,11 +201,33 @@ class LocalWorkers(Workers):
         # each worker's two executors (INFER; LOAD and UNLOAD), as a live worker has
         self._queues: dict[tuple[int, bool], asyncio.Queue[Any]] = {}
         self._pending: list[dict[str, asyncio.Future[Report]]] = [{} for _ in range(count)]
+        self.removed: set[int] = set()  # workers ended (:meth:`remove`)
+        self.start_s = 0.0  # how long :meth:`add` takes, as a worker's start would
 
-    def __len__(self) -> int:
-        return len(self.held)
+    def indices(self) -> list[int]:
+        return [i for i in range(len(self.held)) if i not in self.removed]
+
+    async def add(self, index: int) -> None:
+        if self.start_s:
+            await asyncio.sleep(self.start_s)
+        if index == len(self.held):
+            self.held.append({})
+            self.peak_bytes.append(0)
+            self._pending.append({})
+        elif index in self.removed:
+            self.removed.discard(index)
+            self.held[index], self.peak_bytes[index] = {}, 0
+        else:
+            raise ValueError(f"worker {index} is running")
+
+    def remove(self, index: int) -> None:
+        if index in self.removed or index >= len(self.held):
+            raise ValueError(f"worker {index} is not running")
+        self.removed.add(index)
 
     def run(self, worker: int, calls: list[Call]) -> Awaitable[list[Report]]:
+        if worker in self.removed:
+            raise RuntimeError(f"worker {worker} was removed")
         loop = asyncio.get_running_loop()
         pending = self._pending[worker]
         reports = []
@@ -305,7 +327,7 @@ class LocalWorkers(Workers):
         return replace(report, started=ended - report.duration, ended=ended)
 
     async def ready(self) -> list[dict[str, Any]]:
-        return [{"models": dict(held)} for held in self.held]
+        return [{"models": dict(self.held[i])} for i in self.indices()]
 
 
 def fake_workers(

@@ -1,0 +1,83 @@
+"""A model's replicas scaled live on a real Ray Serve: Ray actors started as queries pile up and
+drained, then ended, once they stop, every query answered exactly once. The model is an
+emulated accelerator (a python model whose batch sleeps 40 ms + 5 ms a query, releasing the
+interpreter as a GPU kernel does), so that its workers, not the two cores, set the capacity."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from typing import Any
+
+import pytest
+from ray.serve.context import _get_global_client
+from ray.serve.schema import ServeDeploySchema
+
+from raysrv.testing import model_spec, spec
+from tests.integration.conftest import RayCluster, until
+
+EMULATED = {"delay_s": 0.04, "per_item_s": 0.005}
+
+
+def _deploy(policy: str) -> None:
+    scaling = {
+        "policy": policy,
+        "min": 1,
+        "max": 3,
+        "every_s": 0.5,
+        "window_s": 3.0,
+        "slo_ms": 150,
+        "target_ongoing": 2.0,
+        "look_back_s": 1.0,
+        "down_after_s": 2.0,
+    }
+    model = model_spec(
+        "gpu",
+        init_kwargs=EMULATED,
+        autoscaling=scaling,
+        batching={"policy": "fixed", "params": {"max_batch_size": 4}},
+        resources={"num_cpus": 0.1},
+    )
+    args = spec([model], [{"name": "gpu", "models": ["gpu"]}], ingress={"num_cpus": 0.1})
+    app = {"name": "scaled", "route_prefix": "/scaled", "import_path": "raysrv.app:build_app",
+           "args": args}  # fmt: skip
+    _get_global_client().deploy_apps(
+        ServeDeploySchema.model_validate({"applications": [app]}), _blocking=True
+    )
+
+
+def _scaling(handle: Any) -> dict[str, Any]:
+    (pool,) = [p for p in handle.pools.remote().result() if p["name"] == "gpu"]
+    return pool["autoscaling"] | {"workers": pool["workers"]}
+
+
+@pytest.mark.parametrize("policy", ["analytic", "reactive"])
+def test_replicas_follow_the_load_and_every_query_is_answered(
+    serve_session: RayCluster, policy: str
+) -> None:
+    from ray import serve
+
+    _deploy(policy)
+    handle = serve.get_app_handle("scaled")
+    assert _scaling(handle)["in_service"] == 1
+
+    def ask(i: int) -> dict[str, Any]:
+        return handle.predict.remote("gpu", [float(i), 0.0, 0.0, 0.0]).result()
+
+    # 16 callers at once: four times what one replica's batches of four keep up with
+    with concurrent.futures.ThreadPoolExecutor(16) as callers:
+        answers = list(callers.map(ask, range(600)))
+        grown = _scaling(handle)
+    assert all("output" in a for a in answers), [a for a in answers if "output" not in a][:3]
+    assert [a["output"]["sum"] for a in answers] == [float(i) for i in range(600)]
+    assert grown["in_service"] + len(grown["starting"]) > 1, grown
+    pids = {a["output"]["pid"] for a in answers}
+    assert len(pids) > 1  # answered by more than one worker process
+
+    shrunk = until(
+        lambda: (s := _scaling(handle))["in_service"] == 1 and not s["draining"] and s,
+        30.0,
+        "the idle pool back at one worker",
+    )
+    assert len(shrunk["workers"]) == 1  # the others ended, not only out of service
+    after = handle.predict.remote("gpu", [1.0, 2.0, 3.0, 4.0]).result()
+    assert after["output"]["sum"] == 10.0

@@ -1,0 +1,100 @@
+"""A pool's autoscaler live, on in-process workers whose batches are asyncio sleeps of a GPU-like
+curve (an emulated accelerator, so that many workers fit on two cores): a burst adds workers, a
+lull drains them, and every query gets exactly one answer, none sent to a worker once it is
+draining."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from raysrv import batching
+from raysrv._pool import Pool
+from raysrv.config import ModelSpec, resolve_pools
+from raysrv.testing import EchoModel, LocalWorkers, model_spec
+
+RUN_S = {"base": 0.010, "per_query": 0.005}  # a batch of k: 10 ms + 5 ms per query
+
+
+def _pool(policy: str, workers: LocalWorkers, **autoscaling: Any) -> Pool:
+    scaling = {"policy": policy, "min": 1, "max": 6, "every_s": 0.2, "window_s": 2.0,
+               "down_after_s": 0.6, "slo_ms": 100, **autoscaling}  # fmt: skip
+    raw = model_spec("m", replicas=1, autoscaling=scaling, slo_ms=1_000, pipeline_depth=2)
+    model = ModelSpec.model_validate(raw)
+    pool = Pool(resolve_pools([], [model])[0], workers)
+    policy_ = batching.make_policy("fixed", {"max_batch_size": 4}, 1.0)
+    pool.add_model(model, policy_)
+    return pool
+
+
+async def _offer(pool: Pool, rate: float, seconds: float, rng: np.random.Generator) -> list[Any]:
+    futures = []
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    while loop.time() < end:
+        futures.append(pool.submit("m", np.zeros(4, dtype=np.float32), deadline=math.inf))
+        await asyncio.sleep(rng.exponential(1.0 / rate))
+    return futures
+
+
+@pytest.mark.parametrize("policy", ["analytic", "reactive"])
+def test_a_burst_adds_workers_a_lull_drains_them_and_every_query_is_answered_once(
+    policy: str,
+) -> None:
+    workers = LocalWorkers(
+        1,
+        dedicated=EchoModel(),
+        delay_s=lambda k: RUN_S["base"] + RUN_S["per_query"] * k,
+    )
+    workers.start_s = 0.05  # a worker's start
+    pool = _pool(policy, workers, target_ongoing=2.0)
+    to_draining: list[int] = []  # calls sent to a worker that was draining
+    original = workers.run
+
+    def run(worker: int, calls: list[Any]) -> Any:
+        if worker in pool.describe_scaling()["draining"]:
+            to_draining.append(worker)
+        return original(worker, calls)
+
+    workers.run = run  # type: ignore[method-assign]
+
+    async def scenario() -> tuple[list[Any], list[int]]:
+        counts: list[int] = []
+
+        async def watch() -> None:
+            while True:
+                await asyncio.sleep(0.05)
+                counts.append(len(pool.scheduler.workers))
+
+        watcher = asyncio.create_task(watch())
+        pool.start_scaling()
+        rng = np.random.default_rng(0)
+        futures = await _offer(pool, 20.0, 1.0, rng)  # within one worker's reach
+        futures += await _offer(pool, 400.0, 2.5, rng)  # beyond it: 4 in 30 ms
+        futures += await _offer(pool, 10.0, 3.0, rng)  # a lull
+        await asyncio.gather(*futures, return_exceptions=True)
+        for _ in range(100):  # then idle: the pool goes back to one worker within 10 s
+            if len(pool.scheduler.workers) == 1 and not pool.describe_scaling()["draining"]:
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)
+        watcher.cancel()
+        await pool.close()
+        return futures, counts
+
+    futures, counts = asyncio.run(scenario())
+    assert to_draining == []
+    assert all(f.done() for f in futures)
+    errors = [f.exception() for f in futures if f.exception() is not None]
+    assert errors == []  # each answered, none refused or failed
+    assert all(len(f.result()) for f in futures)
+    assert max(counts) >= 3  # the burst brought workers in
+    assert counts[-1] == 1  # and the lull took them out again
+    assert workers.removed  # ended once drained
+    assert pool.describe_scaling()["draining"] == []
+    assert pool.decision is not None
+    assert pool.describe_scaling()["in_service"] == counts[-1]
