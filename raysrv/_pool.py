@@ -606,7 +606,7 @@ class Pool:
         self.decision = decision
         serving = len(self.scheduler.workers) + len(self._starting)
         if decision.workers > serving:
-            await self._grow(decision.workers - serving)
+            self._grow(decision.workers - serving)
         elif decision.workers < serving:
             self._shrink(serving - decision.workers)
         return decision
@@ -626,30 +626,39 @@ class Pool:
             cold_start_s=self._cold_start_s,
         )
 
-    async def _grow(self, count: int) -> None:
-        """Start ``count`` workers, each in service as soon as it is ready; a cold query that
-        only they can serve in time waits for them."""
+    def _grow(self, count: int) -> None:
+        """Start ``count`` workers, each in service as soon as it is ready (not when the last
+        is); a cold query that only they can serve in time waits for them."""
         asked = self._clock()
         known = [*self.scheduler.indices(), *self._workers.indices(), *self._starting]
         first = max(known, default=-1) + 1
-        indices = list(range(first, first + count))
-        self._starting.update(indices)
-        self.scheduler.expect_workers([asked + self._cold_start_s] * len(self._starting))
-        results = await asyncio.gather(
-            *(self._workers.add(i) for i in indices), return_exceptions=True
-        )
-        for index, result in zip(indices, results, strict=True):
+        for index in range(first, first + count):
+            self._starting.add(index)
+            self._track(self._start_worker(index, asked))
+        self._expect(asked)
+
+    async def _start_worker(self, index: int, asked: float) -> None:
+        try:
+            await self._workers.add(index)
+        except Exception as exc:  # a worker that cannot start: the next decision asks again
+            logger.warning("pool %s: worker %d did not start: %s", self.name, index, exc)
+            return
+        finally:
             self._starting.discard(index)
-            if isinstance(result, BaseException):
-                logger.warning("pool %s: worker %d did not start: %s", self.name, index, result)
-                continue
-            self.scheduler.add_worker(index)
-            for model in self.spec.pinned:
-                weight = self.spec.worker_model(model).weight_bytes()
-                self.scheduler.pin(index, model.name, weight or 0)
-            self._cold_start_s = self._clock() - asked
-        self.scheduler.expect_workers([asked + self._cold_start_s] * len(self._starting))
+            self._expect(asked)
+        if self._closed:
+            self._workers.remove(index)
+            return
+        self.scheduler.add_worker(index)
+        for model in self.spec.pinned:
+            weight = self.spec.worker_model(model).weight_bytes()
+            self.scheduler.pin(index, model.name, weight or 0)
+        self._cold_start_s = self._clock() - asked
         self._poke()
+
+    def _expect(self, asked: float) -> None:
+        """Tell the scheduler when the workers starting should be in service."""
+        self.scheduler.expect_workers([asked + self._cold_start_s] * len(self._starting))
 
     def _shrink(self, count: int) -> None:
         """Drain ``count`` workers, the newest first: they take no more work, and end once
