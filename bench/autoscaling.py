@@ -130,6 +130,7 @@ def _raysrv_spec(policy: str, slo_ms: float, target: float) -> dict[str, Any]:
             "max": MAX,
             "target_ongoing": target,
             "look_back_s": 2.0,
+            "every_s": 0.5 if policy == "reactive" else 1.0,
             "up_after_s": 0.0,
             "down_after_s": 5.0,
         },

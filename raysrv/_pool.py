@@ -154,6 +154,7 @@ class Pool:
         self._starting: set[int] = set()
         self._draining: set[int] = set()
         self._cold_start_s = 0.0  # the last worker's, from asking for it to its being ready
+        self._in_flight = 0  # queries in batches sent whose answers are not back
         self.decision: ScaleDecision | None = None
         self._timeline: collections.deque[tuple[Any, ...]] = collections.deque(
             maxlen=TIMELINE_ACTIONS
@@ -376,6 +377,7 @@ class Pool:
                     self._metrics.queue_length(action.model, length)
                 inputs = _batch([e.x for e in entries])
                 calls.append(Call("infer", action.model, earliest, latest, inputs=inputs))
+                self._in_flight += len(entries)
             elif isinstance(action, Load):
                 spec = self._specs[action.model]
                 calls.append(Call("load", action.model, earliest, latest, spec=spec))
@@ -431,6 +433,7 @@ class Pool:
                 if self._replies is not None:
                     self._replies(back - wall_report.ended)
             if isinstance(action, Infer):
+                self._in_flight -= len(entries)
                 self._infer_done(action, entries, report, finished)
             elif isinstance(action, Load):
                 self._load_done(action, report, finished)
@@ -619,7 +622,7 @@ class Pool:
             now=now,
             workers=len(self.scheduler.workers),
             arrivals=tuple(self._recent),
-            ongoing=len(self._entries),
+            ongoing=len(self._entries) + self._in_flight,  # queued and running
             run_times=self.scheduler.runs(model.name).table(0.5, SHOWN_WINDOW),
             max_batch=policy.max_batch_size,
             slo_s=policy.slo_s,

@@ -98,3 +98,20 @@ def test_a_burst_adds_workers_a_lull_drains_them_and_every_query_is_answered_onc
     assert pool.describe_scaling()["draining"] == []
     assert pool.decision is not None
     assert pool.describe_scaling()["in_service"] == counts[-1]
+
+
+def test_the_queries_in_flight_count_queued_and_running_alike() -> None:
+    """What the reactive rule reads: a batch sent to a worker still counts until it answers."""
+    workers = LocalWorkers(1, dedicated=EchoModel(), delay_s=0.2)
+    pool = _pool("reactive", workers)
+
+    async def scenario() -> list[float]:
+        futures = [pool.submit("m", np.zeros(4, dtype=np.float32)) for _ in range(6)]
+        await asyncio.sleep(0.05)  # a batch of 4 running, 2 queued behind it
+        during = pool._load(pool._clock()).ongoing
+        await asyncio.gather(*futures)
+        after = pool._load(pool._clock()).ongoing
+        await pool.close()
+        return [during, after]
+
+    assert asyncio.run(scenario()) == [6, 0]
