@@ -610,7 +610,9 @@ class Pool:
         serving = len(self.scheduler.workers) + len(self._starting)
         if decision.workers > serving:
             self._grow(decision.workers - serving)
-        elif decision.workers < serving:
+        elif decision.workers < serving and not self._starting:
+            # with workers starting, the ones in service stay until they are: drained now,
+            # the pool could be left with none that serves
             self._shrink(serving - decision.workers)
         return decision
 

@@ -115,3 +115,29 @@ def test_the_queries_in_flight_count_queued_and_running_alike() -> None:
         return [during, after]
 
     assert asyncio.run(scenario()) == [6, 0]
+
+
+def test_a_pool_never_drains_below_its_workers_starting_and_none_goes_to_zero() -> None:
+    """A decision to shrink while a worker is still starting waits for it: draining the
+    worker in service then would leave none to serve until the new one is ready."""
+    from raysrv.batching.autoscale import ScaleDecision
+
+    workers = LocalWorkers(1, dedicated=EchoModel())
+    workers.start_s = 0.3
+    pool = _pool("reactive", workers)
+    asked = iter([2, 1, 1])
+    pool._scaler.decide = lambda load: ScaleDecision(next(asked), 0, "told")  # type: ignore[union-attr]
+
+    async def scenario() -> list[tuple[int, int]]:
+        seen = []
+        await pool.scale()  # one more asked for: starting
+        await pool.scale()  # back to one while it starts: nothing drained
+        seen.append((len(pool.scheduler.workers), len(pool.describe_scaling()["starting"])))
+        await asyncio.sleep(0.5)  # it is in service
+        seen.append((len(pool.scheduler.workers), 0))
+        await pool.scale()  # now one goes
+        seen.append((len(pool.scheduler.workers), len(pool.describe_scaling()["draining"])))
+        await pool.close()
+        return seen
+
+    assert asyncio.run(scenario()) == [(1, 1), (2, 0), (1, 0)]
