@@ -155,6 +155,7 @@ class Pool:
         self._draining: set[int] = set()
         self._cold_start_s = 0.0  # the last worker's, from asking for it to its being ready
         self._in_flight = 0  # queries in batches sent whose answers are not back
+        self._last_index = -1  # the highest worker number the autoscaler has started
         self.decision: ScaleDecision | None = None
         self._timeline: collections.deque[tuple[Any, ...]] = collections.deque(
             maxlen=TIMELINE_ACTIONS
@@ -635,8 +636,10 @@ class Pool:
         """Start ``count`` workers, each in service as soon as it is ready (not when the last
         is); a cold query that only they can serve in time waits for them."""
         asked = self._clock()
-        known = [*self.scheduler.indices(), *self._workers.indices(), *self._starting]
-        first = max(known, default=-1) + 1
+        # numbers never used before: a Ray actor ended under one may still hold its name
+        known = [*self.scheduler.indices(), *self._workers.indices(), self._last_index]
+        first = max(known) + 1
+        self._last_index = first + count - 1
         for index in range(first, first + count):
             self._starting.add(index)
             self._track(self._start_worker(index, asked))
