@@ -11,15 +11,15 @@ give S_k. The pool is modelled as BATCH's buffer (a batch is cut at ``max_batch`
 ``timeout`` after its first) in front of c workers that serve batches first come first served;
 :meth:`~raysrv.analytics.BatchBufferModel.latency_bounds` bounds the ``percentile`` of latency
 from above for each c. The scaler asks for the fewest workers whose bound meets the SLO (cost,
-eq. 1 with reserved workers, grows with c alone), searching the buffer's timeout over a small
-grid: the live policies cut batches as workers free, which the buffer stands for with the
-timeout that serves the load with the fewest workers. The bound is pessimistic by design (it
-charges every batch the largest batch's time once c > 1), so a count that meets it meets the
-SLO. Two corrections make it plan ahead rather than react:
+eq. 1 with reserved workers, grows with c alone), searching the buffer's cap and timeout over
+a small grid: the live policies cut batches as workers free, which the buffer stands for with
+the cap and timeout that serve the load with the fewest workers. The bound is pessimistic by
+design (it charges every batch the largest batch's time once c > 1), so a count that meets it
+meets the SLO. Two corrections make it plan ahead rather than react:
 
-* **Cold start.** A worker asked for now serves only after ``cold_start_s``; the rate it is
-  planned for is the rate of the last half window extrapolated over the cold start when it is
-  rising (a ramp), never below the window's rate, times ``1 + headroom``.
+* **Cold start.** A worker asked for now serves only after ``cold_start_s``; when the last
+  half window's rate is measurably above the window's (a ramp), the rate planned for is that
+  rate extrapolated over the cold start, and in any case times ``1 + headroom``.
 * **Scale to zero** (``min: 0``) only after ``idle_s`` without an arrival, and never sooner than
   ten cold starts: an idle spell shorter than that costs the next query more than the worker
   saves.

@@ -740,6 +740,8 @@ class Pool:
         memory as measured."""
         s = self.scheduler
         workers = s.describe_workers(self._clock())
+        # read with the workers, before the wait below, in which the autoscaler may act
+        scaling = {"autoscaling": self.describe_scaling()} if self._scaler is not None else {}
         indices = self._workers.indices()
         try:
             measured = dict(zip(indices, await self._workers.ready(), strict=True))
@@ -770,7 +772,7 @@ class Pool:
             "evictions": s.evictions,
             "cold_starts": s.cold_starts,
             "workers": workers,
-            **({"autoscaling": self.describe_scaling()} if self._scaler is not None else {}),
+            **scaling,
         }
 
     def timeline(self, since: float = 0.0, after: int = -1) -> dict[str, list[Any]]:
