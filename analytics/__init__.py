@@ -23,7 +23,7 @@ from raysrv.analytics.interference import simulate_interference
 from raysrv.analytics.optimize import BatchingPlan, optimize_batching
 from raysrv.analytics.poolsim import PoolSimResult, SimModel, simulate_pool
 from raysrv.analytics.profiles import ServiceProfile, TableProfile
-from raysrv.analytics.serf import serf_config_table, serf_latency, serf_predict
+from raysrv.analytics.serf import lookup_config, serf_config_table, serf_latency, serf_predict
 from raysrv.analytics.simulate import SimResult, simulate
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "TableProfile",
     "fit_emg",
     "fit_map2",
+    "lookup_config",
     "optimize_batching",
     "serf_config_table",
     "serf_latency",

@@ -1,8 +1,8 @@
 """How many workers a pool should have: from a model of its queue, or from its requests in flight.
 
-Two scalers behind one method, :meth:`Scaler.decide`, which reads a :class:`PoolLoad` (the
+Three scalers behind one method, :meth:`Scaler.decide`, which reads a :class:`PoolLoad` (the
 pool's recent arrivals, its queries in flight, its measured run times) and returns a
-:class:`ScaleDecision`. Neither holds a clock, an event loop or Ray: the live pool and the
+:class:`ScaleDecision`. None holds a clock, an event loop or Ray: the live pool and the
 simulator call them alike.
 
 ``analytic`` (batch §IV, eq. 2 taken over the number of workers). The arrivals of the last
@@ -29,7 +29,14 @@ target_ongoing)``, ``ongoing`` averaged over ``look_back_s``. It sees a spike on
 queries are queued, which is the comparison the analytic scaler is measured against
 (``bench/RESULTS.md``, "Elastic capacity").
 
-Both go through the same hysteresis (:class:`Hysteresis`): up once the need has stayed above
+``serf`` (:class:`SerfScaler`) chooses the threads of each worker as well as their number:
+the configuration SERF's reference table (serf §IV) gives the lowest predicted mean latency at
+the measured load, from a short profile of the per-query service rate with 1, 2, ... queries
+running at once, per thread count, taken before the pool serves. A change of threads is a
+rolling replacement: the pool starts the new workers, puts them in service, and only then
+drains the old ones.
+
+All go through the same hysteresis (:class:`Hysteresis`): up once the need has stayed above
 the workers in service for ``up_after_s`` (0: at once), down once it has stayed below for
 ``down_after_s``, and then only to the largest need seen over that span. Removing a worker is
 the pool's business: it drains the worker first (:meth:`PoolScheduler.drain`), so no query is
@@ -53,6 +60,7 @@ __all__ = [
     "PoolLoad",
     "ScaleDecision",
     "Scaler",
+    "SerfScaler",
     "make_scaler",
 ]
 
@@ -67,6 +75,7 @@ MAX_POINTS = 2000
 # Lindley steps a bound may take: a queue slower to settle is nearly saturated, and counts as
 # missing the SLO (cheaper, and on the safe side: more workers)
 MAX_STEPS = 300
+LOAD_LEVELS = 20  # the rows of SERF's table, spread up to the most a configuration serves
 
 
 class AutoscalingSpec(BaseModel):
@@ -74,11 +83,12 @@ class AutoscalingSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    policy: Literal["analytic", "reactive"] = Field(
+    policy: Literal["analytic", "reactive", "serf"] = Field(
         "analytic",
         description="'analytic': the fewest workers a model of the queue says meet the SLO "
         "(BATCH eq. 2 over workers); 'reactive': queries in flight over target_ongoing, as "
-        "Ray Serve scales replicas.",
+        "Ray Serve scales replicas; 'serf': the configuration (workers, threads) SERF's table "
+        "gives the lowest mean latency at the measured load.",
     )
     min: int = Field(1, ge=0, le=1024, description="Fewest workers; 0 lets an idle pool stop.")
     max: int = Field(ge=1, le=1024, description="Most workers.")
@@ -113,11 +123,29 @@ class AutoscalingSpec(BaseModel):
     idle_s: float = Field(
         60.0, gt=0.0, le=86400.0, description="With min 0: stop after this long without queries."
     )
+    threads: tuple[int, ...] = Field(
+        (1, 2),
+        min_length=1,
+        description="SERF: the intra-op thread counts a worker's configuration may take.",
+    )
+    cores: int | None = Field(
+        None,
+        ge=1,
+        le=4096,
+        description="SERF: the cores the pool's workers share, workers x threads at most; "
+        "unset: the CPUs of the ingress's host.",
+    )
+    profile_queries: int = Field(
+        20, ge=2, le=10_000, description="SERF: queries each profiled degree runs, per worker."
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> AutoscalingSpec:
         if self.min > self.max:
             raise ValueError(f"min ({self.min}) is above max ({self.max})")
+        bad = [t for t in self.threads if not 1 <= t <= 256]
+        if bad:
+            raise ValueError(f"threads must each lie in 1..256, got {bad}")
         return self
 
 
@@ -133,6 +161,7 @@ class PoolLoad:
     max_batch: int  # the largest batch the pool's policy cuts
     slo_s: float  # the SLO to plan for
     cold_start_s: float = 0.0  # from asking for a worker to its first batch
+    threads: int = 1  # intra-op threads of the workers in service
 
 
 @dataclass(frozen=True)
@@ -142,10 +171,12 @@ class ScaleDecision:
     workers: int
     needed: int
     reason: str
-    rate: float | None = None  # analytic: the arrival rate planned for, per second
-    predicted_s: float | None = None  # analytic: the bound on the percentile at ``needed``
+    rate: float | None = None  # analytic, serf: the arrival rate planned for, per second
+    # analytic: the bound on the percentile at ``needed``; serf: the predicted mean latency
+    predicted_s: float | None = None
     timeout_s: float | None = None  # analytic: the buffer's timeout that met the bound
     max_batch: int | None = None  # analytic: and its batch cap
+    threads: int | None = None  # serf: each worker's intra-op threads; None: as they are
 
 
 @dataclass
@@ -343,5 +374,134 @@ def _points(model: Any) -> int:
     return int(min(MAX_POINTS, max(LATTICE_POINTS, math.ceil(8 * span / float(model.service[0])))))
 
 
+class SerfScaler(Scaler):
+    """SERF's scheduler (serf §IV-D): the table's best configuration at the measured load.
+
+    :meth:`set_profile` takes mu_1 .. mu_n per thread count (the per-query service rate with
+    i queries running at once, serf §IV-B) and builds the configuration reference table
+    (``serf_config_table``, §IV-C) at ``LOAD_LEVELS`` loads spread up to the most any
+    configuration serves. A configuration here is (workers, threads): each worker runs one
+    batch at a time, so SERF's service parallelism c is the number of workers, which take
+    the pool's one queue first come first served, as the M/D_interf/c queue does. ``cores``
+    bounds workers x threads, as a machine's cores bound ``c * C_intra`` (§IV-C).
+
+    At a decision the load is the window's arrival rate times ``1 + headroom``, looked up at
+    the next level up (``lookup_config``); beyond the table, the configuration that serves
+    the most. Configurations are ordered by what they serve (c mu_c), and the hysteresis runs
+    on that order: a switch to one that serves more after ``up_after_s``, to one that serves
+    less after ``down_after_s``.
+    """
+
+    def __init__(self, spec: AutoscalingSpec) -> None:
+        super().__init__(spec)
+        self.rates: dict[int, tuple[float, ...]] = {}
+        self.cores = 0
+        self.table: tuple[Any, ...] = ()
+        self._ranked: list[tuple[int, int]] = []  # (workers, threads) by what they serve
+        # (workers, threads) within the bounds and cores -> what it serves, c mu_c per second
+        self.capacity: dict[tuple[int, int], float] = {}
+
+    def set_profile(self, rates: Mapping[int, Sequence[float]], cores: int) -> None:
+        """Build the table from ``rates[threads]`` = mu_1 .. mu_n (per second) on ``cores``."""
+        from raysrv.analytics import serf_config_table
+
+        self.rates = {t: tuple(float(m) for m in mu) for t, mu in sorted(rates.items())}
+        self.cores = cores
+        self.capacity = {
+            (c, t): c * mu[c - 1]
+            for t, mu in self.rates.items()
+            for c in range(max(1, self.spec.min), min(len(mu), self.spec.max) + 1)
+            if c * t <= cores
+        }
+        if not self.capacity:
+            raise ValueError(
+                f"no configuration fits: threads {sorted(self.rates)}, workers "
+                f"{self.spec.min}..{self.spec.max}, {cores} cores"
+            )
+        self._ranked = sorted(self.capacity, key=lambda k: (self.capacity[k], -k[0]))
+        top = max(self.capacity.values())
+        loads = [top * k / (LOAD_LEVELS + 1) for k in range(1, LOAD_LEVELS + 1)]
+        profile = {
+            (1, t): mu[: min(len(mu), self.spec.max, cores // t)]
+            for t, mu in self.rates.items()
+            if cores // t >= 1
+        }
+        self.table = serf_config_table(profile, loads, machines=1, cores_per_machine=cores)
+
+    def decide(self, load: PoolLoad) -> ScaleDecision:
+        if not self.table:
+            return ScaleDecision(load.workers, load.workers, "not profiled yet")
+        if self._idle(load):
+            return ScaleDecision(0, 0, "idle")
+        from raysrv.analytics import lookup_config
+
+        recent = [t for t in load.arrivals if t >= load.now - self.spec.window_s]
+        rate = len(recent) / self.spec.window_s * (1.0 + self.spec.headroom)
+        row = lookup_config(self.table, rate)
+        fits = row.best is not None and row.load >= rate
+        if fits:
+            config = row.best.config
+            wanted = (max(config.service, self.spec.min), config.intra_threads)
+            predicted = row.best.latency
+        else:
+            wanted, predicted = self._ranked[-1], None
+        if wanted not in self.capacity:  # raised to ``min``, past the cores: serve the most
+            wanted = self._ranked[-1]
+        if load.workers == 0 and load.ongoing > 0:
+            target = wanted  # queries wait for a worker: no hysteresis from zero
+        else:
+            current = self._rank(load.workers, load.threads)
+            target = self._ranked[
+                self._hysteresis.apply(load.now, current, self._ranked.index(wanted))
+            ]
+        reason = (
+            f"{rate:.1f}/s: the table's row {row.load:.1f}/s"
+            if fits
+            else f"{rate:.1f}/s: beyond the table, the configuration that serves the most"
+        )
+        return ScaleDecision(
+            target[0], wanted[0], reason, rate=rate, predicted_s=predicted, threads=target[1]
+        )
+
+    def _rank(self, workers: int, threads: int) -> int:
+        """The place of (workers, threads) in the order; one not in it takes the place of
+        the configuration that serves closest to what it would."""
+        if (workers, threads) in self.capacity:
+            return self._ranked.index((workers, threads))
+        mu = self.rates.get(threads, ())
+        serves = workers * mu[min(workers, len(mu)) - 1] if mu and workers else 0.0
+        return min(
+            range(len(self._ranked)),
+            key=lambda i: abs(self.capacity[self._ranked[i]] - serves),
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """The profile and the table, as the plan view shows them."""
+        return {
+            "cores": self.cores,
+            "rates": {str(t): list(mu) for t, mu in self.rates.items()},
+            "table": [
+                {
+                    "load": row.load,
+                    "best": _choice(row.best),
+                    "runner_up": _choice(row.runner_up),
+                }
+                for row in self.table
+            ],
+        }
+
+
+def _choice(choice: Any) -> dict[str, Any] | None:
+    if choice is None:
+        return None
+    return {
+        "workers": choice.config.service,
+        "threads": choice.config.intra_threads,
+        "mean_ms": choice.latency * 1000.0,
+    }
+
+
 def make_scaler(spec: AutoscalingSpec) -> Scaler:
+    if spec.policy == "serf":
+        return SerfScaler(spec)
     return AnalyticScaler(spec) if spec.policy == "analytic" else ReactiveScaler(spec)

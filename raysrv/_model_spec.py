@@ -337,6 +337,16 @@ class ModelTemplate(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _serf_profiles_on_cpus(self) -> ModelTemplate:
+        serf = self.autoscaling is not None and self.autoscaling.policy == "serf"
+        if serf and self.device != "cpu":
+            raise ValueError(
+                f"autoscaling.policy 'serf' with device {self.device!r}: it profiles the "
+                "model's threads on the ingress's CPUs; use 'analytic' or 'reactive'"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _pooled_takes_the_pools_workers(self) -> ModelTemplate:
         worker_keys = (
             "device",

@@ -26,6 +26,7 @@ import dataclasses
 import itertools
 import logging
 import math
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -34,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from raysrv._planner import PlanSnapshot
-from raysrv._workers import Call, Report, Workers, wall
+from raysrv._workers import Call, Report, Workers, concurrent_rates, wall
 from raysrv.batching import BatchingPolicy, QueuedQuery
 from raysrv.batching.actions import (
     LATE_START,
@@ -48,7 +49,13 @@ from raysrv.batching.actions import (
     QueueFull,
     Refusal,
 )
-from raysrv.batching.autoscale import PoolLoad, ScaleDecision, Scaler, make_scaler
+from raysrv.batching.autoscale import (
+    PoolLoad,
+    ScaleDecision,
+    Scaler,
+    SerfScaler,
+    make_scaler,
+)
 from raysrv.batching.profile import SortedWindow
 from raysrv.batching.scheduler import PoolScheduler
 from raysrv.config import Input, InputSpec, ModelSpec, ResolvedPool
@@ -156,6 +163,11 @@ class Pool:
         self._cold_start_s = 0.0  # the last worker's, from asking for it to its being ready
         self._in_flight = 0  # queries in batches sent whose answers are not back
         self._last_index = -1  # the highest worker number the autoscaler has started
+        # each worker's intra-op threads, where the autoscaler chose them; the threads of the
+        # workers in service, and of those a switch is bringing in (SerfScaler)
+        self._threads: dict[int, int] = {}
+        self._in_force = pool.resources.threads
+        self._switch_to: tuple[int, int] | None = None
         self.decision: ScaleDecision | None = None
         self._timeline: collections.deque[tuple[Any, ...]] = collections.deque(
             maxlen=TIMELINE_ACTIONS
@@ -548,6 +560,27 @@ class Pool:
                     await self._profile_loaded(name, sizes)
             except Exception as exc:
                 logger.warning("profiling %s failed: %s", name, exc)
+        if isinstance(self._scaler, SerfScaler):
+            try:
+                await self._profile_configurations(self._scaler)
+            except Exception as exc:  # served as deployed, the scaler unprofiled
+                logger.warning("profiling the configurations of %s failed: %s", self.name, exc)
+
+    async def _profile_configurations(self, scaler: SerfScaler) -> None:
+        """SERF's profile (serf §IV-B) of each thread count the spec allows, up to as many
+        queries at once as workers of it fit the cores, into the scaler's table."""
+        spec = self.spec.autoscaling
+        assert spec is not None
+        (model,) = self.spec.pinned
+        cores = spec.cores or os.cpu_count() or 1
+        rates = {}
+        for threads in spec.threads:
+            most = min(spec.max, cores // threads)
+            if most >= 1:
+                rates[threads] = await asyncio.to_thread(
+                    concurrent_rates, self.spec, model, threads, most, spec.profile_queries
+                )
+        scaler.set_profile(rates, cores)
 
     async def _profile_loaded(self, name: str, sizes: tuple[int, ...]) -> None:
         runs = self.scheduler.runs(name)
@@ -608,9 +641,13 @@ class Pool:
         load = self._load(now)
         decision = await asyncio.to_thread(self._scaler.decide, load)
         self.decision = decision
+        threads = decision.threads or self._in_force
+        if threads != self._in_force or self._switch_to is not None:
+            self._switch(decision.workers, threads)
+            return decision
         serving = len(self.scheduler.workers) + len(self._starting)
         if decision.workers > serving:
-            self._grow(decision.workers - serving)
+            self._grow(decision.workers - serving, threads)
         elif decision.workers < serving and not self._starting:
             # with workers starting, the ones in service stay until they are: drained now,
             # the pool could be left with none that serves
@@ -630,9 +667,34 @@ class Pool:
             max_batch=policy.max_batch_size,
             slo_s=policy.slo_s,
             cold_start_s=self._cold_start_s,
+            threads=self._in_force,
         )
 
-    def _grow(self, count: int) -> None:
+    def _switch(self, workers: int, threads: int) -> None:
+        """Towards ``workers`` workers of ``threads`` threads each, a rolling replacement:
+        start the ones missing, and once that many are in service, drain all others. Until
+        then the old workers serve, so the switch costs no capacity and loses no query."""
+        ready = [w.index for w in self.scheduler.workers if self._threads_of(w.index) == threads]
+        starting = [i for i in self._starting if self._threads_of(i) == threads]
+        if len(ready) + len(starting) < workers:
+            self._grow(workers - len(ready) - len(starting), threads)
+        if len(ready) < workers or starting:
+            self._switch_to = (workers, threads)
+            return
+        self._switch_to = None
+        self._in_force = threads
+        keep = set(sorted(ready)[:workers])
+        for worker in list(self.scheduler.workers):
+            if worker.index not in keep:
+                self.scheduler.drain(worker.index)
+                self._draining.add(worker.index)
+        self._poke()
+        self._forget_drained()
+
+    def _threads_of(self, index: int) -> int:
+        return self._threads.get(index, self.spec.resources.threads)
+
+    def _grow(self, count: int, threads: int) -> None:
         """Start ``count`` workers, each in service as soon as it is ready (not when the last
         is); a cold query that only they can serve in time waits for them."""
         asked = self._clock()
@@ -642,12 +704,13 @@ class Pool:
         self._last_index = first + count - 1
         for index in range(first, first + count):
             self._starting.add(index)
-            self._track(self._start_worker(index, asked))
+            self._threads[index] = threads
+            self._track(self._start_worker(index, asked, threads))
         self._expect(asked)
 
-    async def _start_worker(self, index: int, asked: float) -> None:
+    async def _start_worker(self, index: int, asked: float, threads: int) -> None:
         try:
-            await self._workers.add(index)
+            await self._workers.add(index, threads)
         except Exception as exc:  # a worker that cannot start: the next decision asks again
             logger.warning("pool %s: worker %d did not start: %s", self.name, index, exc)
             return
@@ -662,6 +725,8 @@ class Pool:
             weight = self.spec.worker_model(model).weight_bytes()
             self.scheduler.pin(index, model.name, weight or 0)
         self._cold_start_s = self._clock() - asked
+        if self._switch_to is not None:
+            self._switch(*self._switch_to)
         self._poke()
 
     def _expect(self, asked: float) -> None:
@@ -684,6 +749,7 @@ class Pool:
                 self.scheduler.forget(index)
                 self._workers.remove(index)
                 self._back.pop(index, None)
+                self._threads.pop(index, None)
                 for key in [k for k in self._memory if k[0] == index]:
                     del self._memory[key]
 
@@ -701,8 +767,19 @@ class Pool:
             "starting": sorted(self._starting),
             "draining": sorted(self._draining),
             "cold_start_s": self._cold_start_s,
+            "threads": self._in_force,
+            "switching_to": None
+            if self._switch_to is None
+            else dict(zip(("workers", "threads"), self._switch_to, strict=True)),
             "last": None if decision is None else dataclasses.asdict(decision),
         }
+
+    def describe_configurations(self) -> dict[str, Any] | None:
+        """SERF's profile and table, and the configuration in force; None without them."""
+        if not isinstance(self._scaler, SerfScaler) or not self._scaler.table:
+            return None
+        in_force = {"workers": len(self.scheduler.workers), "threads": self._in_force}
+        return {**self._scaler.describe(), "in_force": in_force}
 
     # -- what users see --------------------------------------------------------------------
 

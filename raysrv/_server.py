@@ -1153,6 +1153,9 @@ class Server:
             for key, value in pool.describe_model(model).items()
             if key not in ("batching", "batch_seconds")
         }
+        configurations = pool.describe_configurations()
+        if configurations is not None:
+            view["configurations"] = configurations
         return view
 
     def describe_apps(self) -> list[dict[str, Any]]:

@@ -442,6 +442,58 @@ def median_run_s(pool: ResolvedPool, model: ModelSpec, size: int, runs: int) -> 
     return statistics.median(times)
 
 
+def concurrent_rates(
+    pool: ResolvedPool, model: ModelSpec, threads: int, most: int, queries: int, size: int = 1
+) -> tuple[float, ...]:
+    """SERF's profile of one thread count (serf §IV-B): mu_1 .. mu_most, the per-query service
+    rate (per second) with i queries running at once, each on a runtime of its own with
+    ``threads`` intra-op threads, as i workers of ``pool`` would load ``model``. Each of the i
+    runs a batch of one untimed, then ``queries`` timed; mu_i is one over their mean. The
+    runtimes are threads of this process, which the runtimes' own threads leave free as
+    they run (ONNX Runtime, torch, a sleeping python model), so i of them contend for the
+    cores and caches as i workers on one host do. ``size``: the batch one query stands for."""
+    spec = with_threads(pool.worker_model(model), threads)
+    runtimes = [load_runtime(spec) for _ in range(most)]
+    batch = model.input.batch(size)
+    for runtime in runtimes:
+        runtime.predict_batch(batch)
+    rates = [
+        1.0 / statistics.fmean(_at_once(runtimes[:i], batch, queries)) for i in range(1, most + 1)
+    ]
+    for runtime in runtimes:
+        runtime.close()
+    return tuple(rates)
+
+
+def _at_once(runtimes: list[Runtime], batch: Any, queries: int) -> list[float]:
+    """The seconds of each of ``queries`` batches run back to back on each of ``runtimes``,
+    all of them at once (each on a thread of its own, started together)."""
+    times: list[float] = []
+    start = threading.Barrier(len(runtimes))
+
+    def serve(runtime: Runtime) -> None:
+        start.wait()
+        for _ in range(queries):
+            began = time.perf_counter()
+            runtime.predict_batch(batch)
+            times.append(time.perf_counter() - began)
+
+    threads = [threading.Thread(target=serve, args=(r,), daemon=True) for r in runtimes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return times
+
+
+def with_threads(model: ModelSpec, threads: int | None) -> ModelSpec:
+    """``model`` with ``threads`` intra-op threads (as it is when None)."""
+    if threads is None or threads == model.resources.threads:
+        return model
+    resources = model.resources.model_copy(update={"threads": threads})
+    return model.model_copy(update={"resources": resources})
+
+
 def choose_placement(pool: ResolvedPool) -> tuple[Placement, dict[str, float]]:
     """Where an ``auto`` pool's workers run, and the median ms of a batch of one of each of
     its dedicated models timed here (none where the pool's kind decides): colocated if every
@@ -480,9 +532,10 @@ class Workers:
         dedicated models are loaded."""
         raise NotImplementedError
 
-    async def add(self, index: int) -> None:
+    async def add(self, index: int, threads: int | None = None) -> None:
         """Start worker ``index``, a number not running; returns once its dedicated models are
-        loaded (raises :class:`LoadFailed` if one cannot be, the worker ended)."""
+        loaded (raises :class:`LoadFailed` if one cannot be, the worker ended). ``threads``:
+        its models' intra-op threads, if not the pool's."""
         raise NotImplementedError
 
     def remove(self, index: int) -> None:
@@ -493,10 +546,15 @@ class Workers:
         """End the workers (their owner stops); nothing to do for threads of this process."""
 
 
-def _worker_args(pool: ResolvedPool) -> tuple[list[dict[str, Any]], tuple[int, int]]:
+def _worker_args(
+    pool: ResolvedPool, threads: int | None = None
+) -> tuple[list[dict[str, Any]], tuple[int, int]]:
     """What each worker of ``pool`` is made with, wherever it runs: its dedicated models (as
-    a worker reads them) and the niceness of its batches and of its LOADs."""
-    pinned = [pool.worker_model(m).model_dump(mode="json") for m in pool.pinned]
+    a worker reads them, with ``threads`` intra-op threads if given) and the niceness of its
+    batches and of its LOADs."""
+    pinned = [
+        with_threads(pool.worker_model(m), threads).model_dump(mode="json") for m in pool.pinned
+    ]
     return pinned, (pool.resources.niceness, pool.resources.load_niceness)
 
 
@@ -532,13 +590,13 @@ class ColocatedWorkers(Workers):
     placement = "colocated"
 
     def __init__(self, pool: ResolvedPool, metrics: bool = True) -> None:
-        pinned, niceness = _worker_args(pool)
-        self._args = (pool.capacity_bytes, pinned, niceness)
+        self._pool = pool
         self._metrics = metrics
         self.workers = {i: self._make() for i in range(pool.workers)}
 
-    def _make(self) -> PoolWorker:
-        worker = PoolWorker(*self._args)
+    def _make(self, threads: int | None = None) -> PoolWorker:
+        pinned, niceness = _worker_args(self._pool, threads)
+        worker = PoolWorker(self._pool.capacity_bytes, pinned, niceness)
         if self._metrics:
             worker.start_metrics()
         return worker
@@ -552,8 +610,8 @@ class ColocatedWorkers(Workers):
     async def ready(self) -> list[dict[str, Any]]:
         return [self.workers[i].ready() for i in self.indices()]
 
-    async def add(self, index: int) -> None:
-        worker = await asyncio.to_thread(self._make)  # its dedicated models load off the loop
+    async def add(self, index: int, threads: int | None = None) -> None:
+        worker = await asyncio.to_thread(self._make, threads)  # models load off the loop
         try:
             worker.ready()
         except LoadFailed:
@@ -713,9 +771,9 @@ class RayWorkers(Workers):
         owner: Owner,
         renew_s: float,
         groups: Sequence[Any] = (),
-        make: Callable[[int], Awaitable[Any]] | None = None,
+        make: Callable[[int, int | None], Awaitable[Any]] | None = None,
     ) -> None:
-        """``make``: a new worker of the group by its number (:meth:`add`)."""
+        """``make``: a new worker of the group by its number and threads (:meth:`add`)."""
         self.actors = dict(enumerate(actors))
         self.groups = [g for g in groups if g is not None]
         self._calls = collections.Counter[int]()
@@ -739,15 +797,16 @@ class RayWorkers(Workers):
         key = json.dumps({**shape, "pinned": pinned}, sort_keys=True).encode()
         digest = hashlib.sha256(key).hexdigest()[:12]
         remote = ray.remote(_RayWorker)
-        args = (pool.capacity_bytes, pinned, niceness, orphan_timeout_s)
         if not await asyncio.to_thread(alive, owner):
             raise RuntimeError(f"the owner {owner} of pool {pool.name!r} is not a live actor")
         leaders = _Leaders(pool)
 
-        async def actor(group: int, i: int) -> Any:
+        async def actor(group: int, i: int, threads: int | None = None) -> Any:
             name = f"raysrv:{app}:{pool.name}:{digest}:{group}:{i}"
             options = _actor_options(pool, name)
             plans = await leaders.place(name, options)
+            models = pinned if threads is None else _worker_args(pool, threads)[0]
+            args = (pool.capacity_bytes, models, niceness, orphan_timeout_s)
             return remote.options(**options).remote(*args, plans)
 
         try:
@@ -803,14 +862,14 @@ class RayWorkers(Workers):
         actors = [self.actors[i] for i in self.indices()]
         return list(await asyncio.gather(*(a.ready.remote() for a in actors)))
 
-    async def add(self, index: int) -> None:
+    async def add(self, index: int, threads: int | None = None) -> None:
         """A new actor of the group, claimed for its owner (a worker of that number that has
         outlived an earlier owner is taken over, its dedicated models loaded)."""
         import ray
 
         if self._make is None or self.groups:
             raise RuntimeError("this pool's workers cannot be added to")
-        actor = await self._make(index)
+        actor = await self._make(index, threads)
         try:
             if not await actor.claim.remote(self._owner):
                 raise RuntimeError(f"worker {index} is held by another ingress")

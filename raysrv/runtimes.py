@@ -9,6 +9,7 @@ config, never from request data.
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
@@ -130,10 +131,14 @@ class TorchRuntime(Runtime):
 
 class PythonRuntime(Runtime):
     """Any importable class whose instances implement ``predict_batch(inputs) -> outputs``:
-    ``inputs`` a stacked array, or for string and bytes inputs a list of ``str`` or ``bytes``."""
+    ``inputs`` a stacked array, or for string and bytes inputs a list of ``str`` or ``bytes``.
+    A class whose constructor takes ``threads`` is given the worker's intra-op threads."""
 
-    def __init__(self, source: str, **init_kwargs: Any) -> None:
-        self.model = import_object(source)(**init_kwargs)
+    def __init__(self, source: str, threads: int = 1, **init_kwargs: Any) -> None:
+        factory = import_object(source)
+        if "threads" in _parameters(factory) and "threads" not in init_kwargs:
+            init_kwargs["threads"] = threads
+        self.model = factory(**init_kwargs)
         if not callable(getattr(self.model, "predict_batch", None)):
             raise TypeError(f"{source} does not implement predict_batch(inputs) -> outputs")
         if callable(getattr(self.model, "weight_bytes", None)):
@@ -141,6 +146,13 @@ class PythonRuntime(Runtime):
 
     def predict_batch(self, inputs: Sequence[Any]) -> list[Any]:
         return [_plain(output) for output in self.model.predict_batch(inputs)]
+
+
+def _parameters(factory: Any) -> set[str]:
+    try:
+        return set(inspect.signature(factory).parameters)
+    except (TypeError, ValueError):  # a builtin without a signature
+        return set()
 
 
 def _plain(value: Any) -> Any:
@@ -176,4 +188,4 @@ def load_runtime(spec: ModelSpec, plan: Any = None) -> Runtime:
         return OnnxRuntime(spec.source, spec.device, threads)
     if spec.runtime == "torch":
         return TorchRuntime(spec.source, spec.device, threads, **spec.init_kwargs)
-    return PythonRuntime(spec.source, **spec.init_kwargs)
+    return PythonRuntime(spec.source, threads, **spec.init_kwargs)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -31,6 +32,7 @@ from raysrv.batching import (
 )
 
 __all__ = [
+    "CurveModel",
     "EchoModel",
     "FakeClock",
     "LabelModel",
@@ -82,6 +84,42 @@ class EchoModel:
             {"sum": s, "batch_size": len(batch), "batch": self.batches, "pid": os.getpid()}
             for s in sums
         ]
+
+
+class CurveModel:
+    """An emulated accelerator whose service curve is given: a batch of k sleeps ``(base_s +
+    per_query_s * k) / threads ** scaling``, stretched by ``1 + interference`` for each other
+    CurveModel batch running in this process when it starts (shared cores and memory).
+
+    For scaling experiments on a small host: the sleeps leave the CPUs free, so many workers
+    run at once, and their threads and contention follow the curve instead of the host.
+    """
+
+    _running = 0
+    _lock = threading.Lock()
+
+    def __init__(
+        self,
+        base_s: float = 0.004,
+        per_query_s: float = 0.0,
+        threads: int = 1,
+        scaling: float = 0.6,
+        interference: float = 0.15,
+    ) -> None:
+        self.speedup = threads**scaling
+        self.base_s, self.per_query_s, self.interference = base_s, per_query_s, interference
+
+    def predict_batch(self, inputs: Sequence[Any]) -> list[float]:
+        with CurveModel._lock:
+            others = CurveModel._running
+            CurveModel._running += 1
+        try:
+            work = (self.base_s + self.per_query_s * len(inputs)) / self.speedup
+            time.sleep(work * (1.0 + self.interference * others))
+        finally:
+            with CurveModel._lock:
+                CurveModel._running -= 1
+        return [float(np.sum(x)) for x in inputs]
 
 
 class UnloadableModel:
@@ -203,13 +241,15 @@ class LocalWorkers(Workers):
         self._pending: list[dict[str, asyncio.Future[Report]]] = [{} for _ in range(count)]
         self.removed: set[int] = set()  # workers ended (:meth:`remove`)
         self.start_s = 0.0  # how long :meth:`add` takes, as a worker's start would
+        self.threads: dict[int, int | None] = {}  # what :meth:`add` was given, by worker
 
     def indices(self) -> list[int]:
         return [i for i in range(len(self.held)) if i not in self.removed]
 
-    async def add(self, index: int) -> None:
+    async def add(self, index: int, threads: int | None = None) -> None:
         if self.start_s:
             await asyncio.sleep(self.start_s)
+        self.threads[index] = threads
         if index == len(self.held):
             self.held.append({})
             self.peak_bytes.append(0)

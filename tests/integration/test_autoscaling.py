@@ -81,3 +81,57 @@ def test_replicas_follow_the_load_and_every_query_is_answered(
     assert len(shrunk["workers"]) == 1  # the others ended, not only out of service
     after = handle.predict.remote("gpu", [1.0, 2.0, 3.0, 4.0]).result()
     assert after["output"]["sum"] == 10.0
+
+
+def test_serf_profiles_switches_threads_live_and_shows_its_table(serve_session: RayCluster) -> None:
+    """``policy: serf`` on Ray: profiled before serving, its table in the plan view, and a
+    switch from the deployed one-thread worker to the table's one of two threads (an emulated
+    accelerator whose query takes 4 ms on one thread and 1.5 times less on two) while a caller
+    keeps asking; every query is answered, and the old worker ends."""
+    from ray import serve
+
+    scaling = {"policy": "serf", "min": 1, "max": 2, "threads": [1, 2], "cores": 2,
+               "every_s": 0.5, "window_s": 2.0, "down_after_s": 0.0}  # fmt: skip
+    model = model_spec(
+        "curve",
+        source="raysrv.testing:CurveModel",
+        init_kwargs={"base_s": 0.004, "scaling": 0.6, "interference": 0.15},
+        autoscaling=scaling,
+        resources={"num_cpus": 0.1},
+    )
+    args = spec([model], [{"name": "curve", "models": ["curve"]}], ingress={"num_cpus": 0.1})
+    app = {"name": "serf", "route_prefix": "/serf", "import_path": "raysrv.app:build_app",
+           "args": args}  # fmt: skip
+    _get_global_client().deploy_apps(
+        ServeDeploySchema.model_validate({"applications": [app]}), _blocking=True
+    )
+    handle = serve.get_app_handle("serf")
+    answers = []
+    for i in range(400):  # one caller: a light load, where the faster worker wins
+        answers.append(handle.predict.remote("curve", [float(i), 1.0, 0.0, 0.0]).result())
+        if i >= 50 and (s := _serf(handle))["threads"] == 2 and not s["draining"]:
+            break
+    assert [a["output"] for a in answers] == [i + 1.0 for i in range(len(answers))]
+    switched = until(
+        lambda: (s := _serf(handle))["threads"] == 2 and not s["draining"] and s,
+        30.0,
+        "the pool on one worker of two threads",
+    )
+    assert switched["in_service"] == 1
+    assert len(switched["workers"]) == 1
+    assert switched["last"]["threads"] == 2
+    plan = handle.plan.remote("curve").result()
+    configurations = plan["configurations"]
+    assert configurations["in_force"] == {"workers": 1, "threads": 2}
+    assert sorted(configurations["rates"]) == ["1", "2"]
+    assert len(configurations["rates"]["1"]) == 2
+    assert len(configurations["rates"]["2"]) == 1
+    assert configurations["table"][0]["best"]["threads"] == 2
+    rows = [row["load"] for row in configurations["table"]]
+    assert rows == sorted(rows)
+    assert len(rows) == 20
+
+
+def _serf(handle: Any) -> dict[str, Any]:
+    (pool,) = [p for p in handle.pools.remote().result() if p["name"] == "curve"]
+    return pool["autoscaling"] | {"workers": pool["workers"]}

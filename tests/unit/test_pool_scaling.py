@@ -141,3 +141,67 @@ def test_a_pool_never_drains_below_its_workers_starting_and_none_goes_to_zero() 
         return seen
 
     assert asyncio.run(scenario()) == [(1, 1), (2, 0), (1, 0)]
+
+
+def test_a_switch_of_threads_brings_the_new_workers_in_before_it_drains_the_old() -> None:
+    """SERF's reconfiguration as a rolling replacement: under steady load, two one-thread
+    workers become one of two threads and back; every query is answered once and in time, no
+    call reaches a worker once it drains, and the old workers serve until the new are in."""
+    from raysrv.batching.autoscale import ScaleDecision
+
+    workers = LocalWorkers(2, dedicated=EchoModel(), delay_s=0.01)
+    workers.start_s = 0.2
+    pool = _pool("serf", workers, max=2)
+    asked = iter([(1, 2), (1, 2), (2, 1)])
+
+    def decide(load: Any) -> ScaleDecision:
+        count, threads = next(asked)
+        return ScaleDecision(count, count, "told", threads=threads)
+
+    pool._scaler.decide = decide  # type: ignore[union-attr,method-assign]
+    to_draining: list[int] = []
+    original = workers.run
+
+    def run(worker: int, calls: list[Any]) -> Any:
+        if worker in pool.describe_scaling()["draining"]:
+            to_draining.append(worker)
+        return original(worker, calls)
+
+    workers.run = run  # type: ignore[method-assign]
+
+    async def scenario() -> tuple[list[Any], list[tuple[int, int]], list[int]]:
+        seen: list[tuple[int, int]] = []
+        serving: list[int] = []
+        loop = asyncio.get_running_loop()
+
+        async def offer(seconds: float) -> list[Any]:
+            futures = []
+            end = loop.time() + seconds
+            while loop.time() < end:
+                deadline = pool._clock() + 0.5
+                futures.append(pool.submit("m", np.zeros(4, np.float32), deadline=deadline))
+                serving.append(len(pool.scheduler.workers))
+                await asyncio.sleep(0.01)
+            return futures
+
+        futures = []
+        for _ in range(3):
+            await pool.scale()
+            futures += await offer(0.5)  # the new workers start within it and take over
+            in_service = sorted(w.index for w in pool.scheduler.workers)
+            seen.append((len(in_service), pool.describe_scaling()["threads"]))
+        await asyncio.gather(*futures, return_exceptions=True)
+        await asyncio.sleep(0.05)
+        pool._forget_drained()
+        await pool.close()
+        return futures, seen, serving
+
+    futures, seen, serving = asyncio.run(scenario())
+    assert seen == [(1, 2), (1, 2), (2, 1)]
+    errors = [f.exception() for f in futures if f.exception() is not None]
+    assert errors == []  # each answered within its deadline
+    assert to_draining == []
+    assert serving[:10] == [2] * 10  # the first new worker is starting: the old two serve
+    assert min(serving) >= 1
+    assert workers.removed == {0, 1, 2}  # the two first, then the two-thread one
+    assert [workers.threads[i] for i in (2, 3, 4)] == [2, 1, 1]
