@@ -1,8 +1,9 @@
 """Elastic capacity on a trace with a ramp and spikes: raysrv's analytic autoscaler, its reactive
 one, and Ray Serve's own autoscaling of a plain deployment, one after another on one Ray.
 
-    python -m bench.autoscaling [--systems analytic reactive serve] [--scale 1.0]
-        [--slo-ms 250] [--targets 2 4 8] [--out JSON] [--plot PNG]
+    python -m bench.autoscaling [--systems analytic reactive serve fixed] [--scale 1.0]
+        [--slo-ms 250] [--targets 2 4 8] [--headrooms 0.1] [--workers 1 2 3 4 5 6]
+        [--out JSON] [--plot PNG]
 
 The model is an **emulated accelerator**: a python model whose batch of k sleeps 40 ms + 5 ms
 per query (:class:`raysrv.testing.EchoModel`), releasing the interpreter as a GPU kernel does,
@@ -12,7 +13,11 @@ so that six workers fit on the two cores and the workers, not the CPUs, set the 
 * ``analytic`` and ``reactive``: raysrv with the model on its own workers (Ray actors),
   batches of at most ``MAX_BATCH`` cut as a worker frees (``fixed``), ``autoscaling`` between
   ``MIN`` and ``MAX`` workers; each request carries its SLO and ``sent_at``. ``reactive`` aims
-  at a number of queries in flight per worker, each of ``--targets`` in a run of its own.
+  at a number of queries in flight per worker, each of ``--targets`` in a run of its own;
+  ``analytic`` runs once per ``--headrooms``.
+* ``fixed``: raysrv with as many workers as each of ``--workers``, a run each, no autoscaling.
+  They measure the workers the trace needs: per ``WINDOW_S`` window, the fewest that answered
+  99% of its queries within the SLO (:func:`needs`), beside what the analytic scaler asked for.
 * ``serve``: the same model behind ``@serve.batch(MAX_BATCH, 5 ms)`` in a plain deployment with
   Serve's autoscaling, tuned the way a user would for a bursty load (each of ``--targets``
   ongoing requests per replica in a run of its own, a look-back of 2 s, scale-up after 1 s and
@@ -24,7 +29,9 @@ so that six workers fit on the two cores and the workers, not the CPUs, set the 
 The trace (:func:`rates`, stretched by ``--scale``): 20 s at 20 queries/s, a ramp to 160/s over
 40 s, 30 s at 160/s with a spike to 260/s for 3 s every 10 s, a ramp back down over 20 s and
 30 s at 20/s, Poisson within (about 13,000 queries). Every query is its own input; requests go
-over HTTP through Serve's HAProxy ingress (:data:`raysrv.cli.FAST_PATH`).
+over HTTP through Serve's HAProxy ingress (:data:`raysrv.cli.FAST_PATH`). Each run starts
+with a 3 s warm-up at two requests in flight and 16 s without any, so that the trace starts
+with every scaler at rest and the warm-up out of its window.
 
 Reported per system, from the client's side (latency from each request's scheduled time):
 answered within the SLO over offered, late answers, refusals (429/503), failures and requests
@@ -60,7 +67,7 @@ MIN, MAX = 1, 6
 SAMPLE_S = 0.5
 WINDOW_S = 5.0
 AFTER_DOWN_S = 3.0
-SYSTEMS = ("analytic", "reactive", "serve")
+SYSTEMS = ("analytic", "reactive", "serve", "fixed")
 PHASES = ((20.0, 20.0, 20.0), (40.0, 20.0, 160.0), (30.0, 160.0, 160.0), (20.0, 160.0, 20.0),
           (30.0, 20.0, 20.0))  # fmt: skip  # (seconds, rate at its start, rate at its end)
 SPIKE = (60.0, 90.0, 10.0, 3.0, 100.0)  # from, to, every, lasting, queries/s on top
@@ -124,11 +131,15 @@ def _raysrv_spec(policy: str, slo_ms: float, target: float) -> dict[str, Any]:
         "batching": {"policy": "fixed", "params": {"max_batch_size": MAX_BATCH}},
         "slo_ms": slo_ms,
         "input": {"shape": [4], "dtype": "float32"},
-        "autoscaling": {
+        "replicas": int(target) if policy == "fixed" else 1,
+        "autoscaling": None
+        if policy == "fixed"
+        else {
             "policy": policy,
             "min": MIN,
             "max": MAX,
-            "target_ongoing": target,
+            "target_ongoing": target if policy == "reactive" else 2.0,
+            "headroom": target if policy == "analytic" else 0.1,
             "look_back_s": 2.0,
             "every_s": 0.5 if policy == "reactive" else 1.0,
             "up_after_s": 0.0,
@@ -172,27 +183,30 @@ def deploy(system: str, slo_ms: float, target: float) -> str:
     return f"/{system}/v1/gpu/predict"
 
 
-async def _workers(system: str, base: str, session: aiohttp.ClientSession) -> tuple[int, int]:
-    """Workers in service now, and (``analytic``) how many its model last asked for."""
+async def _workers(system: str, base: str, session: aiohttp.ClientSession) -> tuple[int, int, str]:
+    """Workers in service now, how many the scaler last asked for, and why (raysrv's)."""
     if system == "serve":
         status = await asyncio.to_thread(serve.status)
         states = status.applications[system].deployments["emulated"].replica_states
         running = int(states.get("RUNNING", 0))
-        return running, running
+        return running, running, ""
     async with session.get(f"{base}/{system}/v1/pools") as response:
         pools = (await response.json())["pools"]
     (pool,) = [p for p in pools if p["name"] == "gpu"]
+    if "autoscaling" not in pool:  # fixed
+        return len(pool["workers"]), len(pool["workers"]), ""
     scaling = pool["autoscaling"]
     last = scaling["last"] or {}
-    return scaling["in_service"], int(last.get("needed", scaling["in_service"]))
+    needed = int(last.get("needed", scaling["in_service"]))
+    return scaling["in_service"], needed, str(last.get("reason", ""))
 
 
-async def _sample(system: str, base: str, t0: float, out: list[tuple[float, int, int]]) -> None:
+async def _sample(system: str, base: str, t0: float, out: list[tuple[Any, ...]]) -> None:
     async with aiohttp.ClientSession() as session:
         while True:
             try:
-                workers, needed = await _workers(system, base, session)
-                out.append((time.perf_counter() - t0, workers, needed))
+                workers, needed, reason = await _workers(system, base, session)
+                out.append((time.perf_counter() - t0, workers, needed, reason))
             except Exception as exc:  # a sample missed is not a run lost
                 print(f"{system}: sampling failed: {exc}", file=sys.stderr)
             await asyncio.sleep(SAMPLE_S)
@@ -211,22 +225,28 @@ async def run_system(
     offsets = arrivals(args.scale, np.random.default_rng(11))
     async with TimedClient(url, inputs, args.slo_ms, body=body) as client:
         await closed_loop(client, 2, 3.0)  # warm-up, within one worker's reach
-        await asyncio.sleep(8.0)  # back to the fewest workers
-        samples: list[tuple[float, int, int]] = []
+        await asyncio.sleep(16.0)  # out of the scalers' windows (10 s): back to the fewest workers
+        samples: list[tuple[Any, ...]] = []
         sampler = asyncio.create_task(_sample(system, base, time.perf_counter(), samples))
         try:
             log = await replay(client, offsets)
         finally:
             sampler.cancel()
     figures = summarize(log, samples, args.slo_ms / 1000.0, trace_seconds(args.scale))
-    figures["system"] = system if system == "analytic" else f"{system}, target {target:g}"
+    figures["system"] = (
+        f"analytic, headroom {target:g}"
+        if system == "analytic"
+        else f"fixed, {target:g} workers"
+        if system == "fixed"
+        else f"{system}, target {target:g}"
+    )
     print(f"{system}: { {k: v for k, v in figures.items() if k != 'log'} }", file=sys.stderr)
     serve.delete(system)
     return figures
 
 
 def summarize(
-    log: Any, samples: list[tuple[float, int, int]], slo_s: float, duration: float
+    log: Any, samples: list[tuple[Any, ...]], slo_s: float, duration: float
 ) -> dict[str, Any]:
     scheduled = np.asarray(log.scheduled)
     latency = np.asarray(log.done) - scheduled
@@ -279,14 +299,18 @@ def plot(results: list[dict[str, Any]], scale: float, slo_s: float, path: Path) 
     t = np.linspace(0, trace_seconds(scale), 2000)
     axes[0].plot(t, rates(t, scale), color="black")
     axes[0].set_ylabel("offered, queries/s")
-    for r in results:
+    shown = [r for r in results if not r["system"].startswith("fixed")]
+    for i, r in enumerate(shown):
+        color = f"C{i}"  # one colour per system in both panels
         times = [s[0] for s in r["samples"]]
-        axes[1].step(times, [s[1] for s in r["samples"]], where="post", label=r["system"])
-        if r["system"] == "analytic":
+        workers = [s[1] for s in r["samples"]]
+        axes[1].step(times, workers, where="post", label=r["system"], color=color)
+        if r["system"].startswith("analytic"):
             needed = [s[2] for s in r["samples"]]
-            axes[1].step(times, needed, where="post", linestyle=":", label="analytic: asked")
+            label = r["system"] + ": asked"
+            axes[1].step(times, needed, where="post", linestyle=":", label=label, color=color)
         edges = np.arange(len(r["p99_ms_by_window"])) * WINDOW_S + WINDOW_S / 2
-        axes[2].plot(edges, r["p99_ms_by_window"], marker=".", label=r["system"])
+        axes[2].plot(edges, r["p99_ms_by_window"], marker=".", label=r["system"], color=color)
     axes[1].set_ylabel("workers in service")
     axes[1].legend(fontsize=7)
     axes[2].axhline(slo_s * 1e3, color="grey", linestyle="--", linewidth=0.8)
@@ -311,6 +335,52 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
+def needs(results: list[dict[str, Any]], slo_s: float) -> list[dict[str, Any]]:
+    """Per ``WINDOW_S`` of the trace, the workers needed, measured: the fewest of the ``fixed``
+    runs that answered at least 99% of the window's queries within the SLO (None: more than
+    any run had); beside them the most the analytic scaler asked for over the window and the
+    mean it had in service. Empty without both."""
+    fixed = sorted(
+        (int(r["system"].split(", ")[1].split()[0]), r)
+        for r in results
+        if r["system"].startswith("fixed")
+    )
+    analytic = next((r for r in results if r["system"].startswith("analytic")), None)
+    if not fixed or analytic is None:
+        return []
+    rows = []
+    for opens in np.arange(0.0, len(analytic["p99_ms_by_window"]) * WINDOW_S, WINDOW_S):
+        inside = [s for s in analytic["samples"] if opens <= s[0] < opens + WINDOW_S]
+        rows.append({
+            "opens": float(opens),
+            "measured": next((c for c, r in fixed if _met(r, opens, slo_s)), None),
+            "asked": max((s[2] for s in inside), default=None),
+            "in_service": float(np.mean([s[1] for s in inside])) if inside else None,
+        })  # fmt: skip
+    return rows
+
+
+def _met(run: dict[str, Any], opens: float, slo_s: float) -> bool:
+    scheduled = np.asarray(run["log"]["scheduled"])
+    latency = np.asarray(run["log"]["latency"])
+    ok = np.asarray(run["log"]["status"]) == 200
+    mine = (scheduled >= opens) & (scheduled < opens + WINDOW_S)
+    return bool(np.mean(ok[mine] & (latency[mine] <= slo_s)) >= 0.99) if mine.any() else True
+
+
+def needs_table(rows: list[dict[str, Any]], scale: float) -> str:
+    lines = ["| seconds | offered, queries/s | workers needed, measured | analytic asked, most | "
+             "analytic in service, mean |", "|---|---:|---:|---:|---:|"]  # fmt: skip
+    for r in rows:
+        t = np.linspace(r["opens"], r["opens"] + WINDOW_S, 50)
+        needed = ">" + str(MAX) if r["measured"] is None else str(r["measured"])
+        lines.append(
+            f"| {r['opens']:.0f}-{r['opens'] + WINDOW_S:.0f} | {rates(t, scale).mean():.0f} | "
+            f"{needed} | {r['asked']} | {r['in_service']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
@@ -323,6 +393,20 @@ def parser() -> argparse.ArgumentParser:
         default=[2.0, 4.0, 8.0],
         help="ongoing requests per worker aimed at by reactive and serve, a run each",
     )
+    p.add_argument(
+        "--headrooms",
+        nargs="+",
+        type=float,
+        default=[0.1],
+        help="analytic: the headroom of each run, a run each",
+    )
+    p.add_argument(
+        "--workers",
+        nargs="+",
+        type=int,
+        default=list(range(MIN, MAX + 1)),
+        help="fixed: the workers of each run, a run each (the workers the trace needs)",
+    )
     p.add_argument("--out", type=Path, default=Path("bench/out/autoscaling.json"))
     p.add_argument("--plot", type=Path, default=Path("bench/figures/autoscaling.png"))
     return p
@@ -331,18 +415,18 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     port = start(serve_proxy=False)
-    runs = [
-        (s, t)
-        for s in args.systems
-        for t in (args.targets[:1] if s == "analytic" else args.targets)
-    ]
+    each = {"analytic": args.headrooms, "fixed": args.workers}
+    runs = [(s, t) for s in args.systems for t in each.get(s, args.targets)]
     results = [asyncio.run(run_system(s, t, port, args)) for s, t in runs]
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    need_rows = needs(results, args.slo_ms / 1000.0)
     args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out),
                                                           "plot": str(args.plot)},
-                                    "results": results}))  # fmt: skip
+                                    "results": results, "needs": need_rows}))  # fmt: skip
     plot(results, args.scale, args.slo_ms / 1000.0, args.plot)
     print(table(results))
+    if need_rows:
+        print(needs_table(need_rows, args.scale))
     return 0
 
 

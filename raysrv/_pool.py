@@ -711,14 +711,17 @@ class Pool:
     async def _start_worker(self, index: int, asked: float, threads: int) -> None:
         try:
             await self._workers.add(index, threads)
+            await self._warm(index)
         except Exception as exc:  # a worker that cannot start: the next decision asks again
             logger.warning("pool %s: worker %d did not start: %s", self.name, index, exc)
             return
         finally:
             self._starting.discard(index)
             self._expect(asked)
-        if self._closed:
+        wanted = self._in_force if self._switch_to is None else self._switch_to[1]
+        if self._closed or threads != wanted:  # a switch called off while it started
             self._workers.remove(index)
+            self._threads.pop(index, None)
             return
         self.scheduler.add_worker(index)
         for model in self.spec.pinned:
@@ -728,6 +731,19 @@ class Pool:
         if self._switch_to is not None:
             self._switch(*self._switch_to)
         self._poke()
+
+    async def _warm(self, index: int) -> None:
+        """Run a batch of one of each model on new worker ``index``, untimed, before it serves,
+        so that what its first call sets up is not paid by a query. If the batch fails, the
+        worker is ended and the error raised."""
+        try:
+            for model in self.spec.pinned:
+                example = InputSpec.model_validate(self._specs[model.name]["input"])
+                report = await self._one(index, Call("infer", model.name, inputs=example.batch(1)))
+                _expect(report, f"a first batch of {model.name} on worker {index}")
+        except Exception:
+            self._workers.remove(index)
+            raise
 
     def _expect(self, asked: float) -> None:
         """Tell the scheduler when the workers starting should be in service."""

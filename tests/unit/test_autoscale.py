@@ -152,3 +152,41 @@ def test_the_spec_names_the_bound_it_breaks() -> None:
         AutoscalingSpec(min=5, max=2)
     with pytest.raises(ValidationError, match="policy"):
         AutoscalingSpec(policy="magic", max=2)
+
+
+def test_a_change_of_rate_is_found_where_it_happened_and_a_steady_rate_has_none() -> None:
+    from raysrv.batching.autoscale import _change
+
+    rng = np.random.default_rng(4)
+    for rate in (5.0, 50.0, 500.0):
+        for _ in range(50):
+            steady = np.cumsum(rng.exponential(1.0 / rate, int(rate * 20)))
+            steady = steady[steady < 10.0]
+            assert _change(steady, 0.0, 10.0) is None
+    burst = _poisson(1200.0, 6.0, seed=1)
+    burst = burst[burst < 5.0]
+    mixed = np.concatenate([burst, 5.0 + _poisson(100.0, 4.9, seed=2)])
+    split = _change(mixed, 0.0, 10.0)
+    assert split is not None
+    assert abs(split - burst.size) <= 2  # within two arrivals of the burst's end
+
+
+def test_a_rise_is_fitted_since_it_began_and_a_fall_keeps_the_burst_in_view() -> None:
+    """100/s, then 1,200/s for the last 5 s: fitted since the rise, as the 1,200/s it is now
+    (whole, the window would read as one bursty process at the mean rate). The other way
+    round the burst that ended stays in the fit, and more workers than 100/s needs are kept."""
+    quiet = _poisson(100.0, 5.0, seed=2)
+    quiet = quiet[quiet < 5.0]
+    burst = 5.0 + _poisson(1200.0, 4.99, seed=1)
+    spec = AutoscalingSpec(max=32, headroom=0.0)
+    rise = make_scaler(spec).decide(_load(np.concatenate([quiet, burst])))
+    alone = make_scaler(spec).decide(_load(burst))
+    assert "since the rate changed" in rise.reason
+    assert rise.rate == pytest.approx(alone.rate, rel=0.02)
+    assert rise.needed == alone.needed > 1
+
+    ended = np.concatenate([burst - 5.0, 5.0 + quiet])
+    fall = make_scaler(spec).decide(_load(ended))
+    after = make_scaler(spec).decide(_load(5.0 + quiet))
+    assert "since the rate changed" not in fall.reason
+    assert fall.needed > after.needed == 1

@@ -31,6 +31,20 @@ def _pool(policy: str, workers: LocalWorkers, **autoscaling: Any) -> Pool:
     return pool
 
 
+def _sent_to_draining(pool: Pool, workers: LocalWorkers) -> list[int]:
+    """The workers of the calls sent while the worker was draining, filled as they are sent."""
+    sent: list[int] = []
+    original = workers.run
+
+    def run(worker: int, calls: list[Any]) -> Any:
+        if worker in pool.describe_scaling()["draining"]:
+            sent.append(worker)
+        return original(worker, calls)
+
+    workers.run = run  # type: ignore[method-assign]
+    return sent
+
+
 async def _offer(pool: Pool, rate: float, seconds: float, rng: np.random.Generator) -> list[Any]:
     futures = []
     loop = asyncio.get_running_loop()
@@ -52,15 +66,7 @@ def test_a_burst_adds_workers_a_lull_drains_them_and_every_query_is_answered_onc
     )
     workers.start_s = 0.05  # a worker's start
     pool = _pool(policy, workers, target_ongoing=2.0)
-    to_draining: list[int] = []  # calls sent to a worker that was draining
-    original = workers.run
-
-    def run(worker: int, calls: list[Any]) -> Any:
-        if worker in pool.describe_scaling()["draining"]:
-            to_draining.append(worker)
-        return original(worker, calls)
-
-    workers.run = run  # type: ignore[method-assign]
+    to_draining = _sent_to_draining(pool, workers)
 
     async def scenario() -> tuple[list[Any], list[int]]:
         counts: list[int] = []
@@ -159,15 +165,7 @@ def test_a_switch_of_threads_brings_the_new_workers_in_before_it_drains_the_old(
         return ScaleDecision(count, count, "told", threads=threads)
 
     pool._scaler.decide = decide  # type: ignore[union-attr,method-assign]
-    to_draining: list[int] = []
-    original = workers.run
-
-    def run(worker: int, calls: list[Any]) -> Any:
-        if worker in pool.describe_scaling()["draining"]:
-            to_draining.append(worker)
-        return original(worker, calls)
-
-    workers.run = run  # type: ignore[method-assign]
+    to_draining = _sent_to_draining(pool, workers)
 
     async def scenario() -> tuple[list[Any], list[tuple[int, int]], list[int]]:
         seen: list[tuple[int, int]] = []
@@ -205,3 +203,67 @@ def test_a_switch_of_threads_brings_the_new_workers_in_before_it_drains_the_old(
     assert min(serving) >= 1
     assert workers.removed == {0, 1, 2}  # the two first, then the two-thread one
     assert [workers.threads[i] for i in (2, 3, 4)] == [2, 1, 1]
+
+
+def test_a_new_worker_runs_a_batch_of_one_before_it_serves() -> None:
+    """Its first call is a batch of one of the model's example input, sent while the worker
+    is not yet in service; queries reach it only after."""
+    from raysrv.batching.autoscale import ScaleDecision
+
+    workers = LocalWorkers(1, dedicated=EchoModel(), delay_s=0.01)
+    workers.start_s = 0.05
+    pool = _pool("reactive", workers)
+    pool._scaler.decide = lambda load: ScaleDecision(2, 2, "told")  # type: ignore[union-attr]
+    calls: list[tuple[int, int, bool]] = []  # worker, batch size, in service when sent
+    original = workers.run
+
+    def run(worker: int, batch: list[Any]) -> Any:
+        in_service = worker in {w.index for w in pool.scheduler.workers}
+        calls.extend((worker, len(c.inputs), in_service) for c in batch if c.kind == "infer")
+        return original(worker, batch)
+
+    workers.run = run  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        await pool.scale()
+        await asyncio.sleep(0.2)  # started, warmed, in service
+        futures = [pool.submit("m", np.ones(4, np.float32)) for _ in range(16)]
+        await asyncio.gather(*futures)
+        await pool.close()
+
+    asyncio.run(scenario())
+    new = [(size, in_service) for worker, size, in_service in calls if worker == 1]
+    assert new[0] == (1, False)  # the warm-up, before it serves
+    assert len(new) > 1  # then queries
+    assert all(in_service for _, in_service in new[1:])
+
+
+def test_a_switch_called_off_ends_the_workers_it_had_started() -> None:
+    """A switch to two threads is under way when the load turns back: the worker started for
+    it is ended once it is up, never put in service beside the one-thread workers."""
+    from raysrv.batching.autoscale import ScaleDecision
+
+    workers = LocalWorkers(2, dedicated=EchoModel(), delay_s=0.01)
+    workers.start_s = 0.2
+    pool = _pool("serf", workers, max=2)
+    asked = iter([(1, 2), (2, 1)])
+
+    def decide(load: Any) -> ScaleDecision:
+        count, threads = next(asked)
+        return ScaleDecision(count, count, "told", threads=threads)
+
+    pool._scaler.decide = decide  # type: ignore[union-attr,method-assign]
+
+    async def scenario() -> tuple[list[int], int]:
+        await pool.scale()  # a two-thread worker starts
+        await pool.scale()  # called off while it starts
+        await asyncio.sleep(0.4)  # it is up, and unwanted
+        in_service = sorted(w.index for w in pool.scheduler.workers)
+        threads = pool.describe_scaling()["threads"]
+        await pool.close()
+        return in_service, threads
+
+    in_service, threads = asyncio.run(scenario())
+    assert (in_service, threads) == ([0, 1], 1)
+    assert workers.threads == {2: 2}
+    assert workers.removed == {2}
