@@ -738,8 +738,8 @@ class Pool:
         worker is ended and the error raised."""
         try:
             for model in self.spec.pinned:
-                example = InputSpec.model_validate(self._specs[model.name]["input"])
-                report = await self._one(index, Call("infer", model.name, inputs=example.batch(1)))
+                first = Call("infer", model.name, inputs=model.input.batch(1))
+                report = await self._one(index, first)
                 _expect(report, f"a first batch of {model.name} on worker {index}")
         except Exception:
             self._workers.remove(index)

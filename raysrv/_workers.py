@@ -434,12 +434,7 @@ def median_run_s(pool: ResolvedPool, model: ModelSpec, size: int, runs: int) -> 
     runtime = load_runtime(pool.worker_model(model))
     batch = model.input.batch(size)
     runtime.predict_batch(batch)
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        runtime.predict_batch(batch)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(_at_once([runtime], batch, runs))
 
 
 def concurrent_rates(

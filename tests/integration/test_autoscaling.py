@@ -45,8 +45,8 @@ def _deploy(policy: str) -> None:
     )
 
 
-def _scaling(handle: Any) -> dict[str, Any]:
-    (pool,) = [p for p in handle.pools.remote().result() if p["name"] == "gpu"]
+def _scaling(handle: Any, name: str = "gpu") -> dict[str, Any]:
+    (pool,) = [p for p in handle.pools.remote().result() if p["name"] == name]
     return pool["autoscaling"] | {"workers": pool["workers"]}
 
 
@@ -109,11 +109,11 @@ def test_serf_profiles_switches_threads_live_and_shows_its_table(serve_session: 
     answers = []
     for i in range(400):  # one caller: a light load, where the faster worker wins
         answers.append(handle.predict.remote("curve", [float(i), 1.0, 0.0, 0.0]).result())
-        if i >= 50 and (s := _serf(handle))["threads"] == 2 and not s["draining"]:
+        if i >= 50 and (s := _scaling(handle, "curve"))["threads"] == 2 and not s["draining"]:
             break
     assert [a["output"] for a in answers] == [i + 1.0 for i in range(len(answers))]
     switched = until(
-        lambda: (s := _serf(handle))["threads"] == 2 and not s["draining"] and s,
+        lambda: (s := _scaling(handle, "curve"))["threads"] == 2 and not s["draining"] and s,
         30.0,
         "the pool on one worker of two threads",
     )
@@ -130,8 +130,3 @@ def test_serf_profiles_switches_threads_live_and_shows_its_table(serve_session: 
     rows = [row["load"] for row in configurations["table"]]
     assert rows == sorted(rows)
     assert len(rows) == 20
-
-
-def _serf(handle: Any) -> dict[str, Any]:
-    (pool,) = [p for p in handle.pools.remote().result() if p["name"] == "curve"]
-    return pool["autoscaling"] | {"workers": pool["workers"]}
