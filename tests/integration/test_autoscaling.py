@@ -37,8 +37,14 @@ def _deploy(policy: str) -> None:
         batching={"policy": "fixed", "params": {"max_batch_size": 4}},
         resources={"num_cpus": 0.1},
     )
-    args = spec([model], [{"name": "gpu", "models": ["gpu"]}], ingress={"num_cpus": 0.1})
-    app = {"name": "scaled", "route_prefix": "/scaled", "import_path": "raysrv.app:build_app",
+    _deploy_app("scaled", model)
+
+
+def _deploy_app(name: str, model: dict[str, Any]) -> None:
+    """Deploy ``model`` alone as the raysrv application ``name`` (route ``/name``)."""
+    apps = [{"name": model["name"], "models": [model["name"]]}]
+    args = spec([model], apps, ingress={"num_cpus": 0.1})
+    app = {"name": name, "route_prefix": f"/{name}", "import_path": "raysrv.app:build_app",
            "args": args}  # fmt: skip
     _get_global_client().deploy_apps(
         ServeDeploySchema.model_validate({"applications": [app]}), _blocking=True
@@ -99,12 +105,7 @@ def test_serf_profiles_switches_threads_live_and_shows_its_table(serve_session: 
         autoscaling=scaling,
         resources={"num_cpus": 0.1},
     )
-    args = spec([model], [{"name": "curve", "models": ["curve"]}], ingress={"num_cpus": 0.1})
-    app = {"name": "serf", "route_prefix": "/serf", "import_path": "raysrv.app:build_app",
-           "args": args}  # fmt: skip
-    _get_global_client().deploy_apps(
-        ServeDeploySchema.model_validate({"applications": [app]}), _blocking=True
-    )
+    _deploy_app("serf", model)
     handle = serve.get_app_handle("serf")
     answers = []
     for i in range(400):  # one caller: a light load, where the faster worker wins
