@@ -12,7 +12,8 @@ so that six workers fit on the two cores and the workers, not the CPUs, set the 
 
 * ``analytic`` and ``reactive``: raysrv with the model on its own workers (Ray actors),
   batches of at most ``MAX_BATCH`` cut as a worker frees (``fixed``), ``autoscaling`` between
-  ``MIN`` and ``MAX`` workers; each request carries its SLO and ``sent_at``. ``reactive`` aims
+  ``MIN`` and ``MAX`` workers, a decision every 0.5 s; each request carries its SLO and
+  ``sent_at``. ``reactive`` aims
   at a number of queries in flight per worker, each of ``--targets`` in a run of its own;
   ``analytic`` runs once per ``--headrooms``.
 * ``fixed``: raysrv with as many workers as each of ``--workers``, a run each, no autoscaling.
@@ -141,7 +142,7 @@ def _raysrv_spec(policy: str, slo_ms: float, target: float) -> dict[str, Any]:
             "target_ongoing": target if policy == "reactive" else 2.0,
             "headroom": target if policy == "analytic" else 0.1,
             "look_back_s": 2.0,
-            "every_s": 0.5 if policy == "reactive" else 1.0,
+            "every_s": 0.5,
             "up_after_s": 0.0,
             "down_after_s": 5.0,
         },

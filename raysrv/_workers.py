@@ -658,6 +658,10 @@ class _RayWorker(PoolWorker):
             if held is not None and await asyncio.to_thread(alive, held):
                 return False
             await asyncio.wrap_future(self._loads.submit(self._keep_dedicated))
+            # a process's first look-up of an actor imports the module of its class (an
+            # ingress's: Serve's, which holds the interpreter for some 0.35 s): paid here, as
+            # the worker starts, not by the batches it serves when the watcher first looks
+            await asyncio.to_thread(alive, owner)
             self._owner, self._next = owner, None
             return True
 

@@ -1,5 +1,7 @@
 """Worker actors outlive an ingress replica that dies: a new replica takes them over with their
 models loaded, and a group that no replica takes over ends itself after ``orphan_timeout_s``.
+A worker looks its owner up once as it is claimed, so that what the first look-up costs is not
+paid by the batches it serves.
 While no replica is up, a request that carries Serve's ``x-request-timeout-seconds`` gets a
 408 when it runs out; without it, it waits for a replica.
 
@@ -9,13 +11,14 @@ Serve never calls its ``__del__``.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import httpx
 import ray
 from ray import serve
 
-from raysrv._workers import WORKERS_NAMESPACE
+from raysrv._workers import WORKERS_NAMESPACE, _RayWorker
 from raysrv.app import build_app
 from raysrv.testing import model_spec, spec
 from tests.integration.conftest import RayCluster, until
@@ -98,6 +101,26 @@ def test_workers_that_no_replica_takes_over_end_after_the_orphan_timeout(
     assert _workers() == workers  # they outlive their owner
     serve.delete(APP)
     until(lambda: not _workers(), 30, "the orphaned workers ended")
+
+
+def test_a_worker_looks_its_owner_up_as_it_is_claimed_not_once_it_serves(
+    serve_session: RayCluster,
+) -> None:
+    """A process's first look-up of an actor imports the module of the actor's class: for an
+    ingress replica, Serve's, which holds the worker's interpreter for about 0.35 s (a stall
+    of every new worker's batches a second into its service, when its owner watcher first
+    looked; bench/RESULTS.md, "Elastic capacity"). Checked well within that second."""
+    serve.run(build_app(_spec()), name=APP, route_prefix=f"/{APP}")
+    (replica,) = _replicas()
+    worker = ray.remote(_RayWorker).options(num_cpus=0).remote(None, [], (0, 0), 600.0)
+    try:
+        imported = "ray.serve._private.replica"
+        assert not ray.get(worker.__ray_call__.remote(lambda _: imported in sys.modules))
+        assert ray.get(worker.claim.remote((replica, "serve")))
+        assert ray.get(worker.__ray_call__.remote(lambda _: imported in sys.modules))
+    finally:
+        ray.kill(worker, no_restart=True)
+        serve.delete(APP)
 
 
 def test_while_no_ingress_replica_is_up_serves_timeout_header_bounds_the_wait(
