@@ -29,6 +29,12 @@ meets the SLO. Three corrections make it plan ahead rather than react:
   ten cold starts: an idle spell shorter than that costs the next query more than the worker
   saves.
 
+A shared pool's models are taken as one queue: their arrivals together, and for a batch of k
+the mean of the models' run times weighted by their arrivals in the window
+(:func:`mixed_run_times`), under the largest batch cap of their policies and the tightest SLO.
+That is an approximation: a batch holds one model's queries, so batches come smaller than one
+queue would cut them, and the workers also spend time loading models, which it leaves out.
+
 ``reactive`` is the rule Ray Serve's autoscaler applies to replicas: ``ceil(ongoing /
 target_ongoing)``, ``ongoing`` averaged over ``look_back_s``. It sees a spike only once its
 queries are queued, which is the comparison the analytic scaler is measured against
@@ -67,6 +73,7 @@ __all__ = [
     "Scaler",
     "SerfScaler",
     "make_scaler",
+    "mixed_run_times",
 ]
 
 MIN_GAPS = 30  # gaps the analytic scaler fits a MAP2 to, at the least (``fit_map2`` needs 30)
@@ -353,6 +360,24 @@ def _change(times: np.ndarray, start: float, end: float) -> int | None:
     ratio = k * np.log(k / before) + (n - k) * np.log((n - k) / after) - one
     best = int(np.argmax(ratio))
     return int(k[best]) if 2.0 * ratio[best] > CHANGE_LLR else None
+
+
+def mixed_run_times(
+    tables: Mapping[str, Mapping[int, float]], shares: Mapping[str, float], max_batch: int
+) -> dict[int, float]:
+    """The run time of a batch of each size 1..``max_batch`` on a shared pool, its models
+    taken as one: each model's own (the sizes it has not run filled in as for one model), the
+    mean weighted by ``shares`` (its arrivals). A model with no run time measured is left out;
+    with no share anywhere, each counts alike; with nothing measured, empty."""
+    measured = {name: table for name, table in tables.items() if table}
+    if not measured:
+        return {}
+    weights = np.array([max(shares.get(name, 0.0), 0.0) for name in measured], dtype=float)
+    if weights.sum() <= 0.0:
+        weights = np.ones(len(measured))
+    times = np.array([_service_times(table, max_batch) for table in measured.values()])
+    mixed = weights @ times / weights.sum()
+    return {size: float(t) for size, t in enumerate(mixed, start=1)}
 
 
 def _service_times(run_times: Mapping[int, float], max_batch: int) -> np.ndarray:

@@ -451,7 +451,9 @@ class PoolSpec(_Strict):
     and unload the least recently used ones to stay within ``memory_mb`` of weights each."""
 
     name: str = Field(pattern=_NAME, description="The pool's name, which models give as `pool`.")
-    workers: int = Field(1, ge=1, le=1024, description="Workers in the pool.")
+    workers: int = Field(
+        1, ge=1, le=1024, description="Workers in the pool (with autoscaling: at start)."
+    )
     device: Literal["cpu", "gpu"] = Field("cpu", description="Where the workers run.")
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Per worker.")
     placement: Placement = Field("workers", description=_PLACEMENT)
@@ -461,6 +463,21 @@ class PoolSpec(_Strict):
     pipeline_depth: int = Field(
         2, ge=1, le=8, description="Actions a worker may have in flight (1 running)."
     )
+    autoscaling: AutoscalingSpec | None = Field(
+        None,
+        description="Workers added and removed live between min and max (`workers`: at "
+        "start): 'analytic' or 'reactive'.",
+    )
+
+    @model_validator(mode="after")
+    def _serf_needs_a_dedicated_model(self) -> PoolSpec:
+        if self.autoscaling is not None and self.autoscaling.policy == "serf":
+            raise ValueError(
+                f"pool {self.name!r}: autoscaling.policy 'serf' profiles one model's threads "
+                "before it serves, and a shared pool's models load on demand; use 'analytic' "
+                "or 'reactive'"
+            )
+        return self
 
     @model_validator(mode="after")
     def _device_and_resources_agree(self) -> PoolSpec:
@@ -508,12 +525,13 @@ def resolve_pools(pools: list[PoolSpec], models: list[ModelSpec]) -> list[Resolv
     shared = [
         ResolvedPool(
             p.name,
-            p.workers,
+            _starting(p.workers, p.autoscaling),
             p.device,
             p.resources,
             int(p.memory_mb * MIB),
             p.pipeline_depth,
             placement=p.placement,
+            autoscaling=p.autoscaling,
         )
         for p in pools
     ]
@@ -563,8 +581,9 @@ def _no_duplicates(kind: str, names: list[str]) -> None:
 
 
 def _starting(replicas: int, autoscaling: AutoscalingSpec | None) -> int:
-    """The workers a pool starts with: ``replicas``, within the autoscaler's bounds, and one
-    at the least (a pool that may stop starts with one, and stops once idle)."""
+    """The workers a pool starts with: ``replicas`` (a shared pool's ``workers``), within the
+    autoscaler's bounds, and one at the least (a pool that may stop starts with one, and stops
+    once idle)."""
     if autoscaling is None:
         return replicas
     return max(1, autoscaling.min, min(replicas, autoscaling.max))

@@ -55,6 +55,7 @@ from raysrv.batching.autoscale import (
     Scaler,
     SerfScaler,
     make_scaler,
+    mixed_run_times,
 )
 from raysrv.batching.profile import SortedWindow
 from raysrv.batching.scheduler import PoolScheduler
@@ -162,7 +163,8 @@ class Pool:
         self._draining: set[int] = set()
         self._cold_start_s = 0.0  # the last worker's, from asking for it to its being ready
         self._in_flight = 0  # queries in batches sent whose answers are not back
-        self._last_index = -1  # the highest worker number the autoscaler has started
+        # the highest worker number used yet: a Ray actor ended under one may still hold its name
+        self._last_index = max(workers.indices(), default=-1)
         # each worker's intra-op threads, where the autoscaler chose them; the threads of the
         # workers in service, and of those a switch is bringing in (SerfScaler)
         self._threads: dict[int, int] = {}
@@ -244,6 +246,10 @@ class Pool:
         self._arrivals[model].append(now)
         if self._scaler is not None:
             self._recent.append(now)
+            if not self.scheduler.workers and not self._starting and not self._closed:
+                # a pool scaled to zero: a worker now, not at the next decision, and the query
+                # waits for it if its cold start fits the deadline (refused at once otherwise)
+                self._grow(1, self._in_force)
         self._poke()
         return future
 
@@ -655,17 +661,28 @@ class Pool:
         return decision
 
     def _load(self, now: float) -> PoolLoad:
-        """What the autoscaler reads of the pool now: a dedicated pool's one model."""
-        (model,) = self.spec.pinned
-        policy = self.scheduler.policy(model.name)
+        """What the autoscaler reads of the pool now. A shared pool's models are taken as one:
+        the run times of each, weighted by its arrivals over the window (:func:`mixed_run_times`),
+        the largest batch cap of their policies and the tightest SLO."""
+        names = self.models()
+        policies = [self.scheduler.policy(name) for name in names]
+        tables = {name: self.scheduler.runs(name).table(0.5, SHOWN_WINDOW) for name in names}
+        max_batch = max((p.max_batch_size for p in policies), default=1)
+        if len(names) == 1:
+            run_times = tables[names[0]]
+        else:
+            assert self.spec.autoscaling is not None
+            opens = now - self.spec.autoscaling.window_s
+            shares = {name: _count_since(self._arrivals[name], opens) for name in names}
+            run_times = mixed_run_times(tables, shares, max_batch)
         return PoolLoad(
             now=now,
             workers=len(self.scheduler.workers),
             arrivals=tuple(self._recent),
             ongoing=len(self._entries) + self._in_flight,  # queued and running
-            run_times=self.scheduler.runs(model.name).table(0.5, SHOWN_WINDOW),
-            max_batch=policy.max_batch_size,
-            slo_s=policy.slo_s,
+            run_times=run_times,
+            max_batch=max_batch,
+            slo_s=min((p.slo_s for p in policies), default=math.inf),
             cold_start_s=self._cold_start_s,
             threads=self._in_force,
         )
@@ -917,6 +934,16 @@ def _memory_shown(loaded: Report) -> dict[str, int | None]:
     if loaded.device_growth is not None:  # a GPU worker's device
         shown["device_growth_bytes"] = loaded.device_growth
     return shown
+
+
+def _count_since(times: collections.deque[float], opens: float) -> int:
+    """How many of ``times`` (ascending) are at or after ``opens``."""
+    count = 0
+    for t in reversed(times):
+        if t < opens:
+            break
+        count += 1
+    return count
 
 
 def _recent_quantiles_ms(seconds: collections.deque[float]) -> dict[str, float | None]:

@@ -1,7 +1,8 @@
 """A model's replicas scaled live on a real Ray Serve: Ray actors started as queries pile up and
-drained, then ended, once they stop, every query answered exactly once. The model is an
-emulated accelerator (a python model whose batch sleeps 40 ms + 5 ms a query, releasing the
-interpreter as a GPU kernel does), so that its workers, not the two cores, set the capacity."""
+drained, then ended, once they stop, every query answered exactly once; a shared pool's workers
+the same way, down to none and back for the next query. The model is an emulated accelerator
+(a python model whose batch sleeps 40 ms + 5 ms a query, releasing the interpreter as a GPU
+kernel does), so that its workers, not the two cores, set the capacity."""
 
 from __future__ import annotations
 
@@ -40,10 +41,11 @@ def _deploy(policy: str) -> None:
     _deploy_app("scaled", model)
 
 
-def _deploy_app(name: str, model: dict[str, Any]) -> None:
-    """Deploy ``model`` alone as the raysrv application ``name`` (route ``/name``)."""
-    apps = [{"name": model["name"], "models": [model["name"]]}]
-    args = spec([model], apps, ingress={"num_cpus": 0.1})
+def _deploy_app(name: str, *models: dict[str, Any], **extra: Any) -> None:
+    """Deploy ``models`` as the raysrv application ``name`` (route ``/name``), an app of each
+    named after it; ``extra``: more fields of the spec (``pools``)."""
+    apps = [{"name": m["name"], "models": [m["name"]]} for m in models]
+    args = spec(list(models), apps, ingress={"num_cpus": 0.1}, **extra)
     app = {"name": name, "route_prefix": f"/{name}", "import_path": "raysrv.app:build_app",
            "args": args}  # fmt: skip
     _get_global_client().deploy_apps(
@@ -87,6 +89,44 @@ def test_replicas_follow_the_load_and_every_query_is_answered(
     assert len(shrunk["workers"]) == 1  # the others ended, not only out of service
     after = handle.predict.remote("gpu", [1.0, 2.0, 3.0, 4.0]).result()
     assert after["output"]["sum"] == 10.0
+
+
+def test_a_shared_pool_grows_for_a_burst_stops_when_idle_and_starts_for_the_next_query(
+    serve_session: RayCluster,
+) -> None:
+    """A shared pool with ``autoscaling`` (reactive, ``min: 0``): a burst on its two models adds
+    worker actors, which load the models on demand; once idle the pool ends every worker, and
+    the next query starts one and is answered by it."""
+    from ray import serve
+
+    scaling = {"policy": "reactive", "min": 0, "max": 3, "every_s": 0.5, "target_ongoing": 2.0,
+               "look_back_s": 1.0, "down_after_s": 1.0, "idle_s": 2.0}  # fmt: skip
+    fixed = {"policy": "fixed", "params": {"max_batch_size": 4}}
+    models = [model_spec(n, pool="shared", init_kwargs=EMULATED, batching=fixed) for n in "ab"]
+    pool = {"name": "shared", "workers": 1, "memory_mb": 64, "resources": {"num_cpus": 0.1},
+            "autoscaling": scaling}  # fmt: skip
+    _deploy_app("pooled", *models, pools=[pool])
+    handle = serve.get_app_handle("pooled")
+
+    def ask(i: int) -> dict[str, Any]:
+        return handle.predict.remote("ab"[i % 2], [float(i), 0.0, 0.0, 0.0]).result()
+
+    with concurrent.futures.ThreadPoolExecutor(16) as callers:
+        answers = list(callers.map(ask, range(600)))
+        grown = _scaling(handle, "shared")
+    assert [a.get("output", {}).get("sum") for a in answers] == [float(i) for i in range(600)]
+    assert grown["in_service"] + len(grown["starting"]) > 1, grown
+    assert len({a["output"]["pid"] for a in answers}) > 1
+
+    stopped = until(
+        lambda: (s := _scaling(handle, "shared"))["in_service"] == 0 and not s["workers"] and s,
+        60.0,
+        "the idle pool down to no worker",
+    )
+    assert stopped["last"]["workers"] == 0
+    after = handle.predict.remote("b", [1.0, 2.0, 3.0, 4.0]).result()
+    assert after["output"]["sum"] == 10.0
+    assert _scaling(handle, "shared")["in_service"] == 1
 
 
 def test_serf_profiles_switches_threads_live_and_shows_its_table(serve_session: RayCluster) -> None:

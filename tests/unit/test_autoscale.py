@@ -1,6 +1,7 @@
 """The scalers' rules (``raysrv.batching.autoscale``): the analytic scaler's count meets the SLO
 in the simulator that runs the live scheduler and is the fewest its bound allows; a rising rate
-with a cold start asks for more ahead of time; hysteresis; scale to zero; the reactive rule."""
+with a cold start asks for more ahead of time; hysteresis; scale to zero; the reactive rule; a
+shared pool's run times, its models' weighted by their arrivals."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from raysrv.batching.autoscale import (
     Hysteresis,
     PoolLoad,
     make_scaler,
+    mixed_run_times,
 )
 
 RUNS = {k: 0.010 + 0.002 * k for k in (1, 2, 4, 8, 16)}  # a GPU-like curve: 12 ms to 42 ms
@@ -190,3 +192,16 @@ def test_a_rise_is_fitted_since_it_began_and_a_fall_keeps_the_burst_in_view() ->
     after = make_scaler(spec).decide(_load(5.0 + quiet))
     assert "since the rate changed" not in fall.reason
     assert fall.needed > after.needed == 1
+
+
+def test_a_shared_pools_run_times_are_its_models_weighted_by_their_arrivals() -> None:
+    fast = {1: 0.010, 4: 0.016}  # 2 ms a query beyond the first
+    slow = {1: 0.040, 2: 0.050, 3: 0.060, 4: 0.070}
+    mixed = mixed_run_times({"fast": fast, "slow": slow, "new": {}}, {"fast": 3, "slow": 1}, 4)
+    assert list(mixed) == [1, 2, 3, 4]  # every size, the ones fast has not run filled in
+    assert mixed[1] == pytest.approx(0.75 * 0.010 + 0.25 * 0.040)
+    assert mixed[2] == pytest.approx(0.75 * 0.012 + 0.25 * 0.050)
+    assert mixed[4] == pytest.approx(0.75 * 0.016 + 0.25 * 0.070)
+    alike = mixed_run_times({"fast": fast, "slow": slow}, {}, 4)  # no arrivals yet
+    assert alike[1] == pytest.approx((0.010 + 0.040) / 2)
+    assert mixed_run_times({"new": {}}, {"new": 5}, 4) == {}

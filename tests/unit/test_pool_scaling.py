@@ -1,7 +1,8 @@
 """A pool's autoscaler live, on in-process workers whose batches are asyncio sleeps of a GPU-like
 curve (an emulated accelerator, so that many workers fit on two cores): a burst adds workers, a
 lull drains them, and every query gets exactly one answer, none sent to a worker once it is
-draining."""
+draining; the same for a shared pool, whose new workers load its models on demand; and a pool
+scaled to zero starts a worker for the next query."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 from raysrv import batching
 from raysrv._pool import Pool
-from raysrv.config import ModelSpec, resolve_pools
+from raysrv.config import ModelSpec, PoolSpec, resolve_pools
 from raysrv.testing import EchoModel, LocalWorkers, model_spec
 
 RUN_S = {"base": 0.010, "per_query": 0.005}  # a batch of k: 10 ms + 5 ms per query
@@ -45,12 +46,35 @@ def _sent_to_draining(pool: Pool, workers: LocalWorkers) -> list[int]:
     return sent
 
 
-async def _offer(pool: Pool, rate: float, seconds: float, rng: np.random.Generator) -> list[Any]:
+def _shared_pool(workers: LocalWorkers, policy: str) -> Pool:
+    """Models ``a`` and ``b`` on a shared pool of one worker to start with, both fitting it."""
+    scaling = {"policy": policy, "min": 1, "max": 6, "every_s": 0.2, "window_s": 2.0,
+               "down_after_s": 0.6, "slo_ms": 100, "target_ongoing": 2.0}  # fmt: skip
+    spec = PoolSpec(name="shared", workers=1, memory_mb=2, autoscaling=scaling)
+    models = [
+        ModelSpec.model_validate(model_spec(n, pool="shared", slo_ms=1_000, weights_mb=1))
+        for n in ("a", "b")
+    ]
+    pool = Pool(resolve_pools([spec], models)[0], workers)
+    for model in models:
+        pool.add_model(model, batching.make_policy("fixed", {"max_batch_size": 4}, 1.0))
+    return pool
+
+
+async def _offer(
+    pool: Pool,
+    rate: float,
+    seconds: float,
+    rng: np.random.Generator,
+    models: tuple[str, ...] = ("m",),
+) -> list[Any]:
+    """Poisson arrivals at ``rate`` for ``seconds``, each of one of ``models`` at random."""
     futures = []
     loop = asyncio.get_running_loop()
     end = loop.time() + seconds
     while loop.time() < end:
-        futures.append(pool.submit("m", np.zeros(4, dtype=np.float32), deadline=math.inf))
+        model = models[rng.integers(len(models))]
+        futures.append(pool.submit(model, np.zeros(4, dtype=np.float32), deadline=math.inf))
         await asyncio.sleep(rng.exponential(1.0 / rate))
     return futures
 
@@ -104,6 +128,88 @@ def test_a_burst_adds_workers_a_lull_drains_them_and_every_query_is_answered_onc
     assert pool.describe_scaling()["draining"] == []
     assert pool.decision is not None
     assert pool.describe_scaling()["in_service"] == counts[-1]
+
+
+@pytest.mark.parametrize("policy", ["analytic", "reactive"])
+def test_a_shared_pool_adds_workers_that_load_its_models_on_demand_and_drains_them_after(
+    policy: str,
+) -> None:
+    workers = LocalWorkers(
+        1,
+        {n: EchoModel() for n in ("a", "b")},
+        capacity_bytes=2 << 20,
+        weight_bytes=1 << 20,
+        delay_s=lambda k: RUN_S["base"] + RUN_S["per_query"] * k,
+        load_s=0.02,
+    )
+    workers.start_s = 0.05
+    pool = _shared_pool(workers, policy)
+    to_draining = _sent_to_draining(pool, workers)
+
+    async def scenario() -> tuple[list[Any], list[int]]:
+        counts: list[int] = []
+
+        async def watch() -> None:
+            while True:
+                await asyncio.sleep(0.05)
+                counts.append(len(pool.scheduler.workers))
+
+        watcher = asyncio.create_task(watch())
+        pool.start_scaling()
+        rng = np.random.default_rng(0)
+        both = ("a", "b")
+        futures = await _offer(pool, 20.0, 1.0, rng, both)
+        futures += await _offer(pool, 400.0, 2.5, rng, both)
+        futures += await _offer(pool, 10.0, 3.0, rng, both)
+        await asyncio.gather(*futures, return_exceptions=True)
+        for _ in range(100):
+            if len(pool.scheduler.workers) == 1 and not pool.describe_scaling()["draining"]:
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # the watcher's last count after it
+        watcher.cancel()
+        await pool.close()
+        return futures, counts
+
+    futures, counts = asyncio.run(scenario())
+    assert to_draining == []
+    errors = [f.exception() for f in futures if f.exception() is not None]
+    assert errors == []  # each answered, none refused or failed
+    assert max(counts) >= 3  # the burst brought workers in
+    assert counts[-1] == 1  # and the lull took them out again
+    loaded_on = {worker for worker, kind, _ in workers.actions if kind == "load"}
+    assert len(loaded_on) >= 3  # each new worker loaded what it served
+    assert workers.removed
+
+
+def test_a_pool_scaled_to_zero_starts_a_worker_for_the_next_query_which_waits_for_it() -> None:
+    """``min: 0``: once idle the pool ends its last worker. A query that comes then starts one
+    at once, with no decision due (the scaling loop is stopped here), and is answered by it
+    within its deadline rather than refused for want of a worker."""
+    workers = LocalWorkers(1, dedicated=EchoModel(), delay_s=0.01)
+    workers.start_s = 0.1
+    pool = _pool("analytic", workers, min=0, idle_s=0.3, down_after_s=0.0, every_s=0.1)
+
+    async def scenario() -> tuple[int, Any, int]:
+        pool.start_scaling()
+        await pool.submit("m", np.zeros(4, dtype=np.float32), deadline=pool._clock() + 1.0)
+        for _ in range(100):  # idle: down to none within 10 s
+            if not pool.scheduler.workers and not pool.describe_scaling()["draining"]:
+                break
+            await asyncio.sleep(0.1)
+        stopped = len(pool.scheduler.workers)
+        assert pool._scaling is not None
+        pool._scaling.cancel()
+        answer = await pool.submit("m", np.ones(4, np.float32), deadline=pool._clock() + 1.0)
+        serving = len(pool.scheduler.workers)
+        await pool.close()
+        return stopped, answer, serving
+
+    stopped, answer, serving = asyncio.run(scenario())
+    assert stopped == 0
+    assert answer["sum"] == 4.0
+    assert serving == 1
+    assert 0 in workers.removed  # the first worker was ended, another started
 
 
 def test_the_queries_in_flight_count_queued_and_running_alike() -> None:

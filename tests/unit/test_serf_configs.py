@@ -10,7 +10,7 @@ import pytest
 from raysrv._workers import concurrent_rates
 from raysrv.analytics import serf_latency
 from raysrv.batching.autoscale import AutoscalingSpec, PoolLoad, SerfScaler
-from raysrv.config import ModelSpec, resolve_pools
+from raysrv.config import ModelSpec, PoolSpec, resolve_pools
 from raysrv.runtimes import load_runtime
 from raysrv.testing import model_spec
 
@@ -112,3 +112,8 @@ def test_serf_on_a_gpu_is_refused_by_name() -> None:
                      autoscaling={"policy": "serf", "max": 2})  # fmt: skip
     with pytest.raises(ValueError, match="autoscaling.policy 'serf' with device 'gpu'"):
         ModelSpec.model_validate(raw)
+
+
+def test_serf_on_a_shared_pool_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="pool 'shared': autoscaling.policy 'serf'"):
+        PoolSpec(name="shared", memory_mb=64, autoscaling={"policy": "serf", "max": 2})
