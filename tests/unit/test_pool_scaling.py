@@ -79,6 +79,36 @@ async def _offer(
     return futures
 
 
+async def _burst_then_lull(
+    pool: Pool, models: tuple[str, ...] = ("m",)
+) -> tuple[list[Any], list[int]]:
+    """Scaling on: 1 s within one worker's reach, a 2.5 s burst beyond it (4 in 30 ms), a 3 s
+    lull, then idle until the pool is back at one worker (10 s at most). The queries, and the
+    workers in service every 50 ms."""
+    counts: list[int] = []
+
+    async def watch() -> None:
+        while True:
+            await asyncio.sleep(0.05)
+            counts.append(len(pool.scheduler.workers))
+
+    watcher = asyncio.create_task(watch())
+    pool.start_scaling()
+    rng = np.random.default_rng(0)
+    futures = await _offer(pool, 20.0, 1.0, rng, models)
+    futures += await _offer(pool, 400.0, 2.5, rng, models)
+    futures += await _offer(pool, 10.0, 3.0, rng, models)
+    await asyncio.gather(*futures, return_exceptions=True)
+    for _ in range(100):
+        if len(pool.scheduler.workers) == 1 and not pool.describe_scaling()["draining"]:
+            break
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # the watcher's last count after it
+    watcher.cancel()
+    await pool.close()
+    return futures, counts
+
+
 @pytest.mark.parametrize("policy", ["analytic", "reactive"])
 def test_a_burst_adds_workers_a_lull_drains_them_and_every_query_is_answered_once(
     policy: str,
@@ -92,31 +122,7 @@ def test_a_burst_adds_workers_a_lull_drains_them_and_every_query_is_answered_onc
     pool = _pool(policy, workers, target_ongoing=2.0)
     to_draining = _sent_to_draining(pool, workers)
 
-    async def scenario() -> tuple[list[Any], list[int]]:
-        counts: list[int] = []
-
-        async def watch() -> None:
-            while True:
-                await asyncio.sleep(0.05)
-                counts.append(len(pool.scheduler.workers))
-
-        watcher = asyncio.create_task(watch())
-        pool.start_scaling()
-        rng = np.random.default_rng(0)
-        futures = await _offer(pool, 20.0, 1.0, rng)  # within one worker's reach
-        futures += await _offer(pool, 400.0, 2.5, rng)  # beyond it: 4 in 30 ms
-        futures += await _offer(pool, 10.0, 3.0, rng)  # a lull
-        await asyncio.gather(*futures, return_exceptions=True)
-        for _ in range(100):  # then idle: the pool goes back to one worker within 10 s
-            if len(pool.scheduler.workers) == 1 and not pool.describe_scaling()["draining"]:
-                break
-            await asyncio.sleep(0.1)
-        await asyncio.sleep(0.1)
-        watcher.cancel()
-        await pool.close()
-        return futures, counts
-
-    futures, counts = asyncio.run(scenario())
+    futures, counts = asyncio.run(_burst_then_lull(pool))
     assert to_draining == []
     assert all(f.done() for f in futures)
     errors = [f.exception() for f in futures if f.exception() is not None]
@@ -146,32 +152,7 @@ def test_a_shared_pool_adds_workers_that_load_its_models_on_demand_and_drains_th
     pool = _shared_pool(workers, policy)
     to_draining = _sent_to_draining(pool, workers)
 
-    async def scenario() -> tuple[list[Any], list[int]]:
-        counts: list[int] = []
-
-        async def watch() -> None:
-            while True:
-                await asyncio.sleep(0.05)
-                counts.append(len(pool.scheduler.workers))
-
-        watcher = asyncio.create_task(watch())
-        pool.start_scaling()
-        rng = np.random.default_rng(0)
-        both = ("a", "b")
-        futures = await _offer(pool, 20.0, 1.0, rng, both)
-        futures += await _offer(pool, 400.0, 2.5, rng, both)
-        futures += await _offer(pool, 10.0, 3.0, rng, both)
-        await asyncio.gather(*futures, return_exceptions=True)
-        for _ in range(100):
-            if len(pool.scheduler.workers) == 1 and not pool.describe_scaling()["draining"]:
-                break
-            await asyncio.sleep(0.1)
-        await asyncio.sleep(0.1)  # the watcher's last count after it
-        watcher.cancel()
-        await pool.close()
-        return futures, counts
-
-    futures, counts = asyncio.run(scenario())
+    futures, counts = asyncio.run(_burst_then_lull(pool, ("a", "b")))
     assert to_draining == []
     errors = [f.exception() for f in futures if f.exception() is not None]
     assert errors == []  # each answered, none refused or failed
