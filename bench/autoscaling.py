@@ -13,9 +13,8 @@ so that six workers fit on the two cores and the workers, not the CPUs, set the 
 * ``analytic`` and ``reactive``: raysrv with the model on its own workers (Ray actors),
   batches of at most ``MAX_BATCH`` cut as a worker frees (``fixed``), ``autoscaling`` between
   ``MIN`` and ``MAX`` workers, a decision every 0.5 s; each request carries its SLO and
-  ``sent_at``. ``reactive`` aims
-  at a number of queries in flight per worker, each of ``--targets`` in a run of its own;
-  ``analytic`` runs once per ``--headrooms``.
+  ``sent_at``. ``reactive`` aims at a number of queries in flight per worker, each of
+  ``--targets`` in a run of its own; ``analytic`` runs once per ``--headrooms``.
 * ``fixed``: raysrv with as many workers as each of ``--workers``, a run each, no autoscaling.
   They measure the workers the trace needs: per ``WINDOW_S`` window, the fewest that answered
   99% of its queries within the SLO (:func:`needs`), beside what the analytic scaler asked for.
