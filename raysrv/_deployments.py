@@ -270,10 +270,12 @@ async def _workers(pool: ResolvedPool, app: str, owner: Owner, orphan_s: float) 
     if placement == "auto":
         placement, medians = await asyncio.to_thread(choose_placement, pool)
         logger.info("pool %s placed on %s (batch of one, ms: %s)", pool.name, placement, medians)
+    started = time.monotonic()
     if placement == "colocated":
         workers: Workers = await asyncio.to_thread(ColocatedWorkers, pool)
-    else:
+    else:  # returns once each has claimed, so its models are loaded
         workers = await RayWorkers.start(pool, app, owner, orphan_s)
+    workers.start_s = time.monotonic() - started
     if medians is not None:
         workers.auto = {"batch_of_one_ms": medians, "colocate_within_ms": AUTO_COLOCATE_MS}
     return workers

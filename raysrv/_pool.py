@@ -161,7 +161,9 @@ class Pool:
         self._recent: collections.deque[float] = collections.deque()
         self._starting: set[int] = set()
         self._draining: set[int] = set()
-        self._cold_start_s = 0.0  # the last worker's, from asking for it to its being ready
+        # the last worker's, from asking for it to its being ready; until the autoscaler has
+        # started one, the time the pool's first workers took
+        self._cold_start_s = workers.start_s
         self._in_flight = 0  # queries in batches sent whose answers are not back
         # the highest worker number used yet: a Ray actor ended under one may still hold its name
         self._last_index = max(workers.indices(), default=-1)

@@ -507,10 +507,13 @@ class Workers:
     """The workers of one pool as the scheduler's driver calls them: :meth:`run` submits a
     worker's calls at once (so they reach it in the order they were made) and returns an
     awaitable of their reports (:class:`Report`), in order. ``placement``: where they run
-    (None: as the pool's spec says); ``auto``: what ``placement: auto`` measured, if it chose."""
+    (None: as the pool's spec says); ``auto``: what ``placement: auto`` measured, if it chose;
+    ``start_s``: how long the first workers took to start, their models loaded (0: unknown),
+    the cold start a pool plans for until its autoscaler has started one."""
 
     placement: Placement | None = None
     auto: dict[str, Any] | None = None
+    start_s: float = 0.0
 
     def __len__(self) -> int:
         return len(self.indices())

@@ -66,7 +66,9 @@ def test_replicas_follow_the_load_and_every_query_is_answered(
 
     _deploy(policy)
     handle = serve.get_app_handle("scaled")
-    assert _scaling(handle)["in_service"] == 1
+    first = _scaling(handle)
+    assert first["in_service"] == 1
+    assert first["cold_start_s"] > 0.0  # what the first worker's start took, until one is added
 
     def ask(i: int) -> dict[str, Any]:
         return handle.predict.remote("gpu", [float(i), 0.0, 0.0, 0.0]).result()

@@ -193,6 +193,35 @@ def test_a_pool_scaled_to_zero_starts_a_worker_for_the_next_query_which_waits_fo
     assert 0 in workers.removed  # the first worker was ended, another started
 
 
+def test_until_it_has_started_a_worker_a_pool_plans_on_the_time_its_first_workers_took() -> None:
+    """A pool at zero workers that has never started one plans the cold start its first workers
+    took: a query whose deadline comes sooner is refused at the step after it arrives, not held
+    for a worker that cannot come in time; one with room waits for the worker."""
+    from raysrv.errors import Rejected
+
+    workers = LocalWorkers(1, dedicated=EchoModel(), delay_s=0.01)
+    workers.start_s = 0.5
+    pool = _pool("analytic", workers, min=0)
+    assert pool.describe_scaling()["cold_start_s"] == 0.5
+
+    async def scenario() -> tuple[Any, Any]:
+        pool._shrink(1)  # idle: the pool at zero
+        assert not pool.scheduler.workers
+        hurried = pool.submit("m", np.zeros(4, np.float32), deadline=pool._clock() + 0.2)
+        patient = pool.submit("m", np.ones(4, np.float32), deadline=pool._clock() + 5.0)
+        await asyncio.sleep(0)  # the step after they arrived
+        refused_at_once = hurried.done()
+        answer = await patient
+        await pool.close()
+        return refused_at_once, hurried.exception() if hurried.done() else None, answer
+
+    refused_at_once, error, answer = asyncio.run(scenario())
+    assert refused_at_once
+    assert isinstance(error, Rejected)
+    assert "cannot meet deadline (cold start)" in str(error)
+    assert answer["sum"] == 4.0
+
+
 def test_the_queries_in_flight_count_queued_and_running_alike() -> None:
     """What the reactive rule reads: a batch sent to a worker still counts until it answers."""
     workers = LocalWorkers(1, dedicated=EchoModel(), delay_s=0.2)
