@@ -370,12 +370,12 @@ def mixed_run_times(
     mean weighted by ``shares`` (its arrivals). A model with no run time measured is left out;
     with no share anywhere, each counts alike; with nothing measured, empty."""
     measured = {name: table for name, table in tables.items() if table}
-    if not measured:
+    arrived = {name: table for name, table in measured.items() if shares.get(name, 0.0) > 0.0}
+    chosen = arrived or measured  # a model without arrivals weighs nothing: not filled in
+    if not chosen:
         return {}
-    weights = np.array([max(shares.get(name, 0.0), 0.0) for name in measured], dtype=float)
-    if weights.sum() <= 0.0:
-        weights = np.ones(len(measured))
-    times = np.array([_service_times(table, max_batch) for table in measured.values()])
+    weights = np.array([shares[name] if arrived else 1.0 for name in chosen], dtype=float)
+    times = np.array([_service_times(table, max_batch) for table in chosen.values()])
     mixed = weights @ times / weights.sum()
     return {size: float(t) for size, t in enumerate(mixed, start=1)}
 

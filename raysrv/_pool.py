@@ -647,7 +647,7 @@ class Pool:
         while self._recent and self._recent[0] < now - window:
             self._recent.popleft()
         load = self._load(now)
-        decision = await asyncio.to_thread(self._scaler.decide, load)
+        decision = await asyncio.to_thread(self._decide, load, self._mix(now))
         self.decision = decision
         threads = decision.threads or self._in_force
         if threads != self._in_force or self._switch_to is not None:
@@ -664,30 +664,44 @@ class Pool:
 
     def _load(self, now: float) -> PoolLoad:
         """What the autoscaler reads of the pool now. A shared pool's models are taken as one:
-        the run times of each, weighted by its arrivals over the window (:func:`mixed_run_times`),
-        the largest batch cap of their policies and the tightest SLO."""
+        the largest batch cap of their policies, the tightest SLO, and run times that
+        :meth:`_decide` mixes off the loop (empty here)."""
         names = self.models()
         policies = [self.scheduler.policy(name) for name in names]
-        tables = {name: self.scheduler.runs(name).table(0.5, SHOWN_WINDOW) for name in names}
-        max_batch = max((p.max_batch_size for p in policies), default=1)
-        if len(names) == 1:
-            run_times = tables[names[0]]
-        else:
-            assert self.spec.autoscaling is not None
-            opens = now - self.spec.autoscaling.window_s
-            shares = {name: _count_since(self._arrivals[name], opens) for name in names}
-            run_times = mixed_run_times(tables, shares, max_batch)
+        one = len(names) == 1
         return PoolLoad(
             now=now,
             workers=len(self.scheduler.workers),
             arrivals=tuple(self._recent),
             ongoing=len(self._entries) + self._in_flight,  # queued and running
-            run_times=run_times,
-            max_batch=max_batch,
+            run_times=self.scheduler.runs(names[0]).table(0.5, SHOWN_WINDOW) if one else {},
+            max_batch=max((p.max_batch_size for p in policies), default=1),
             slo_s=min((p.slo_s for p in policies), default=math.inf),
             cold_start_s=self._cold_start_s,
             threads=self._in_force,
         )
+
+    def _mix(self, now: float) -> tuple[dict[str, dict[int, float]], dict[str, int]] | None:
+        """A shared pool's run times of each model and its arrivals over the window, read on
+        the loop for :meth:`_decide`; None for a pool of one model."""
+        names = self.models()
+        if len(names) == 1:
+            return None
+        assert self.spec.autoscaling is not None
+        opens = now - self.spec.autoscaling.window_s
+        tables = {name: self.scheduler.runs(name).table(0.5, SHOWN_WINDOW) for name in names}
+        return tables, {name: _count_since(self._arrivals[name], opens) for name in names}
+
+    def _decide(
+        self, load: PoolLoad, mix: tuple[dict[str, dict[int, float]], dict[str, int]] | None
+    ) -> ScaleDecision:
+        """The scaler's decision, in a thread: a shared pool's run times first mixed, each
+        model's weighted by its arrivals (:func:`mixed_run_times`), which for many models is
+        work to keep off the event loop."""
+        assert self._scaler is not None
+        if mix is not None:
+            load = replace(load, run_times=mixed_run_times(*mix, load.max_batch))
+        return self._scaler.decide(load)
 
     def _switch(self, workers: int, threads: int) -> None:
         """Towards ``workers`` workers of ``threads`` threads each, a rolling replacement:
