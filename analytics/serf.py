@@ -188,6 +188,14 @@ class ParallelConfig:
     service: int  # C_service = c: the most requests a serving unit runs at once
     inter_node: int  # C_inter: machines that serve each request together (one serving unit)
     intra_threads: int  # C_intra: cores each request uses on each of its machines
+    # of the c, how many run in one process on one copy of the model (not the paper's: how a
+    # host packs its service parallelism, which changes mu_i and the memory the c take)
+    lanes: int = 1
+
+    @property
+    def processes(self) -> int:
+        """The processes the c requests run in: ceil(c / lanes)."""
+        return -(-self.service // self.lanes)
 
 
 @dataclass(frozen=True)
@@ -212,7 +220,7 @@ class ConfigRow:
     runner_up: ConfigChoice | None
 
 
-Profile = Mapping[tuple[int, int], Sequence[float]]
+Profile = Mapping[tuple[int, int] | tuple[int, int, int], Sequence[float]]
 
 
 def serf_config_table(
@@ -231,6 +239,10 @@ def serf_config_table(
     share one machine's cores, so ``C_intra <= F / c``) and ``c <= cmax``. The cluster then splits
     into ``machines // inter`` serving units (left-over machines idle), each seeing an equal share
     of the load, and the configuration's latency is ``serf_latency`` of one unit.
+
+    A key ``(inter_node, intra_threads, lanes)`` gives mu_i with the i requests run ``lanes`` to
+    a process (:class:`ParallelConfig`; a two-part key: one to a process). Of configurations
+    predicted alike, the one of fewer processes wins.
     """
     if machines < 1 or cores_per_machine < 1:
         raise ValueError(
@@ -271,16 +283,17 @@ def _candidates(
     profile: Profile, machines: int, cores: int
 ) -> list[tuple[ParallelConfig, tuple[float, ...]]]:
     out = []
-    for (inter, intra), rates in profile.items():
-        if inter < 1 or intra < 1:
+    for key, rates in profile.items():
+        inter, intra, lanes = (*key, 1)[:3]
+        if min(inter, intra, lanes) < 1:
             raise ValueError(
-                f"profile key (inter_node, intra_threads) must be >= 1, got {(inter, intra)}"
+                f"profile key (inter_node, intra_threads[, lanes]) must be >= 1, got {key}"
             )
         mu = tuple(_check_service_rates(rates).tolist())
         if inter > machines:
             continue
         for c in range(1, min(len(mu), cores // intra) + 1):
-            out.append((ParallelConfig(c, inter, intra), mu[:c]))
+            out.append((ParallelConfig(c, inter, intra, lanes), mu[:c]))
     if not out:
         raise ValueError(f"no profiled configuration fits {machines} machines x {cores} cores")
     return out
@@ -294,7 +307,13 @@ def _evaluate(
     return ConfigChoice(cfg, serf_latency(unit_rate, mu, method=method), units, unit_rate)
 
 
-def _rank(choice: ConfigChoice) -> tuple[float, int, int, int]:
+def _rank(choice: ConfigChoice) -> tuple[float, int, int, int, int]:
     """Lowest latency first; ties go to the configuration that uses fewer resources."""
     cfg = choice.config
-    return (choice.latency, cfg.inter_node, cfg.service * cfg.intra_threads, cfg.service)
+    return (
+        choice.latency,
+        cfg.inter_node,
+        cfg.service * cfg.intra_threads,
+        cfg.service,
+        cfg.processes,
+    )

@@ -95,6 +95,8 @@ MAX_POINTS = 2000
 MAX_STEPS = 300
 LOAD_LEVELS = 20  # the rows of SERF's table, spread up to the most a configuration serves
 
+Config = tuple[int, int, int]  # SERF's configuration of a pool: workers, threads, lanes
+
 
 class AutoscalingSpec(BaseModel):
     """``autoscaling:`` of a pool or of a model's dedicated workers."""
@@ -105,8 +107,8 @@ class AutoscalingSpec(BaseModel):
         "analytic",
         description="'analytic': the fewest workers a model of the queue says meet the SLO "
         "(BATCH eq. 2 over workers); 'reactive': queries in flight over target_ongoing, as "
-        "Ray Serve scales replicas; 'serf': the configuration (workers, threads) SERF's table "
-        "gives the lowest mean latency at the measured load.",
+        "Ray Serve scales replicas; 'serf': the configuration (workers, threads, lanes) SERF's "
+        "table gives the lowest mean latency at the measured load.",
     )
     min: int = Field(1, ge=0, le=1024, description="Fewest workers; 0 lets an idle pool stop.")
     max: int = Field(ge=1, le=1024, description="Most workers.")
@@ -146,6 +148,12 @@ class AutoscalingSpec(BaseModel):
         min_length=1,
         description="SERF: the intra-op thread counts a worker's configuration may take.",
     )
+    lanes: tuple[int, ...] | None = Field(
+        None,
+        min_length=1,
+        description="SERF: the lanes (workers to a process) a configuration may take; unset: "
+        "the model's `lanes`.",
+    )
     cores: int | None = Field(
         None,
         ge=1,
@@ -164,6 +172,14 @@ class AutoscalingSpec(BaseModel):
         bad = [t for t in self.threads if not 1 <= t <= 256]
         if bad:
             raise ValueError(f"threads must each lie in 1..256, got {bad}")
+        bad = [b for b in self.lanes or () if not 1 <= b <= 64]
+        if bad:
+            raise ValueError(f"lanes must each lie in 1..64, got {bad}")
+        if self.lanes is not None and self.policy != "serf":
+            raise ValueError(
+                f"lanes {list(self.lanes)} with policy {self.policy!r}: only 'serf' switches "
+                "lanes; give the model's `lanes` instead"
+            )
         return self
 
 
@@ -180,6 +196,7 @@ class PoolLoad:
     slo_s: float  # the SLO to plan for
     cold_start_s: float = 0.0  # from asking for a worker to its first batch
     threads: int = 1  # intra-op threads of the workers in service
+    lanes: int = 1  # workers that share each of their processes
 
 
 @dataclass(frozen=True)
@@ -195,6 +212,7 @@ class ScaleDecision:
     timeout_s: float | None = None  # analytic: the buffer's timeout that met the bound
     max_batch: int | None = None  # analytic: and its batch cap
     threads: int | None = None  # serf: each worker's intra-op threads; None: as they are
+    lanes: int | None = None  # serf: workers that share a process; None: as they are
 
 
 @dataclass
@@ -456,13 +474,14 @@ def _points(model: Any) -> int:
 class SerfScaler(Scaler):
     """SERF's scheduler (serf §IV-D): the table's best configuration at the measured load.
 
-    :meth:`set_profile` takes mu_1 .. mu_n per thread count (the per-query service rate with
-    i queries running at once, serf §IV-B) and builds the configuration reference table
+    :meth:`set_profile` takes mu_1 .. mu_n per (threads, lanes) (the per-query service rate
+    with i queries running at once, serf §IV-B) and builds the configuration reference table
     (``serf_config_table``, §IV-C) at ``LOAD_LEVELS`` loads spread up to the most any
-    configuration serves. A configuration here is (workers, threads): each worker runs one
-    batch at a time, so SERF's service parallelism c is the number of workers, which take
-    the pool's one queue first come first served, as the M/D_interf/c queue does. ``cores``
-    bounds workers x threads, as a machine's cores bound ``c * C_intra`` (§IV-C).
+    configuration serves. A configuration here is (workers, threads, lanes): each worker runs
+    one batch at a time, ``lanes`` of them to a process on one copy of the model, so SERF's
+    service parallelism c is the number of workers, which take the pool's one queue first
+    come first served, as the M/D_interf/c queue does. ``cores`` bounds workers x threads, as
+    a machine's cores bound ``c * C_intra`` (§IV-C).
 
     At a decision the load is the window's arrival rate times ``1 + headroom``, looked up at
     the next level up (``lookup_config``); beyond the table, the configuration that serves
@@ -473,36 +492,41 @@ class SerfScaler(Scaler):
 
     def __init__(self, spec: AutoscalingSpec) -> None:
         super().__init__(spec)
-        self.rates: dict[int, tuple[float, ...]] = {}
+        self.rates: dict[tuple[int, int], tuple[float, ...]] = {}  # (threads, lanes) -> mu
         self.cores = 0
         self.table: tuple[Any, ...] = ()
-        self._ranked: list[tuple[int, int]] = []  # (workers, threads) by what they serve
-        # (workers, threads) within the bounds and cores -> what it serves, c mu_c per second
-        self.capacity: dict[tuple[int, int], float] = {}
+        self._ranked: list[Config] = []  # by what they serve
+        # configurations within the bounds and cores -> what it serves, c mu_c per second
+        self.capacity: dict[Config, float] = {}
 
-    def set_profile(self, rates: Mapping[int, Sequence[float]], cores: int) -> None:
-        """Build the table from ``rates[threads]`` = mu_1 .. mu_n (per second) on ``cores``."""
+    def set_profile(
+        self, rates: Mapping[int | tuple[int, int], Sequence[float]], cores: int
+    ) -> None:
+        """Build the table from ``rates[(threads, lanes)]`` = mu_1 .. mu_n (per second; a key
+        of threads alone: one lane) on ``cores``."""
         from raysrv.analytics import serf_config_table
 
-        self.rates = {t: tuple(float(m) for m in mu) for t, mu in sorted(rates.items())}
+        shaped = {(k, 1) if isinstance(k, int) else k: mu for k, mu in rates.items()}
+        self.rates = {k: tuple(float(m) for m in mu) for k, mu in sorted(shaped.items())}
         self.cores = cores
         self.capacity = {
-            (c, t): c * mu[c - 1]
-            for t, mu in self.rates.items()
+            (c, t, b): c * mu[c - 1]
+            for (t, b), mu in self.rates.items()
             for c in range(max(1, self.spec.min), min(len(mu), self.spec.max) + 1)
             if c * t <= cores
         }
         if not self.capacity:
             raise ValueError(
-                f"no configuration fits: threads {sorted(self.rates)}, workers "
+                f"no configuration fits: (threads, lanes) {sorted(self.rates)}, workers "
                 f"{self.spec.min}..{self.spec.max}, {cores} cores"
             )
-        self._ranked = sorted(self.capacity, key=lambda k: (self.capacity[k], -k[0]))
+        # what serves more first, then fewer processes
+        self._ranked = sorted(self.capacity, key=lambda k: (self.capacity[k], -k[0], k[2]))
         top = max(self.capacity.values())
         loads = [top * k / (LOAD_LEVELS + 1) for k in range(1, LOAD_LEVELS + 1)]
         profile = {
-            (1, t): mu[: min(len(mu), self.spec.max, cores // t)]
-            for t, mu in self.rates.items()
+            (1, t, b): mu[: min(len(mu), self.spec.max, cores // t)]
+            for (t, b), mu in self.rates.items()
             if cores // t >= 1
         }
         self.table = serf_config_table(profile, loads, machines=1, cores_per_machine=cores)
@@ -518,9 +542,10 @@ class SerfScaler(Scaler):
         rate = len(recent) / self.spec.window_s * (1.0 + self.spec.headroom)
         row = lookup_config(self.table, rate)
         fits = row.best is not None and row.load >= rate
+        wanted: Config
         if fits:
             config = row.best.config
-            wanted = (max(config.service, self.spec.min), config.intra_threads)
+            wanted = (max(config.service, self.spec.min), config.intra_threads, config.lanes)
             predicted = row.best.latency
         else:
             wanted, predicted = self._ranked[-1], None
@@ -529,7 +554,7 @@ class SerfScaler(Scaler):
         if load.workers == 0 and load.ongoing > 0:
             target = wanted  # queries wait for a worker: no hysteresis from zero
         else:
-            current = self._rank(load.workers, load.threads)
+            current = self._rank((load.workers, load.threads, load.lanes))
             target = self._ranked[
                 self._hysteresis.apply(load.now, current, self._ranked.index(wanted))
             ]
@@ -538,16 +563,19 @@ class SerfScaler(Scaler):
             if fits
             else f"{rate:.1f}/s: beyond the table, the configuration that serves the most"
         )
+        workers, threads, lanes = target
         return ScaleDecision(
-            target[0], wanted[0], reason, rate=rate, predicted_s=predicted, threads=target[1]
-        )
+            workers, wanted[0], reason, rate=rate, predicted_s=predicted, threads=threads,
+            lanes=lanes,
+        )  # fmt: skip
 
-    def _rank(self, workers: int, threads: int) -> int:
-        """The place of (workers, threads) in the order; one not in it takes the place of
-        the configuration that serves closest to what it would."""
-        if (workers, threads) in self.capacity:
-            return self._ranked.index((workers, threads))
-        mu = self.rates.get(threads, ())
+    def _rank(self, config: Config) -> int:
+        """The place of ``config`` in the order; one not in it takes the place of the
+        configuration that serves closest to what it would."""
+        if config in self.capacity:
+            return self._ranked.index(config)
+        workers, threads, lanes = config
+        mu = self.rates.get((threads, lanes), ())
         serves = workers * mu[min(workers, len(mu)) - 1] if mu and workers else 0.0
         return min(
             range(len(self._ranked)),
@@ -558,7 +586,9 @@ class SerfScaler(Scaler):
         """The profile and the table, as the plan view shows them."""
         return {
             "cores": self.cores,
-            "rates": {str(t): list(mu) for t, mu in self.rates.items()},
+            "rates": [
+                {"threads": t, "lanes": b, "mu": list(mu)} for (t, b), mu in self.rates.items()
+            ],
             "table": [
                 {
                     "load": row.load,
@@ -576,6 +606,7 @@ def _choice(choice: Any) -> dict[str, Any] | None:
     return {
         "workers": choice.config.service,
         "threads": choice.config.intra_threads,
+        "lanes": choice.config.lanes,
         "mean_ms": choice.latency * 1000.0,
     }
 

@@ -270,6 +270,14 @@ class ModelTemplate(_Strict):
         description="Batches a replica may hold at once (1 executing, the rest on their way); "
         "2 sends the next batch so it arrives as the replica frees up, 1 waits until it is idle.",
     )
+    lanes: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Replicas that share one process and one copy of the weights, each running "
+        "its own batches beside the others' (`replicas` counts lanes); the model's "
+        "predict_batch is then called from several threads at once.",
+    )
     input: InputSpec = Field(description="What one query's input is: shape and dtype.")
     partition: PartitionSpec | None = Field(
         None,
@@ -328,6 +336,15 @@ class ModelTemplate(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _lanes_of_whole_models(self) -> ModelTemplate:
+        if self.lanes > 1 and self.partition is not None:
+            raise ValueError(
+                f"lanes {self.lanes} of a partitioned model: its leader runs one batch at a time "
+                "across its shards; give `replicas` instead"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _partitioned_replicas_stay(self) -> ModelTemplate:
         if self.partition is not None and self.autoscaling is not None:
             raise ValueError(
@@ -355,6 +372,7 @@ class ModelTemplate(_Strict):
             "resources",
             "placement",
             "pipeline_depth",
+            "lanes",
         )
         fields = type(self).model_fields
         clash = [
@@ -503,6 +521,12 @@ class ResolvedPool:
     pinned: tuple[ModelSpec, ...] = ()
     placement: Placement = "workers"
     autoscaling: AutoscalingSpec | None = None
+    lanes: int = 1
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """A worker process's intra-op threads and lanes, as deployed."""
+        return self.resources.threads, self.lanes
 
     @property
     def kind(self) -> str:
@@ -546,6 +570,7 @@ def resolve_pools(pools: list[PoolSpec], models: list[ModelSpec]) -> list[Resolv
             (m,),
             m.placement,
             m.autoscaling,
+            m.lanes,
         )
         for m in models
         if m.pool is None

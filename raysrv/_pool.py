@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from raysrv._planner import PlanSnapshot
-from raysrv._workers import Call, Report, Workers, concurrent_rates, wall
+from raysrv._workers import Call, Report, Shape, Workers, concurrent_rates, wall
 from raysrv.batching import BatchingPolicy, QueuedQuery
 from raysrv.batching.actions import (
     LATE_START,
@@ -167,11 +167,12 @@ class Pool:
         self._in_flight = 0  # queries in batches sent whose answers are not back
         # the highest worker number used yet: a Ray actor ended under one may still hold its name
         self._last_index = max(workers.indices(), default=-1)
-        # each worker's intra-op threads, where the autoscaler chose them; the threads of the
-        # workers in service, and of those a switch is bringing in (SerfScaler)
-        self._threads: dict[int, int] = {}
-        self._in_force = pool.resources.threads
-        self._switch_to: tuple[int, int] | None = None
+        # each worker's shape (its process's threads and lanes), where the autoscaler chose
+        # it; the shape of the workers in service, and the workers and shape a switch is
+        # bringing in (SerfScaler)
+        self._shapes: dict[int, Shape] = {}
+        self._in_force = pool.shape
+        self._switch_to: tuple[int, Shape] | None = None
         self.decision: ScaleDecision | None = None
         self._timeline: collections.deque[tuple[Any, ...]] = collections.deque(
             maxlen=TIMELINE_ACTIONS
@@ -575,18 +576,24 @@ class Pool:
                 logger.warning("profiling the configurations of %s failed: %s", self.name, exc)
 
     async def _profile_configurations(self, scaler: SerfScaler) -> None:
-        """SERF's profile (serf §IV-B) of each thread count the spec allows, up to as many
-        queries at once as workers of it fit the cores, into the scaler's table."""
+        """SERF's profile (serf §IV-B) of each thread count and lanes the spec allows, up to
+        as many queries at once as workers of it fit the cores, into the scaler's table."""
         spec = self.spec.autoscaling
         assert spec is not None
         (model,) = self.spec.pinned
         cores = spec.cores or os.cpu_count() or 1
         rates = {}
-        for threads in spec.threads:
+        for threads, lanes in itertools.product(spec.threads, spec.lanes or (self.spec.lanes,)):
             most = min(spec.max, cores // threads)
             if most >= 1:
-                rates[threads] = await asyncio.to_thread(
-                    concurrent_rates, self.spec, model, threads, most, spec.profile_queries
+                rates[threads, lanes] = await asyncio.to_thread(
+                    concurrent_rates,
+                    self.spec,
+                    model,
+                    threads,
+                    most,
+                    spec.profile_queries,
+                    lanes=lanes,
                 )
         scaler.set_profile(rates, cores)
 
@@ -649,13 +656,13 @@ class Pool:
         load = self._load(now)
         decision = await asyncio.to_thread(self._decide, load, self._mix(now))
         self.decision = decision
-        threads = decision.threads or self._in_force
-        if threads != self._in_force or self._switch_to is not None:
-            self._switch(decision.workers, threads)
+        shape = (decision.threads or self._in_force[0], decision.lanes or self._in_force[1])
+        if shape != self._in_force or self._switch_to is not None:
+            self._switch(decision.workers, shape)
             return decision
         serving = len(self.scheduler.workers) + len(self._starting)
         if decision.workers > serving:
-            self._grow(decision.workers - serving, threads)
+            self._grow(decision.workers - serving, shape)
         elif decision.workers < serving and not self._starting:
             # with workers starting, the ones in service stay until they are: drained now,
             # the pool could be left with none that serves
@@ -678,7 +685,8 @@ class Pool:
             max_batch=max((p.max_batch_size for p in policies), default=1),
             slo_s=min((p.slo_s for p in policies), default=math.inf),
             cold_start_s=self._cold_start_s,
-            threads=self._in_force,
+            threads=self._in_force[0],
+            lanes=self._in_force[1],
         )
 
     def _mix(self, now: float) -> tuple[dict[str, dict[int, float]], dict[str, int]] | None:
@@ -703,19 +711,19 @@ class Pool:
             load = replace(load, run_times=mixed_run_times(*mix, load.max_batch))
         return self._scaler.decide(load)
 
-    def _switch(self, workers: int, threads: int) -> None:
-        """Towards ``workers`` workers of ``threads`` threads each, a rolling replacement:
+    def _switch(self, workers: int, shape: Shape) -> None:
+        """Towards ``workers`` workers of ``shape`` (threads, lanes), a rolling replacement:
         start the ones missing, and once that many are in service, drain all others. Until
         then the old workers serve, so the switch costs no capacity and loses no query."""
-        ready = [w.index for w in self.scheduler.workers if self._threads_of(w.index) == threads]
-        starting = [i for i in self._starting if self._threads_of(i) == threads]
+        ready = [w.index for w in self.scheduler.workers if self._shape_of(w.index) == shape]
+        starting = [i for i in self._starting if self._shape_of(i) == shape]
         if len(ready) + len(starting) < workers:
-            self._grow(workers - len(ready) - len(starting), threads)
+            self._grow(workers - len(ready) - len(starting), shape)
         if len(ready) < workers or starting:
-            self._switch_to = (workers, threads)
+            self._switch_to = (workers, shape)
             return
         self._switch_to = None
-        self._in_force = threads
+        self._in_force = shape
         keep = set(sorted(ready)[:workers])
         for worker in list(self.scheduler.workers):
             if worker.index not in keep:
@@ -724,10 +732,10 @@ class Pool:
         self._poke()
         self._forget_drained()
 
-    def _threads_of(self, index: int) -> int:
-        return self._threads.get(index, self.spec.resources.threads)
+    def _shape_of(self, index: int) -> Shape:
+        return self._shapes.get(index, self.spec.shape)
 
-    def _grow(self, count: int, threads: int) -> None:
+    def _grow(self, count: int, shape: Shape) -> None:
         """Start ``count`` workers, each in service as soon as it is ready (not when the last
         is); a cold query that only they can serve in time waits for them."""
         asked = self._clock()
@@ -737,13 +745,13 @@ class Pool:
         self._last_index = first + count - 1
         for index in range(first, first + count):
             self._starting.add(index)
-            self._threads[index] = threads
-            self._track(self._start_worker(index, asked, threads))
+            self._shapes[index] = shape
+            self._track(self._start_worker(index, asked, shape))
         self._expect(asked)
 
-    async def _start_worker(self, index: int, asked: float, threads: int) -> None:
+    async def _start_worker(self, index: int, asked: float, shape: Shape) -> None:
         try:
-            await self._workers.add(index, threads)
+            await self._workers.add(index, *shape)
             await self._warm(index)
         except Exception as exc:  # a worker that cannot start: the next decision asks again
             logger.warning("pool %s: worker %d did not start: %s", self.name, index, exc)
@@ -752,9 +760,9 @@ class Pool:
             self._starting.discard(index)
             self._expect(asked)
         wanted = self._in_force if self._switch_to is None else self._switch_to[1]
-        if self._closed or threads != wanted:  # a switch called off while it started
+        if self._closed or shape != wanted:  # a switch called off while it started
             self._workers.remove(index)
-            self._threads.pop(index, None)
+            self._shapes.pop(index, None)
             return
         self.scheduler.add_worker(index)
         for model in self.spec.pinned:
@@ -798,7 +806,7 @@ class Pool:
                 self.scheduler.forget(index)
                 self._workers.remove(index)
                 self._back.pop(index, None)
-                self._threads.pop(index, None)
+                self._shapes.pop(index, None)
                 for key in [k for k in self._memory if k[0] == index]:
                     del self._memory[key]
 
@@ -816,10 +824,15 @@ class Pool:
             "starting": sorted(self._starting),
             "draining": sorted(self._draining),
             "cold_start_s": self._cold_start_s,
-            "threads": self._in_force,
+            "threads": self._in_force[0],
+            "lanes": self._in_force[1],
             "switching_to": None
             if self._switch_to is None
-            else dict(zip(("workers", "threads"), self._switch_to, strict=True)),
+            else {
+                "workers": self._switch_to[0],
+                "threads": self._switch_to[1][0],
+                "lanes": self._switch_to[1][1],
+            },
             "last": None if decision is None else dataclasses.asdict(decision),
         }
 
@@ -827,7 +840,8 @@ class Pool:
         """SERF's profile and table, and the configuration in force; None without them."""
         if not isinstance(self._scaler, SerfScaler) or not self._scaler.table:
             return None
-        in_force = {"workers": len(self.scheduler.workers), "threads": self._in_force}
+        threads, lanes = self._in_force
+        in_force = {"workers": len(self.scheduler.workers), "threads": threads, "lanes": lanes}
         return {**self._scaler.describe(), "in_force": in_force}
 
     # -- what users see --------------------------------------------------------------------

@@ -80,11 +80,13 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "Call",
     "ColocatedWorkers",
+    "Lanes",
     "LoadFailed",
     "Owner",
     "PoolWorker",
     "RayWorkers",
     "Report",
+    "Shape",
     "Workers",
     "device_bytes",
     "rss_bytes",
@@ -189,20 +191,24 @@ class PoolWorker:
         pinned: list[dict[str, Any]],
         niceness: tuple[int, int] = (0, 0),
         plans: dict[str, Any] | None = None,
+        lanes: int = 1,
     ) -> None:
         """``niceness``: how much lower the INFER and the LOAD executors' priorities are
         (:func:`lower_priority`); ``plans``: the plan of each partitioned model, by name (one
-        not given is planned as it loads)."""
+        not given is planned as it loads); ``lanes``: INFER executors, each one of the pool's
+        workers (see the module docstring)."""
         self._capacity = capacity_bytes
         self._plans = plans or {}
         self._models: dict[str, _Loaded] = {}
         self._peak = 0
         self._execution: Any = None
         infers, loads = (partial(lower_priority, steps) for steps in niceness)
-        self._infers = ThreadPoolExecutor(1, "infer", initializer=infers)
+        self._infers = [
+            ThreadPoolExecutor(1, f"infer{lane}", initializer=infers) for lane in range(lanes)
+        ]
         self._loads = ThreadPoolExecutor(1, "load", initializer=loads)
         self._pending: dict[str, Future[Report]] = {}  # model -> its last LOAD sent
-        self._next: int | None = None  # the number of the call expected next
+        self._next: dict[int, int] = {}  # lane -> the number of the call expected next
         self._unloadable: str | None = None  # why a dedicated model could not be loaded
         for spec in pinned:
             try:
@@ -221,29 +227,31 @@ class PoolWorker:
 
     def stop(self) -> None:
         """End the executors' threads once their actions are done, and drop the models."""
-        self._infers.shutdown(wait=False)
+        for executor in self._infers:
+            executor.shutdown(wait=False)
         self._loads.shutdown(wait=False)
         self._models.clear()
 
-    async def run(self, calls: list[Call], seq: int | None = None) -> list[Report]:
-        """Carry out ``calls`` (the actions the scheduler sent this worker in one step: one
-        hop, not one per action), each on its executor in the order given; ``seq`` numbers
-        the ingress's calls to this worker. Returns when all are done."""
-        await self._turn(seq)
-        reports = self.submit(calls)
+    async def run(self, calls: list[Call], seq: int | None = None, lane: int = 0) -> list[Report]:
+        """Carry out ``calls`` (the actions the scheduler sent this worker's ``lane`` in one
+        step: one hop, not one per action), each on its executor in the order given; ``seq``
+        numbers the ingress's calls to the lane. Returns when all are done."""
+        await self._turn(seq, lane)
+        reports = self.submit(calls, lane)
         if seq is not None:
-            self._next = max(seq + 1, self._next or 0)
+            self._next[lane] = max(seq + 1, self._next.get(lane, 0))
         return await reports
 
-    def submit(self, calls: list[Call]) -> asyncio.Future[list[Report]]:
-        """Hand ``calls`` to their executors now, in the order given (on the running loop);
-        the returned future holds their reports, in order."""
+    def submit(self, calls: list[Call], lane: int = 0) -> asyncio.Future[list[Report]]:
+        """Hand ``calls`` to their executors now, in the order given (on the running loop),
+        INFERs to ``lane``'s; the returned future holds their reports, in order."""
         loop = asyncio.get_running_loop()
         done: list[Awaitable[Report]] = []
         for call in calls:
             if call.kind == "infer":
                 after = self._pending.get(call.model)
-                done.append(loop.run_in_executor(self._infers, self._infer_after, after, call))
+                infer = partial(self._infer_after, after, call)
+                done.append(loop.run_in_executor(self._infers[lane], infer))
                 continue
             future = self._loads.submit(self._carry_out, call)
             if call.kind == "load":
@@ -252,13 +260,14 @@ class PoolWorker:
             done.append(asyncio.wrap_future(future))
         return asyncio.gather(*done)
 
-    async def _turn(self, seq: int | None) -> None:
-        """Wait, at most ``ORDER_WAIT_S``, until the calls numbered before ``seq`` are in."""
-        if seq is None or self._next is None:
+    async def _turn(self, seq: int | None, lane: int) -> None:
+        """Wait, at most ``ORDER_WAIT_S``, until the lane's calls numbered before ``seq`` are
+        in."""
+        if seq is None or lane not in self._next:
             return
         loop = asyncio.get_running_loop()
         give_up = loop.time() + ORDER_WAIT_S
-        while seq > self._next and loop.time() < give_up:
+        while seq > self._next[lane] and loop.time() < give_up:
             await asyncio.sleep(0.001)
 
     def _loaded(self, name: str, future: Future[Report]) -> None:
@@ -438,22 +447,30 @@ def median_run_s(pool: ResolvedPool, model: ModelSpec, size: int, runs: int) -> 
 
 
 def concurrent_rates(
-    pool: ResolvedPool, model: ModelSpec, threads: int, most: int, queries: int, size: int = 1
+    pool: ResolvedPool,
+    model: ModelSpec,
+    threads: int,
+    most: int,
+    queries: int,
+    size: int = 1,
+    lanes: int = 1,
 ) -> tuple[float, ...]:
     """SERF's profile of one thread count (serf §IV-B): mu_1 .. mu_most, the per-query service
-    rate (per second) with i queries running at once, each on a runtime of its own with
-    ``threads`` intra-op threads, as i workers of ``pool`` would load ``model``. Each of the i
-    runs a batch of one untimed, then ``queries`` timed; mu_i is one over their mean. The
-    runtimes are threads of this process, which the runtimes' own threads leave free as
-    they run (ONNX Runtime, torch, a sleeping python model), so i of them contend for the
-    cores and caches as i workers on one host do. ``size``: the batch one query stands for."""
+    rate (per second) with i queries running at once, ``lanes`` to a runtime with ``threads``
+    intra-op threads, as i workers of ``pool`` would load ``model`` in processes of ``lanes``
+    lanes. Each of the i runs a batch of one untimed, then ``queries`` timed; mu_i is one over
+    their mean. The queries run on threads of this process, which the runtimes' own threads
+    leave free as they run (ONNX Runtime, torch, a sleeping python model), so i of them
+    contend for the cores and caches as i workers on one host do. ``size``: the batch one
+    query stands for."""
     spec = with_threads(pool.worker_model(model), threads)
-    runtimes = [load_runtime(spec) for _ in range(most)]
+    runtimes = [load_runtime(spec) for _ in range(-(-most // lanes))]
     batch = model.input.batch(size)
     for runtime in runtimes:
         runtime.predict_batch(batch)
     rates = [
-        1.0 / statistics.fmean(_at_once(runtimes[:i], batch, queries)) for i in range(1, most + 1)
+        1.0 / statistics.fmean(_at_once([runtimes[k // lanes] for k in range(i)], batch, queries))
+        for i in range(1, most + 1)
     ]
     for runtime in runtimes:
         runtime.close()
@@ -461,8 +478,9 @@ def concurrent_rates(
 
 
 def _at_once(runtimes: list[Runtime], batch: Any, queries: int) -> list[float]:
-    """The seconds of each of ``queries`` batches run back to back on each of ``runtimes``,
-    all of them at once (each on a thread of its own, started together)."""
+    """The seconds of each of ``queries`` batches run back to back on each of ``runtimes``
+    (one may be listed more than once), all of them at once (each on a thread of its own,
+    started together)."""
     times: list[float] = []
     start = threading.Barrier(len(runtimes))
 
@@ -503,13 +521,57 @@ def choose_placement(pool: ResolvedPool) -> tuple[Placement, dict[str, float]]:
     return "colocated" if cheap else "workers", medians
 
 
+Shape = tuple[int, int]  # a worker process's intra-op threads and lanes
+
+
+class Lanes:
+    """Which process, and which of its lanes, each of a pool's workers is. A process of
+    ``lanes`` lanes runs that many workers (each the scheduler's, running one batch at a time)
+    on one copy of the weights. A new worker takes the free lane of the lowest-numbered process
+    of its shape, if one has a free lane, or opens a process numbered as the worker; a process
+    ends with its last worker."""
+
+    def __init__(self, workers: int, shape: Shape) -> None:
+        """``workers`` numbered from 0, packed into processes of ``shape`` (the pool's, the
+        default of a new one) in order."""
+        self.default = shape
+        lanes = shape[1]
+        self.of = {w: (w // lanes, w % lanes) for w in range(workers)}
+        self.shapes = dict.fromkeys(range(-(-workers // lanes)), shape)
+
+    def processes(self) -> list[int]:
+        return sorted(self.shapes)
+
+    def place(self, worker: int, shape: Shape) -> tuple[int, int, bool]:
+        """Worker ``worker``'s process, lane, and whether the process is new."""
+        taken = collections.defaultdict(set)
+        for process, lane in self.of.values():
+            taken[process].add(lane)
+        for process in self.processes():
+            free = set(range(shape[1])) - taken[process]
+            if self.shapes[process] == shape and free:
+                self.of[worker] = (process, min(free))
+                return process, min(free), False
+        self.of[worker], self.shapes[worker] = (worker, 0), shape
+        return worker, 0, True
+
+    def free(self, worker: int) -> int | None:
+        """Forget ``worker``; its process if no other worker runs in it (forgotten too)."""
+        process, _ = self.of.pop(worker)
+        if any(p == process for p, _ in self.of.values()):
+            return None
+        del self.shapes[process]
+        return process
+
+
 class Workers:
     """The workers of one pool as the scheduler's driver calls them: :meth:`run` submits a
     worker's calls at once (so they reach it in the order they were made) and returns an
     awaitable of their reports (:class:`Report`), in order. ``placement``: where they run
     (None: as the pool's spec says); ``auto``: what ``placement: auto`` measured, if it chose;
     ``start_s``: how long the first workers took to start, their models loaded (0: unknown),
-    the cold start a pool plans for until its autoscaler has started one."""
+    the cold start a pool plans for until its autoscaler has started one. A worker is a lane
+    of a process (:class:`Lanes`); with the pool's ``lanes`` at 1, a process of its own."""
 
     placement: Placement | None = None
     auto: dict[str, Any] | None = None
@@ -519,8 +581,9 @@ class Workers:
         return len(self.indices())
 
     def indices(self) -> list[int]:
-        """The workers' numbers, ascending."""
-        raise NotImplementedError
+        """The workers' numbers, ascending (not those whose process is starting)."""
+        of = self.lanes.of
+        return sorted(w for w, (process, _) in of.items() if process not in self._opening)
 
     def run(self, worker: int, calls: list[Call]) -> Awaitable[list[Report]]:
         raise NotImplementedError
@@ -530,14 +593,43 @@ class Workers:
         dedicated models are loaded."""
         raise NotImplementedError
 
-    async def add(self, index: int, threads: int | None = None) -> None:
+    lanes: Lanes
+    _opening: dict[int, asyncio.Future[None]]  # process -> its start, while it starts
+
+    async def add(self, index: int, threads: int | None = None, lanes: int | None = None) -> None:
         """Start worker ``index``, a number not running; returns once its dedicated models are
         loaded (raises :class:`LoadFailed` if one cannot be, the worker ended). ``threads``:
-        its models' intra-op threads, if not the pool's."""
+        its models' intra-op threads, and ``lanes``: its process's, if not the pool's. A free
+        lane of a process of that shape is taken as soon as that process has started."""
+        default = self.lanes.default
+        shape = (threads or default[0], lanes or default[1])
+        process, _, new = self.lanes.place(index, shape)
+        if new:
+            self._opening[process] = asyncio.ensure_future(self._open(process, shape))
+        opening = self._opening.get(process)
+        if opening is None:
+            return
+        try:
+            await asyncio.shield(opening)
+        except Exception:  # kept until its last worker goes, so that none is placed in it
+            if self.lanes.free(index) is not None:
+                del self._opening[process]
+            raise
+        self._opening.pop(process, None)
+
+    async def _open(self, process: int, shape: Shape) -> None:
+        """Start process ``process`` of ``shape``, kept once its models are loaded; a process
+        that fails is ended before this raises."""
         raise NotImplementedError
 
     def remove(self, index: int) -> None:
-        """End worker ``index`` (drained: nothing of it in flight)."""
+        """End worker ``index`` (drained: nothing of it in flight), and its process with its
+        last worker."""
+        process = self.lanes.free(index)
+        if process is not None:
+            self._close(process)
+
+    def _close(self, process: int) -> None:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -590,35 +682,35 @@ class ColocatedWorkers(Workers):
     def __init__(self, pool: ResolvedPool, metrics: bool = True) -> None:
         self._pool = pool
         self._metrics = metrics
-        self.workers = {i: self._make() for i in range(pool.workers)}
+        self.lanes = Lanes(pool.workers, pool.shape)
+        self._opening = {}
+        self.processes = {p: self._make(pool.shape) for p in self.lanes.processes()}
 
-    def _make(self, threads: int | None = None) -> PoolWorker:
-        pinned, niceness = _worker_args(self._pool, threads)
-        worker = PoolWorker(self._pool.capacity_bytes, pinned, niceness)
+    def _make(self, shape: Shape) -> PoolWorker:
+        pinned, niceness = _worker_args(self._pool, shape[0])
+        worker = PoolWorker(self._pool.capacity_bytes, pinned, niceness, lanes=shape[1])
         if self._metrics:
             worker.start_metrics()
         return worker
 
-    def indices(self) -> list[int]:
-        return sorted(self.workers)
-
     def run(self, worker: int, calls: list[Call]) -> Awaitable[list[Report]]:
-        return self.workers[worker].submit(calls)
+        process, lane = self.lanes.of[worker]
+        return self.processes[process].submit(calls, lane)
 
     async def ready(self) -> list[dict[str, Any]]:
-        return [self.workers[i].ready() for i in self.indices()]
+        return [self.processes[self.lanes.of[i][0]].ready() for i in self.indices()]
 
-    async def add(self, index: int, threads: int | None = None) -> None:
-        worker = await asyncio.to_thread(self._make, threads)  # models load off the loop
+    async def _open(self, process: int, shape: Shape) -> None:
+        worker = await asyncio.to_thread(self._make, shape)  # models load off the loop
         try:
             worker.ready()
         except LoadFailed:
             worker.stop()
             raise
-        self.workers[index] = worker
+        self.processes[process] = worker
 
-    def remove(self, index: int) -> None:
-        self.workers.pop(index).stop()
+    def _close(self, process: int) -> None:
+        self.processes.pop(process).stop()
 
 
 def alive(owner: Owner) -> bool:
@@ -640,8 +732,9 @@ class _RayWorker(PoolWorker):
         niceness: tuple[int, int],
         orphan_timeout_s: float,
         plans: dict[str, Any] | None = None,
+        lanes: int = 1,
     ) -> None:
-        super().__init__(capacity_bytes, pinned, niceness, plans)
+        super().__init__(capacity_bytes, pinned, niceness, plans, lanes)
         self.start_metrics()
         self._dedicated = frozenset(spec["name"] for spec in pinned)
         self._owner: Owner | None = None
@@ -665,7 +758,7 @@ class _RayWorker(PoolWorker):
             # ingress's: Serve's, which holds the interpreter for some 0.35 s): paid here, as
             # the worker starts, not by the batches it serves when the watcher first looks
             await asyncio.to_thread(alive, owner)
-            self._owner, self._next = owner, None
+            self._owner, self._next = owner, {}
             return True
 
     async def release(self, owner: Owner) -> None:
@@ -763,7 +856,8 @@ class _Leaders:
 
 class RayWorkers(Workers):
     """A pool's workers as Ray actors (see the module docstring); made by :meth:`start`.
-    ``groups``: the placement groups of a partitioned model's leaders, removed with them."""
+    ``groups``: the placement groups of a partitioned model's leaders, removed with them.
+    An actor is a process of :class:`Lanes`."""
 
     placement = "workers"
 
@@ -773,10 +867,14 @@ class RayWorkers(Workers):
         owner: Owner,
         renew_s: float,
         groups: Sequence[Any] = (),
-        make: Callable[[int, int | None], Awaitable[Any]] | None = None,
+        make: Callable[[int, Shape], Awaitable[Any]] | None = None,
+        lanes: Lanes | None = None,
     ) -> None:
-        """``make``: a new worker of the group by its number and threads (:meth:`add`)."""
+        """``make``: a new actor of the group by its number and shape (:meth:`add`);
+        ``lanes``: the workers each of ``actors`` runs (unset: one each)."""
         self.actors = dict(enumerate(actors))
+        self.lanes = lanes or Lanes(len(actors), (1, 1))
+        self._opening = {}
         self.groups = [g for g in groups if g is not None]
         self._calls = collections.Counter[int]()
         self._owner = owner
@@ -795,6 +893,7 @@ class RayWorkers(Workers):
 
         pinned, niceness = _worker_args(pool)
         shape = {"pool": pool.name, "workers": pool.workers, "device": pool.device}
+        shape |= {"lanes": pool.lanes}
         shape |= {"resources": pool.resources.model_dump(), "capacity": pool.capacity_bytes}
         key = json.dumps({**shape, "pinned": pinned}, sort_keys=True).encode()
         digest = hashlib.sha256(key).hexdigest()[:12]
@@ -803,25 +902,27 @@ class RayWorkers(Workers):
             raise RuntimeError(f"the owner {owner} of pool {pool.name!r} is not a live actor")
         leaders = _Leaders(pool)
 
-        async def actor(group: int, i: int, threads: int | None = None) -> Any:
+        async def actor(group: int, i: int, shape: Shape = pool.shape) -> Any:
             name = f"raysrv:{app}:{pool.name}:{digest}:{group}:{i}"
             options = _actor_options(pool, name)
             plans = await leaders.place(name, options)
-            models = pinned if threads is None else _worker_args(pool, threads)[0]
+            models = _worker_args(pool, shape[0])[0]
             args = (pool.capacity_bytes, models, niceness, orphan_timeout_s)
-            return remote.options(**options).remote(*args, plans)
+            return remote.options(**options).remote(*args, plans, shape[1])
 
+        lanes = Lanes(pool.workers, pool.shape)
         try:
             for group in range(MAX_GROUPS):
                 leader = await actor(group, 0)  # the group's: whoever holds it holds the others
                 if not await leader.claim.remote(owner):
                     continue
-                actors = [leader] + [await actor(group, i) for i in range(1, pool.workers)]
+                actors = [leader] + [await actor(group, i) for i in lanes.processes()[1:]]
                 taken = await asyncio.gather(*(a.claim.remote(owner) for a in actors[1:]))
                 if all(taken):
                     groups = await leaders.groups(actors)
                     renew_s = min(orphan_timeout_s / 4.0, 5.0)
-                    return cls(actors, owner, renew_s, groups, partial(actor, group))
+                    make = partial(actor, group)
+                    return cls(actors, owner, renew_s, groups, make, lanes)
                 await asyncio.gather(*(a.release.remote(owner) for a in actors))  # another's
         finally:
             await asyncio.to_thread(leaders.drop_unused)
@@ -853,40 +954,47 @@ class RayWorkers(Workers):
         for group in self.groups:
             remove_placement_group(group)
 
-    def indices(self) -> list[int]:
-        return sorted(self.actors)
-
     def run(self, worker: int, calls: list[Call]) -> Awaitable[list[Report]]:
         self._calls[worker] += 1
-        return self.actors[worker].run.remote(calls, self._calls[worker])
+        process, lane = self.lanes.of[worker]
+        return self.actors[process].run.remote(calls, self._calls[worker], lane)
 
     async def ready(self) -> list[dict[str, Any]]:
-        actors = [self.actors[i] for i in self.indices()]
-        return list(await asyncio.gather(*(a.ready.remote() for a in actors)))
+        workers = self.indices()
+        processes = sorted({self.lanes.of[i][0] for i in workers})
+        held = await asyncio.gather(*(self.actors[p].ready.remote() for p in processes))
+        of = dict(zip(processes, held, strict=True))
+        return [of[self.lanes.of[i][0]] for i in workers]
 
-    async def add(self, index: int, threads: int | None = None) -> None:
-        """A new actor of the group, claimed for its owner (a worker of that number that has
+    async def add(self, index: int, threads: int | None = None, lanes: int | None = None) -> None:
+        self._calls[index] = 0
+        await super().add(index, threads, lanes)
+
+    async def _open(self, process: int, shape: Shape) -> None:
+        """A new actor of the group, claimed for its owner (an actor of that number that has
         outlived an earlier owner is taken over, its dedicated models loaded)."""
         import ray
 
         if self._make is None or self.groups:
             raise RuntimeError("this pool's workers cannot be added to")
-        actor = await self._make(index, threads)
+        actor = await self._make(process, shape)
         try:
             if not await actor.claim.remote(self._owner):
-                raise RuntimeError(f"worker {index} is held by another ingress")
+                raise RuntimeError(f"worker {process} is held by another ingress")
             await actor.ready.remote()
         except Exception:
             ray.kill(actor, no_restart=True)
             raise
-        self._calls[index] = 0
-        self.actors[index] = actor
+        self.actors[process] = actor
 
     def remove(self, index: int) -> None:
+        super().remove(index)
+        self._calls.pop(index, None)
+
+    def _close(self, process: int) -> None:
         import ray
 
-        ray.kill(self.actors.pop(index), no_restart=True)
-        self._calls.pop(index, None)
+        ray.kill(self.actors.pop(process), no_restart=True)
 
 
 def wall(clock_now: float, clock_t: float) -> float:

@@ -242,14 +242,15 @@ class LocalWorkers(Workers):
         self.removed: set[int] = set()  # workers ended (:meth:`remove`)
         self.start_s = 0.0  # how long :meth:`add` takes, as a worker's start would
         self.threads: dict[int, int | None] = {}  # what :meth:`add` was given, by worker
+        self.lanes_given: dict[int, int | None] = {}
 
     def indices(self) -> list[int]:
         return [i for i in range(len(self.held)) if i not in self.removed]
 
-    async def add(self, index: int, threads: int | None = None) -> None:
+    async def add(self, index: int, threads: int | None = None, lanes: int | None = None) -> None:
         if self.start_s:
             await asyncio.sleep(self.start_s)
-        self.threads[index] = threads
+        self.threads[index], self.lanes_given[index] = threads, lanes
         if index == len(self.held):
             self.held.append({})
             self.peak_bytes.append(0)

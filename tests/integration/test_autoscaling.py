@@ -165,11 +165,85 @@ def test_serf_profiles_switches_threads_live_and_shows_its_table(serve_session: 
     assert switched["last"]["threads"] == 2
     plan = handle.plan.remote("curve").result()
     configurations = plan["configurations"]
-    assert configurations["in_force"] == {"workers": 1, "threads": 2}
-    assert sorted(configurations["rates"]) == ["1", "2"]
-    assert len(configurations["rates"]["1"]) == 2
-    assert len(configurations["rates"]["2"]) == 1
+    assert configurations["in_force"] == {"workers": 1, "threads": 2, "lanes": 1}
+    rates = {(r["threads"], r["lanes"]): r["mu"] for r in configurations["rates"]}
+    assert sorted(rates) == [(1, 1), (2, 1)]
+    assert (len(rates[1, 1]), len(rates[2, 1])) == (2, 1)
     assert configurations["table"][0]["best"]["threads"] == 2
     rows = [row["load"] for row in configurations["table"]]
     assert rows == sorted(rows)
     assert len(rows) == 20
+
+
+def test_serf_switches_two_worker_processes_to_two_lanes_of_one_live(
+    serve_session: RayCluster,
+) -> None:
+    """``lanes`` on Ray: a table of lanes only (SERF with ``lanes: [2]``, at least two
+    workers) replaces the deployed two one-lane worker actors with two lanes of one actor
+    while a caller keeps asking; every query is answered, the old actors end, and both
+    workers then answer from one process."""
+    from ray import serve
+
+    scaling = {"policy": "serf", "min": 2, "max": 2, "threads": [1], "lanes": [2], "cores": 2,
+               "every_s": 0.5, "window_s": 2.0, "down_after_s": 0.0}  # fmt: skip
+    model = model_spec(
+        "laned",
+        source="raysrv.testing:CurveModel",
+        init_kwargs={"base_s": 0.004, "interference": 0.0},
+        autoscaling=scaling,
+        resources={"num_cpus": 0.1},
+    )
+    _deploy_app("lanes", model)
+    handle = serve.get_app_handle("lanes")
+    answers = []
+    for i in range(400):
+        answers.append(handle.predict.remote("laned", [float(i), 1.0, 0.0, 0.0]).result())
+        if i >= 50 and (s := _scaling(handle, "laned"))["lanes"] == 2 and not s["draining"]:
+            break
+    assert [a["output"] for a in answers] == [i + 1.0 for i in range(len(answers))]
+    switched = until(
+        lambda: (s := _scaling(handle, "laned"))["lanes"] == 2 and not s["draining"] and s,
+        30.0,
+        "the pool on two lanes of one worker process",
+    )
+    assert switched["in_service"] == 2
+    assert [w["worker"] for w in switched["workers"]] == [2, 3]  # workers 0 and 1 ended
+    assert len({w["process"]["pid"] for w in switched["workers"]}) == 1
+    plan = handle.plan.remote("laned").result()["configurations"]
+    assert plan["in_force"] == {"workers": 2, "threads": 1, "lanes": 2}
+    assert [(r["threads"], r["lanes"], len(r["mu"])) for r in plan["rates"]] == [(1, 2, 2)]
+
+
+def test_replicas_in_lanes_start_as_one_process_that_runs_their_batches_side_by_side(
+    serve_session: RayCluster,
+) -> None:
+    """``replicas: 2, lanes: 2`` without autoscaling: one worker actor whose two lanes each
+    take batches; callers at once are answered from it, batches overlapping in time."""
+    from ray import serve
+
+    model = model_spec(
+        "two-lanes",
+        init_kwargs={"delay_s": 0.2},
+        replicas=2,
+        lanes=2,
+        batching={"policy": "fixed", "params": {"max_batch_size": 1}},
+        resources={"num_cpus": 0.1},
+    )
+    _deploy_app("laned", model)
+    handle = serve.get_app_handle("laned")
+    (pool,) = [p for p in handle.pools.remote().result() if p["name"] == "two-lanes"]
+    assert [w["worker"] for w in pool["workers"]] == [0, 1]
+    assert len({w["process"]["pid"] for w in pool["workers"]}) == 1
+    with concurrent.futures.ThreadPoolExecutor(4) as callers:
+        asked = [
+            callers.submit(lambda i: handle.predict.remote("two-lanes", [i, 0, 0, 0]).result(), i)
+            for i in range(4)
+        ]
+        answers = [a.result()["output"] for a in asked]
+    assert [a["sum"] for a in answers] == [0.0, 1.0, 2.0, 3.0]
+    assert len({a["pid"] for a in answers}) == 1
+    columns = handle.timeline.remote("two-lanes").result()
+    rows = [dict(zip(columns, r, strict=True)) for r in zip(*columns.values(), strict=True)]
+    runs = {w: [(r["started"], r["ended"]) for r in rows if r["worker"] == w and r["size"]]
+            for w in (0, 1)}  # fmt: skip
+    assert any(s0 < e1 and s1 < e0 for s0, e0 in runs[0] for s1, e1 in runs[1])

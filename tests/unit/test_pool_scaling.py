@@ -265,26 +265,27 @@ def test_a_pool_never_drains_below_its_workers_starting_and_none_goes_to_zero() 
     assert asyncio.run(scenario()) == [(1, 1), (2, 0), (1, 0)]
 
 
-def test_a_switch_of_threads_brings_the_new_workers_in_before_it_drains_the_old() -> None:
+def test_a_switch_brings_workers_of_new_threads_and_lanes_in_before_it_drains_the_old() -> None:
     """SERF's reconfiguration as a rolling replacement: under steady load, two one-thread
-    workers become one of two threads and back; every query is answered once and in time, no
-    call reaches a worker once it drains, and the old workers serve until the new are in."""
+    workers become one of two threads, then two one-thread lanes of a process; every query is
+    answered once and in time, no call reaches a worker once it drains, and the old workers
+    serve until the new are in."""
     from raysrv.batching.autoscale import ScaleDecision
 
     workers = LocalWorkers(2, dedicated=EchoModel(), delay_s=0.01)
     workers.start_s = 0.2
     pool = _pool("serf", workers, max=2)
-    asked = iter([(1, 2), (1, 2), (2, 1)])
+    asked = iter([(1, 2, 1), (1, 2, 1), (2, 1, 2)])
 
     def decide(load: Any) -> ScaleDecision:
-        count, threads = next(asked)
-        return ScaleDecision(count, count, "told", threads=threads)
+        count, threads, lanes = next(asked)
+        return ScaleDecision(count, count, "told", threads=threads, lanes=lanes)
 
     pool._scaler.decide = decide  # type: ignore[union-attr,method-assign]
     to_draining = _sent_to_draining(pool, workers)
 
-    async def scenario() -> tuple[list[Any], list[tuple[int, int]], list[int]]:
-        seen: list[tuple[int, int]] = []
+    async def scenario() -> tuple[list[Any], list[tuple[int, int, int]], list[int]]:
+        seen: list[tuple[int, int, int]] = []
         serving: list[int] = []
         loop = asyncio.get_running_loop()
 
@@ -303,7 +304,8 @@ def test_a_switch_of_threads_brings_the_new_workers_in_before_it_drains_the_old(
             await pool.scale()
             futures += await offer(0.5)  # the new workers start within it and take over
             in_service = sorted(w.index for w in pool.scheduler.workers)
-            seen.append((len(in_service), pool.describe_scaling()["threads"]))
+            shown = pool.describe_scaling()
+            seen.append((len(in_service), shown["threads"], shown["lanes"]))
         await asyncio.gather(*futures, return_exceptions=True)
         await asyncio.sleep(0.05)
         pool._forget_drained()
@@ -311,7 +313,7 @@ def test_a_switch_of_threads_brings_the_new_workers_in_before_it_drains_the_old(
         return futures, seen, serving
 
     futures, seen, serving = asyncio.run(scenario())
-    assert seen == [(1, 2), (1, 2), (2, 1)]
+    assert seen == [(1, 2, 1), (1, 2, 1), (2, 1, 2)]
     errors = [f.exception() for f in futures if f.exception() is not None]
     assert errors == []  # each answered within its deadline
     assert to_draining == []
@@ -319,6 +321,7 @@ def test_a_switch_of_threads_brings_the_new_workers_in_before_it_drains_the_old(
     assert min(serving) >= 1
     assert workers.removed == {0, 1, 2}  # the two first, then the two-thread one
     assert [workers.threads[i] for i in (2, 3, 4)] == [2, 1, 1]
+    assert [workers.lanes_given[i] for i in (2, 3, 4)] == [1, 2, 2]
 
 
 def test_a_new_worker_runs_a_batch_of_one_before_it_serves() -> None:
