@@ -55,6 +55,7 @@ __all__ = [
     "ParallelConfig",
     "SerfPrediction",
     "cosmetatos_factor",
+    "lanes_differ",
     "lookup_config",
     "serf_config_table",
     "serf_latency",
@@ -283,6 +284,10 @@ def _candidates(
     profile: Profile, machines: int, cores: int
 ) -> list[tuple[ParallelConfig, tuple[float, ...]]]:
     out = []
+    profiled: dict[tuple[int, int], list[int]] = {}
+    for key in profile:
+        inter, intra, lanes = (*key, 1)[:3]
+        profiled.setdefault((inter, intra), []).append(lanes)
     for key, rates in profile.items():
         inter, intra, lanes = (*key, 1)[:3]
         if min(inter, intra, lanes) < 1:
@@ -293,10 +298,18 @@ def _candidates(
         if inter > machines:
             continue
         for c in range(1, min(len(mu), cores // intra) + 1):
-            out.append((ParallelConfig(c, inter, intra, lanes), mu[:c]))
+            if lanes_differ(c, lanes, profiled[inter, intra]):
+                out.append((ParallelConfig(c, inter, intra, lanes), mu[:c]))
     if not out:
         raise ValueError(f"no profiled configuration fits {machines} machines x {cores} cores")
     return out
+
+
+def lanes_differ(c: int, lanes: int, profiled: Sequence[int]) -> bool:
+    """Whether ``c`` requests ``lanes`` to a process are laid out unlike with any smaller lanes
+    value of ``profiled``: not when such a value also holds the ``c`` in one process (the same
+    process running the same requests, kept once, at the fewest lanes)."""
+    return not any(c <= other < lanes for other in profiled)
 
 
 def _evaluate(

@@ -504,16 +504,17 @@ class SerfScaler(Scaler):
     ) -> None:
         """Build the table from ``rates[(threads, lanes)]`` = mu_1 .. mu_n (per second; a key
         of threads alone: one lane) on ``cores``."""
-        from raysrv.analytics import serf_config_table
+        from raysrv.analytics.serf import lanes_differ, serf_config_table
 
         shaped = {(k, 1) if isinstance(k, int) else k: mu for k, mu in rates.items()}
         self.rates = {k: tuple(float(m) for m in mu) for k, mu in sorted(shaped.items())}
         self.cores = cores
+        lanes = {t: [b for u, b in self.rates if u == t] for t, _ in self.rates}
         self.capacity = {
             (c, t, b): c * mu[c - 1]
             for (t, b), mu in self.rates.items()
             for c in range(max(1, self.spec.min), min(len(mu), self.spec.max) + 1)
-            if c * t <= cores
+            if c * t <= cores and lanes_differ(c, b, lanes[t])
         }
         if not self.capacity:
             raise ValueError(

@@ -12,7 +12,9 @@ every one runs within ``AUTO_COLOCATE_MS`` (:func:`choose_placement`).
 A worker has two executors, each one thread that runs its actions one at a time in the order
 the ingress sent them (Clockwork, OSDI'20, §4.4: "a dedicated executor for each action type"):
 one for INFERs, one for LOADs and UNLOADs. A LOAD thus runs while the worker's INFERs of other
-models go on, as Clockwork's PCIe copies run beside its kernels. An INFER of a model whose LOAD
+models go on, as Clockwork's PCIe copies run beside its kernels. A dedicated pool's process may
+hold several workers, its lanes (:class:`Lanes`): an INFER executor each over one copy of the
+model, one LOAD executor, and each lane's calls numbered apart. An INFER of a model whose LOAD
 was sent before it waits, in its executor, for that LOAD to end, and is refused (``late``) if
 the LOAD was. The ingress numbers its calls to each worker and a worker takes them in that
 order, waiting at most ``ORDER_WAIT_S`` for an earlier one that Ray delivers late.

@@ -118,6 +118,8 @@ def _load(rate: float, now: float = 100.0, seconds: float = 10.0) -> PoolLoad:
 def test_serf_picks_lanes_where_they_serve_best_and_the_threads_where_those_do() -> None:
     scaler = SerfScaler(AutoscalingSpec(policy="serf", max=2, headroom=0.0, lanes=(1, 2)))
     scaler.set_profile(RATES, cores=2)
+    # one worker of a two-lane process runs as a one-lane process does: kept once, at one lane
+    assert sorted(scaler.capacity) == [(1, 1, 1), (1, 2, 1), (2, 1, 1), (2, 1, 2)]
     light, heavy = scaler.decide(_load(40.0)), scaler.decide(_load(170.0))
     assert (light.workers, light.threads, light.lanes) == (1, 2, 1)
     assert (heavy.workers, heavy.threads, heavy.lanes) == (2, 1, 2)  # 190/s against 160/s
