@@ -716,14 +716,14 @@ class ColocatedWorkers(Workers):
 
 
 def alive(owner: Owner) -> bool:
-    """Whether Ray knows a live actor of ``owner``'s name (a dead one's name is free again)."""
+    """Whether Ray knows a live actor of ``owner``'s name (a dead one's name is free again).
+    Read from the list of named actors, not with a handle: a process's first handle to an
+    actor imports the module of its class, for an ingress replica Serve's, some 0.35 s of CPU
+    that a starting worker would take from the ingress and the workers beside it."""
     import ray
 
-    try:
-        ray.get_actor(owner[0], namespace=owner[1])
-    except ValueError:
-        return False
-    return True
+    named = ray.util.list_named_actors(all_namespaces=True)
+    return {"name": owner[0], "namespace": owner[1]} in named
 
 
 class _RayWorker(PoolWorker):
@@ -756,10 +756,6 @@ class _RayWorker(PoolWorker):
             if held is not None and await asyncio.to_thread(alive, held):
                 return False
             await asyncio.wrap_future(self._loads.submit(self._keep_dedicated))
-            # a process's first look-up of an actor imports the module of its class (an
-            # ingress's: Serve's, which holds the interpreter for some 0.35 s): paid here, as
-            # the worker starts, not by the batches it serves when the watcher first looks
-            await asyncio.to_thread(alive, owner)
             self._owner, self._next = owner, {}
             return True
 
