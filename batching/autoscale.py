@@ -164,6 +164,13 @@ class AutoscalingSpec(BaseModel):
     profile_queries: int = Field(
         20, ge=2, le=10_000, description="SERF: queries each profiled degree runs, per worker."
     )
+    profile_s: float = Field(
+        0.25,
+        ge=0.0,
+        le=60.0,
+        description="SERF: each profiled degree runs for this long at the least, more than "
+        "`profile_queries` queries where a query is short (the shorter the run, the noisier).",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> AutoscalingSpec:

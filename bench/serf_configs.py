@@ -2,11 +2,11 @@
 threads, lanes) served at several loads, beside the table's pick, in one process.
 
     python -m bench.serf_configs [--models wide-cnn curve] [--seconds 2] [--rounds 3]
-        [--loads 0.1 0.3 0.5 0.7 0.85] [--queries 20] [--out JSON]
+        [--loads 0.1 0.3 0.5 0.7 0.85] [--queries 20] [--profile-s 0.25] [--out JSON]
 
 For each model the profile and the table are the live ones: :func:`raysrv._workers.concurrent_rates`
-measures mu_1 .. mu_n per thread count and lanes (``--queries`` each, by default as many as
-the live profile runs), and
+measures mu_1 .. mu_n per thread count and lanes (``--queries`` each, more where they would
+take less than ``--profile-s``; by default what the live profile runs), and
 :class:`raysrv.batching.autoscale.SerfScaler` builds the table from them. Then every
 configuration that fits the cores serves Poisson arrivals at each tested load (a share of the
 most any configuration serves) for ``--seconds``: ``workers`` threads take queries from one
@@ -44,11 +44,12 @@ from typing import Any
 import numpy as np
 
 from raysrv._workers import concurrent_rates, with_threads
-from raysrv.batching.autoscale import SerfScaler
+from raysrv.batching.autoscale import AutoscalingSpec, SerfScaler
 from raysrv.config import ModelSpec, resolve_pools
 from raysrv.runtimes import Runtime, load_runtime
 
-QUERIES = 20  # the live profile's default (``profile_queries``)
+QUERIES = AutoscalingSpec.model_fields["profile_queries"].default  # the live profile's
+PROFILE_S = AutoscalingSpec.model_fields["profile_s"].default
 WIDE_CNN_BATCH = 8
 OUT = Path("bench/out/serf_configs.json")
 
@@ -90,13 +91,14 @@ def _model(case: Case) -> ModelSpec:
     return ModelSpec.model_validate({"name": case.name, **case.spec, "autoscaling": scaling})
 
 
-def profile(case: Case, queries: int) -> tuple[ModelSpec, SerfScaler]:
-    """The live profile and table of ``case``'s model, ``queries`` per point."""
+def profile(case: Case, queries: int, seconds: float) -> tuple[ModelSpec, SerfScaler]:
+    """The live profile and table of ``case``'s model, ``queries`` per point at the least,
+    and ``seconds``."""
     model = _model(case)
     (pool,) = resolve_pools([], [model])
     assert model.autoscaling is not None
     rates = {
-        (t, b): concurrent_rates(pool, model, t, case.cores // t, queries, case.size, b)
+        (t, b): concurrent_rates(pool, model, t, case.cores // t, queries, case.size, b, seconds)
         for t in case.threads
         for b in case.lanes
     }
@@ -202,6 +204,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--loads", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.7, 0.85])
     p.add_argument("--queries", type=int, default=QUERIES, help="profiled per point")
+    p.add_argument("--profile-s", type=float, default=PROFILE_S, help="profiled per point")
     p.add_argument("--out", type=Path, default=OUT)
     return p
 
@@ -211,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for name in args.models:
         case = CASES[name]
-        model, scaler = profile(case, args.queries)
+        model, scaler = profile(case, args.queries, args.profile_s)
         results.append(measure(case, model, scaler, args))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)},

@@ -594,6 +594,7 @@ class Pool:
                     most,
                     spec.profile_queries,
                     lanes=lanes,
+                    seconds=spec.profile_s,
                 )
         scaler.set_profile(rates, cores)
 

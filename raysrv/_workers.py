@@ -456,6 +456,7 @@ def concurrent_rates(
     queries: int,
     size: int = 1,
     lanes: int = 1,
+    seconds: float = 0.0,
 ) -> tuple[float, ...]:
     """SERF's profile of one thread count (serf §IV-B): mu_1 .. mu_most, the per-query service
     rate (per second) with i queries running at once, ``lanes`` to a runtime with ``threads``
@@ -464,12 +465,16 @@ def concurrent_rates(
     their mean. The queries run on threads of this process, which the runtimes' own threads
     leave free as they run (ONNX Runtime, torch, a sleeping python model), so i of them
     contend for the cores and caches as i workers on one host do. ``size``: the batch one
-    query stands for."""
+    query stands for. ``seconds``: each of the i runs more than ``queries`` where that many
+    would take less, by the median of three runs alone (short runs are noisy:
+    bench/RESULTS.md, "SERF's configurations")."""
     spec = with_threads(pool.worker_model(model), threads)
     runtimes = [load_runtime(spec) for _ in range(-(-most // lanes))]
     batch = model.input.batch(size)
     for runtime in runtimes:
         runtime.predict_batch(batch)
+    alone = statistics.median(_at_once(runtimes[:1], batch, 3))
+    queries = max(queries, math.ceil(seconds / alone) if alone > 0 else queries)
     rates = [
         1.0 / statistics.fmean(_at_once([runtimes[k // lanes] for k in range(i)], batch, queries))
         for i in range(1, most + 1)

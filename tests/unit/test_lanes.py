@@ -166,3 +166,26 @@ def test_lanes_are_refused_where_they_cannot_run() -> None:
         AutoscalingSpec(policy="analytic", max=2, lanes=(2,))
     with pytest.raises(ValueError, match="lanes must each lie in 1..64"):
         AutoscalingSpec(policy="serf", max=2, lanes=(0,))
+
+
+def test_the_profile_runs_a_short_query_for_the_time_asked_not_only_its_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runs: list[int] = []
+    real = workers_module._at_once
+
+    def counting(runtimes: list[Any], batch: Any, queries: int) -> list[float]:
+        runs.append(queries)
+        return real(runtimes, batch, queries)
+
+    monkeypatch.setattr(workers_module, "_at_once", counting)
+    model = ModelSpec.model_validate(model_spec("m", init_kwargs={"delay_s": 0.01}))
+    (pool,) = resolve_pools([], [model])
+    workers_module.concurrent_rates(pool, model, 1, 2, 2, seconds=0.2)
+    pilot, *points = runs
+    assert pilot == 3  # three runs alone, timed, size the points
+    assert len(points) == 2
+    assert all(10 <= n <= 21 for n in points)  # 0.2 s of 10 ms batches (a slow timer: 20 ms), not 2
+    runs.clear()
+    workers_module.concurrent_rates(pool, model, 1, 2, 2)
+    assert runs[1:] == [2, 2]
