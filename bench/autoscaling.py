@@ -201,12 +201,13 @@ async def _workers(system: str, base: str, session: aiohttp.ClientSession) -> tu
     return scaling["in_service"], needed, str(last.get("reason", ""))
 
 
-async def _sample(system: str, base: str, t0: float, out: list[tuple[Any, ...]]) -> None:
+async def _sample(system: str, base: str, out: list[tuple[Any, ...]]) -> None:
+    """Samples of the workers, each at ``time.perf_counter()``."""
     async with aiohttp.ClientSession() as session:
         while True:
             try:
                 workers, needed, reason = await _workers(system, base, session)
-                out.append((time.perf_counter() - t0, workers, needed, reason))
+                out.append((time.perf_counter(), workers, needed, reason))
             except Exception as exc:  # a sample missed is not a run lost
                 print(f"{system}: sampling failed: {exc}", file=sys.stderr)
             await asyncio.sleep(SAMPLE_S)
@@ -227,11 +228,12 @@ async def run_system(
         await closed_loop(client, 2, 3.0)  # warm-up, within one worker's reach
         await asyncio.sleep(16.0)  # out of the scalers' windows (10 s): back to the fewest workers
         samples: list[tuple[Any, ...]] = []
-        sampler = asyncio.create_task(_sample(system, base, time.perf_counter(), samples))
+        sampler = asyncio.create_task(_sample(system, base, samples))
         try:
             log = await replay(client, offsets)
         finally:
             sampler.cancel()
+        samples = [(t - log.start, *rest) for t, *rest in samples]  # on the log's clock
     figures = summarize(log, samples, args.slo_ms / 1000.0, trace_seconds(args.scale))
     figures["system"] = (
         f"analytic, headroom {target:g}"

@@ -222,13 +222,15 @@ class RequestLog:
     as (seconds from the run's start when it ran again, seconds it was held beyond
     ``STALL_S``, seconds its thread ran meanwhile): an answer that arrived meanwhile was seen
     that much later. The loop's thread running for most of a hold is the client's own work;
-    running little, it waited for a CPU (logs saved before this was read have two values)."""
+    running little, it waited for a CPU (logs saved before this was read have two values).
+    ``start``: the run's start, as ``time.perf_counter()`` read it (a replay's)."""
 
     scheduled: list[float] = field(default_factory=list)
     sent: list[float] = field(default_factory=list)
     done: list[float] = field(default_factory=list)
     status: list[int] = field(default_factory=list)
     stalls: list[tuple[float, ...]] = field(default_factory=list)
+    start: float = 0.0
 
     async def timed(self, client: Client, i: int, scheduled: float, t0: float) -> None:
         sent = time.perf_counter() - t0
@@ -361,7 +363,7 @@ async def _replay(client: Client, offsets: Sequence[float] | np.ndarray, first: 
     log = RequestLog()
     tasks: list[asyncio.Task[None]] = []
     in_flight: set[asyncio.Task[None]] = set()
-    t0 = time.perf_counter()
+    t0 = log.start = time.perf_counter()
     watch = asyncio.create_task(_watch_stalls(log.stalls, t0))
     try:
         for k, offset in enumerate(offsets):

@@ -15,9 +15,10 @@ Serve's fast path (HAProxy in front, :data:`raysrv.cli.FAST_PATH`), under Poisso
 ingress replica's process, of one worker actor's process, a redeploy of the application with
 another ``ingress.seed`` (Serve rolls its replicas), then ``kill -9`` of HAProxy's process.
 Printed per event: seconds from it to the first answer of a request sent after it, and of the
-requests sent from it to the next event, those that failed (by status; 0: no answer within the
-timeout or the connection broke) and those whose answer took longer than the SLO plus one
-second (hung).
+requests it met (in flight at it, or sent from it to the next event), those that failed (by
+status; 0: no answer within the timeout or the connection broke) and those whose answer took
+longer than the SLO plus one second (hung); and the same of the requests done before the
+first event.
 
 Results: bench/RESULTS.md, "Recovery".
 """
@@ -94,14 +95,14 @@ async def _events(
     t0: float, placement: str, ingress: dict[str, Any], happened: dict[str, float]
 ) -> None:
     """Each of :data:`EVENTS` in turn, ``GAP_S`` apart and ``GAP_S`` after the last one ended
-    (a redeploy returns once the new replicas run), its time (s from ``t0``) noted."""
+    (a redeploy returns once the new replicas run), its time (``time.perf_counter()``) noted."""
     ended = t0
     for k, event in enumerate(EVENTS):
         if event == "worker" and placement != "workers":
             continue  # colocated models have no worker process of their own
         at = max(t0 + GAP_S * (k + 1), ended + GAP_S)
         await asyncio.sleep(max(0.0, at - time.perf_counter()))
-        happened[event] = time.perf_counter() - t0
+        happened[event] = time.perf_counter()
         if event == "redeploy":
             await asyncio.to_thread(_deploy, spec(placement, ingress, seed=1))
         else:
@@ -111,31 +112,42 @@ async def _events(
 
 def summarize(log: RequestLog, happened: dict[str, float], slo_s: float) -> dict[str, Any]:
     """Per event: seconds to the first answer of a request sent after it, and of the requests
-    sent from it to the next event, those that failed (by status) and those that hung
-    (answered or given up more than ``slo_s`` + 1 s after they were sent)."""
+    it met (in flight at it, or sent from it to the next event) those that failed (by status)
+    and those that hung (answered or given up more than ``slo_s`` + 1 s after they were
+    sent); ``before``: the same of the requests sent before the first event and done by it."""
     sent, done, status = (np.asarray(v) for v in (log.sent, log.done, log.status))
     took = done - sent
+    hung = took > slo_s + 1.0
     out: dict[str, Any] = {}
     times = sorted(happened.values()) + [np.inf]
     for event, at in happened.items():
         until = times[times.index(at) + 1]
         after = (sent >= at) & (status == 200)
         first = float(done[after].min()) if after.any() else float("nan")
-        window = (sent >= at) & (sent < until)
+        met = ((sent >= at) & (sent < until)) | ((sent < at) & (done > at))
         out[event] = {
             "at_s": round(at, 2),
             "first_answer_s": round(first - at, 2),
-            "sent": int(window.sum()),
-            "failed": dict(collections.Counter(int(s) for s in status[window & (status != 200)])),
-            "hung": int((window & (took > slo_s + 1.0)).sum()),
+            "in_flight": int(((sent < at) & (done > at)).sum()),
+            **_counts(met, status, hung),
         }
+    before = (done <= times[0]) if happened else np.ones(len(sent), bool)
     return {
+        "before": _counts(before, status, hung),
         "events": out,
         "sent": len(sent),
         "answered": int((status == 200).sum()),
-        "hung": int((took > slo_s + 1.0).sum()),
+        "hung": int(hung.sum()),
         "longest_s": round(float(took.max()), 2) if len(sent) else 0.0,
         "statuses": dict(collections.Counter(int(s) for s in status)),
+    }
+
+
+def _counts(which: np.ndarray, status: np.ndarray, hung: np.ndarray) -> dict[str, Any]:
+    return {
+        "sent": int(which.sum()),
+        "failed": dict(collections.Counter(int(s) for s in status[which & (status != 200)])),
+        "hung": int((which & hung).sum()),
     }
 
 
@@ -156,7 +168,8 @@ async def recovery(
         watcher = asyncio.create_task(_events(t0, placement, ingress, happened))
         log = await replay_log(client, offsets, 0)
         await watcher
-    found = summarize(log, happened, slo_s)
+    # on the log's clock: the replay starts once it has settled the client's heap, after t0
+    found = summarize(log, {e: at - log.start for e, at in happened.items()}, slo_s)
     found["events_run"] = events
     return found
 
@@ -192,10 +205,15 @@ def main(argv: list[str] | None = None) -> int:
 
         ray.shutdown()
     found["command"] = " ".join(["python -m bench.recovery", *(argv or sys.argv[1:])])
+    print(
+        f"before the first event: of {found['before']['sent']} sent, failed "
+        f"{found['before']['failed']}, hung {found['before']['hung']}"
+    )
     for event, seen in found["events"].items():
         print(
             f"{event:10s} at {seen['at_s']:6.1f} s: first answer {seen['first_answer_s']} s "
-            f"after; of {seen['sent']} sent until the next, failed {seen['failed']}, "
+            f"after; of {seen['sent']} in flight at it ({seen['in_flight']}) or sent until the "
+            f"next, failed {seen['failed']}, "
             f"hung {seen['hung']}"
         )
     print(

@@ -87,7 +87,8 @@ def arrivals(args: argparse.Namespace, rng: np.random.Generator) -> np.ndarray:
     return np.concatenate(out)
 
 
-async def _sample(base: str, t0: float, out: list[dict[str, Any]]) -> None:
+async def _sample(base: str, out: list[dict[str, Any]]) -> None:
+    """Samples of the pool's scaler, each at ``time.perf_counter()``."""
     async with aiohttp.ClientSession() as session:
         while True:
             try:
@@ -95,7 +96,7 @@ async def _sample(base: str, t0: float, out: list[dict[str, Any]]) -> None:
                     (pool,) = [p for p in (await response.json())["pools"] if p["name"] == "curve"]
                 scaling = pool.get("autoscaling")  # none on ``fixed``, read all the same
                 shown = {k: scaling[k] for k in SHOWN} if scaling else {}
-                out.append({"t": time.perf_counter() - t0, **shown})
+                out.append({"t": time.perf_counter(), **shown})
             except Exception as exc:  # a sample missed is not a run lost
                 print(f"sampling failed: {exc}", file=sys.stderr)
             await asyncio.sleep(SAMPLE_S)
@@ -163,11 +164,13 @@ async def run(system: str, port: int, args: argparse.Namespace) -> dict[str, Any
         await closed_loop(client, 2, 3.0)
         await asyncio.sleep(12.0)  # out of the scaler's window: at rest on the low configuration
         samples: list[dict[str, Any]] = []
-        sampler = asyncio.create_task(_sample(base, time.perf_counter(), samples))
+        sampler = asyncio.create_task(_sample(base, samples))
         try:
             log = await replay(client, offsets)
         finally:
             sampler.cancel()
+        for sample in samples:  # on the log's clock
+            sample["t"] -= log.start
     async with aiohttp.ClientSession() as session:
         async with session.get(f"{base}/curve/v1/models/curve/plan") as response:
             plan = (await response.json()).get("configurations")

@@ -1,5 +1,6 @@
 """``bench.recovery``'s account of a run: per event, the first answer after it and what failed
-or hung until the next; and its client's headers (Serve's per-request timeout)."""
+or hung of what it met, in flight at it or sent until the next; and its client's headers
+(Serve's per-request timeout)."""
 
 from __future__ import annotations
 
@@ -20,10 +21,24 @@ def test_each_event_counts_what_was_sent_from_it_to_the_next() -> None:
     )
     found = summarize(log, {"ingress": 2.0, "worker": 4.0}, slo_s=0.05)
     ingress, worker = found["events"]["ingress"], found["events"]["worker"]
-    assert ingress == {"at_s": 2.0, "first_answer_s": 1.2, "sent": 2, "failed": {503: 1}, "hung": 1}
-    assert worker == {"at_s": 4.0, "first_answer_s": 0.01, "sent": 3, "failed": {0: 1}, "hung": 1}
+    counts = {"sent": 2, "failed": {503: 1}, "hung": 1}
+    assert ingress == {"at_s": 2.0, "first_answer_s": 1.2, "in_flight": 0, **counts}
+    counts = {"sent": 3, "failed": {0: 1}, "hung": 1}
+    assert worker == {"at_s": 4.0, "first_answer_s": 0.01, "in_flight": 0, **counts}
+    assert found["before"] == {"sent": 2, "failed": {}, "hung": 0}
     assert (found["sent"], found["answered"], found["hung"]) == (7, 5, 2)
     assert found["statuses"] == {200: 5, 503: 1, 0: 1}
+
+
+def test_a_request_in_flight_at_an_event_is_the_events() -> None:
+    # sent just before the kill, answered 408 1.55 s later: the kill's, not the time before it
+    log = RequestLog(sent=[0.0, 1.95, 2.1], done=[0.01, 3.5, 2.11], status=[200, 408, 200])
+    found = summarize(log, {"ingress": 2.0}, slo_s=0.05)
+    ingress = found["events"]["ingress"]
+    assert (ingress["in_flight"], ingress["sent"], ingress["hung"]) == (1, 2, 1)
+    assert ingress["failed"] == {408: 1}
+    assert found["before"] == {"sent": 1, "failed": {}, "hung": 0}
+    assert found["hung"] == 1
 
 
 def test_an_event_never_followed_by_an_answer_says_so() -> None:
