@@ -19,6 +19,7 @@ from ray import serve
 
 from raysrv._heap import settle
 from raysrv._http import MODELS, create_http_app
+from raysrv._planner import prepare as prepare_plans
 from raysrv._server import Server, counted_bodies, unexpected
 from raysrv._workers import (
     AUTO_COLOCATE_MS,
@@ -98,6 +99,7 @@ class Ingress:
         await self._server.profile()
         period_s = self._spec.ingress.plan_export_s
         self._exports = asyncio.create_task(self._export_plans(period_s)) if period_s else None
+        prepare_plans()  # imported now, not by the first plan under traffic
         settle()  # start-up's objects out of the collector's full passes
 
     async def _export_plans(self, period_s: float) -> None:

@@ -4,8 +4,10 @@ The batcher keeps the inputs (the last arrival times, the replicas' run times pe
 the policy's settings); :func:`predict` fits a MAP(2) to the arrivals (batch §III-A), runs the
 batch-buffer model (batch §IV) at the policy's current batch size and hold, and reports the
 predicted latency quantiles beside the inputs they came from. A policy that plans for itself
-(``ctmc``) adds its own plan. The fit and the model take tens of milliseconds, so the ingress
-runs :func:`predict` in a worker thread.
+(``ctmc``) adds its own plan. The fit and the model take about a millisecond a model, and the
+ingress runs :func:`predict` in a worker thread. Importing what they need (scipy among it)
+takes most of a second of one core, and a worker thread that imports holds the ingress's loop
+for most of that time: the ingress imports it as it starts (:func:`prepare`), before traffic.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MIN_ARRIVALS", "PlanSnapshot", "predict"]
+__all__ = ["MIN_ARRIVALS", "PlanSnapshot", "predict", "prepare"]
 
 MIN_ARRIVALS = 50  # arrivals needed before the arrival process is fitted
 
@@ -30,6 +32,12 @@ class PlanSnapshot:
     run_p99: dict[int, float]  # replica run time per batch size, seconds
     replicas: int
     slo_s: float
+
+
+def prepare() -> None:
+    """Import the modules :func:`predict` needs, so that no plan imports them mid-traffic."""
+    import raysrv.analytics  # noqa: F401
+    import raysrv.analytics.profiles  # noqa: F401
 
 
 def predict(snap: PlanSnapshot) -> dict[str, Any]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any
@@ -907,6 +909,30 @@ def test_the_plans_of_queried_models_are_exported_without_anyone_asking() -> Non
         assert metrics.exported == ["a", "b", "a"]
 
     run(scenario())
+
+
+_FIRST_PLAN = """
+import sys
+import numpy as np
+from raysrv._planner import PlanSnapshot, predict, prepare
+if sys.argv[1] == "prepared":
+    prepare()
+before = set(sys.modules)
+arrivals = np.cumsum(np.random.default_rng(0).exponential(0.01, 200))
+view = predict(PlanSnapshot("m", {"policy": "fixed"}, arrivals, {1: 0.002}, 1, 0.05))
+assert view["predicted"] is not None
+print(len(set(sys.modules) - before))
+"""
+
+
+@pytest.mark.parametrize(("how", "imports"), [("prepared", False), ("cold", True)])
+def test_a_prepared_ingress_imports_nothing_for_its_first_plan(how: str, imports: bool) -> None:
+    """The ingress prepares the plan view as it starts: a worker thread importing scipy under
+    traffic held its loop for about half a second. Unprepared, the first plan imports it."""
+    found = subprocess.run(
+        [sys.executable, "-c", _FIRST_PLAN, how], capture_output=True, text=True, check=True
+    )
+    assert (int(found.stdout) > 0) is imports, found.stdout
 
 
 def test_the_slo_starts_when_the_caller_sent_the_query() -> None:
