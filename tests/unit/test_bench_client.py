@@ -256,7 +256,7 @@ def test_a_replays_start_puts_its_times_on_the_callers_clock() -> None:
     log = asyncio.run(replay(client, [0.0, 0.02]))
     assert log.start >= before
     for k, at in enumerate(sorted(client.at)):
-        assert abs(log.start + sorted(log.sent)[k] - at) < 1e-3
+        assert abs(log.start + sorted(log.sent)[k] - at) < 5e-3
 
 
 class _Watching(_Slow):
