@@ -53,6 +53,17 @@ def _deploy_app(name: str, *models: dict[str, Any], **extra: Any) -> None:
     )
 
 
+def _ask_until_switched(handle: Any, model: str, knob: str, value: int) -> None:
+    """One caller asks ``model`` (at least 51 queries, at most 400) until its pool's ``knob``
+    is ``value`` with nothing draining; every answer is the right one."""
+    answers = []
+    for i in range(400):
+        answers.append(handle.predict.remote(model, [float(i), 1.0, 0.0, 0.0]).result())
+        if i >= 50 and (s := _scaling(handle, model))[knob] == value and not s["draining"]:
+            break
+    assert [a["output"] for a in answers] == [i + 1.0 for i in range(len(answers))]
+
+
 def _scaling(handle: Any, name: str = "gpu") -> dict[str, Any]:
     (pool,) = [p for p in handle.pools.remote().result() if p["name"] == name]
     return pool["autoscaling"] | {"workers": pool["workers"]}
@@ -149,12 +160,7 @@ def test_serf_profiles_switches_threads_live_and_shows_its_table(serve_session: 
     )
     _deploy_app("serf", model)
     handle = serve.get_app_handle("serf")
-    answers = []
-    for i in range(400):  # one caller: a light load, where the faster worker wins
-        answers.append(handle.predict.remote("curve", [float(i), 1.0, 0.0, 0.0]).result())
-        if i >= 50 and (s := _scaling(handle, "curve"))["threads"] == 2 and not s["draining"]:
-            break
-    assert [a["output"] for a in answers] == [i + 1.0 for i in range(len(answers))]
+    _ask_until_switched(handle, "curve", "threads", 2)  # a light load: the faster worker wins
     switched = until(
         lambda: (s := _scaling(handle, "curve"))["threads"] == 2 and not s["draining"] and s,
         30.0,
@@ -195,12 +201,7 @@ def test_serf_switches_two_worker_processes_to_two_lanes_of_one_live(
     )
     _deploy_app("lanes", model)
     handle = serve.get_app_handle("lanes")
-    answers = []
-    for i in range(400):
-        answers.append(handle.predict.remote("laned", [float(i), 1.0, 0.0, 0.0]).result())
-        if i >= 50 and (s := _scaling(handle, "laned"))["lanes"] == 2 and not s["draining"]:
-            break
-    assert [a["output"] for a in answers] == [i + 1.0 for i in range(len(answers))]
+    _ask_until_switched(handle, "laned", "lanes", 2)
     switched = until(
         lambda: (s := _scaling(handle, "laned"))["lanes"] == 2 and not s["draining"] and s,
         30.0,
