@@ -8,12 +8,15 @@ worker beside the leader (2 cores). Ray is started here (2 CPUs); this process i
 (:class:`raysrv._partitioned.PartitionedRuntime`), which plans as a pool plans a leader: the
 machine profiled in one process, and its transfers timed as calls to a probe actor
 (:func:`raysrv._partitioned.ray_transfers`). Also shown: the prediction of the plan made from
-the profile alone (transfers between threads). Each round
-times ``--runs`` batches of one on Ray, then the same plan in one process
-(:class:`raysrv.partitioning.local.LocalPlan`), then the whole model in one session, then a
-call to an actor that only returns its input; medians of the rounds' medians. Last, what that
-call costs after 0, 2, 5 and 10 ms of rest (``--runs`` calls each, medians): the delay the
-planner times its probe with.
+the profile alone (transfers between threads). Each round first times Ray's calls again as
+the planner did and predicts the same plan with them (:meth:`Plan.predicted_s`): the
+prediction beside the run, which this machine's drift between planning and measuring does not
+move. Then it times ``--runs`` batches of one on Ray, the same plan in one process
+(:class:`raysrv.partitioning.local.LocalPlan`), the whole model in one session and a call to
+an actor that only returns its input; medians of the rounds' medians, and the median of the
+rounds' ratios. Last, what that call costs after 0, 2, 5 and 10 ms of rest (``--runs`` calls
+each, medians), the caller sleeping meanwhile or calling another actor, as the planner's probe
+does (:func:`raysrv._partitioned.calls_s`).
 
 Results: bench/RESULTS.md, "Partitioned models".
 """
@@ -44,7 +47,7 @@ def measure(path: Path, rounds: int, runs: int) -> dict[str, Any]:
     import onnx
     import ray
 
-    from raysrv._partitioned import PartitionedRuntime
+    from raysrv._partitioned import PartitionedRuntime, plan_on_ray, ray_transfers, rest_s
     from raysrv.config import ModelSpec
     from raysrv.partitioning import layers, weight_bytes
     from raysrv.partitioning.local import LocalPlan, shard_session
@@ -69,13 +72,15 @@ def measure(path: Path, rounds: int, runs: int) -> dict[str, Any]:
     whole = shard_session(model.SerializeToString())
     expected = whole.run(None, {"x": x})[0]
     echo = ray.remote(_Echo).options(num_cpus=0).remote()
-    runtime = PartitionedRuntime(spec)  # planned as a pool plans: Ray's transfers timed
-    chosen = runtime.plan
+    chosen = plan_on_ray(spec, perf)  # as a pool plans: Ray's transfers timed
+    runtime = PartitionedRuntime(spec, chosen)
     timed: dict[str, list[float]] = {"ray": [], "local": [], "whole": [], "hop": []}
+    beside = []
     try:
         got = np.array(runtime.predict_batch(x), dtype=np.float32)
         with LocalPlan(model, chosen) as local:
             for _ in range(rounds):
+                beside.append(chosen.predicted_s(ray_transfers(perf, 60.0, rest_s(chosen))))
                 timed["ray"].append(measure_s(lambda: runtime.predict_batch(x), runs))
                 timed["local"].append(measure_s(lambda: local.run(x), runs))
                 timed["whole"].append(measure_s(lambda: whole.run(None, {"x": x}), runs))
@@ -84,8 +89,12 @@ def measure(path: Path, rounds: int, runs: int) -> dict[str, Any]:
         runtime.close()
         ray.kill(echo)
     medians = {k: statistics.median(v) * 1e3 for k, v in timed.items()}
+    ratios = [r / b for r, b in zip(timed["ray"], beside, strict=True)]
     return {
         "predicted_ms": chosen.predicted_latency_s * 1e3,
+        "beside_ms": [b * 1e3 for b in beside],
+        "ray_rounds_ms": [r * 1e3 for r in timed["ray"]],
+        "ray_over_beside": statistics.median(ratios),
         "threads_predicted_ms": threads.predicted_latency_s * 1e3,
         "same_shards": [s.parts for s in threads.stages] == [s.parts for s in chosen.stages],
         "stages": len(chosen.stages),
@@ -99,23 +108,27 @@ def measure(path: Path, rounds: int, runs: int) -> dict[str, Any]:
 RESTS_S = (0.0, 0.002, 0.005, 0.01)
 
 
-def call_after_rest(runs: int) -> dict[str, float]:
-    """Median ms of a call to an actor that returns its input, after each of ``RESTS_S``
-    (the planner's probe, :func:`raysrv._partitioned.calls_s`)."""
+def call_after_rest(runs: int) -> dict[str, dict[str, float]]:
+    """Median ms of a call to an actor that returns its input, after each of ``RESTS_S``, the
+    caller sleeping meanwhile (``sleeps``) or calling another such actor (``calls``, the
+    planner's probe: :func:`raysrv._partitioned.calls_s`)."""
     import ray
 
     from raysrv._partitioned import Probe, calls_s
 
-    probe = ray.remote(Probe).options(num_cpus=0).remote()
+    probe, keeper = (ray.remote(Probe).options(num_cpus=0).remote() for _ in range(2))
     x = np.zeros(1024, np.uint8)
+    found: dict[str, dict[str, float]] = {"sleeps": {}, "calls": {}}
     try:
-        ray.get(probe.echo.remote(x))
-        return {
-            f"{rest * 1e3:g}": statistics.median(calls_s(probe, x, 60.0, rest, runs)) * 1e3
-            for rest in RESTS_S
-        }
+        ray.get([probe.echo.remote(x), keeper.echo.remote(x)])
+        for rest in RESTS_S:
+            for caller, other in (("sleeps", None), ("calls", keeper)):
+                times = calls_s(probe, x, 60.0, rest, runs, keeper=other)
+                found[caller][f"{rest * 1e3:g}"] = statistics.median(times) * 1e3
+        return found
     finally:
         ray.kill(probe)
+        ray.kill(keeper)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,22 +153,26 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({**results, "call_after_rest_ms": rests}, indent=1))
     print("| model | stages | shard actors | predicted with threads' rounds ms | predicted with "
-          "Ray's calls ms | on Ray ms | on Ray / predicted | same plan in one process ms "
-          "| whole model ms | actor call ms | max abs error |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "Ray's calls ms | on Ray ms | on Ray / predicted | predicted beside each round ms "
+          "| on Ray / predicted beside | same plan in one process ms | whole model ms "
+          "| actor call ms | max abs error |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, r in results.items():
         print(
             f"| {name} | {r['stages']} | {r['shard_actors']} | {r['threads_predicted_ms']:.3f} "
             f"| {r['predicted_ms']:.3f} | {r['ray_ms']:.3f} "
             f"| {r['ray_ms'] / r['predicted_ms']:.2f} "
+            f"| {statistics.median(r['beside_ms']):.3f} | {r['ray_over_beside']:.2f} "
             f"| {r['local_ms']:.3f} | {r['whole_ms']:.3f} | {r['hop_ms']:.3f} "
             f"| {r['max_abs_error']:.1e} |"
         )
     for name, r in results.items():
         print(f"\n{name}:\n{r['describe']}")
-    print("\n| rest before the call ms | " + " | ".join(rests) + " |")
-    print("|---|" + "---:|" * len(rests))
-    print("| call ms | " + " | ".join(f"{v:.3f}" for v in rests.values()) + " |")
+    print("\n| rest before the call ms | " + " | ".join(rests["sleeps"]) + " |")
+    print("|---|" + "---:|" * len(rests["sleeps"]))
+    for caller, row in rests.items():
+        cells = " | ".join(f"{v:.3f}" for v in row.values())
+        print(f"| call ms, the caller {caller} | {cells} |")
     return 0
 
 

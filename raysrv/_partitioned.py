@@ -8,7 +8,8 @@ profile`), and since a round on Ray pays a call to an actor and back where the p
 threads did not, calls to a probe actor are timed for the transfers' delay, bandwidth and
 object-store cost (:func:`ray_transfers`) before :func:`raysrv.partitioning.planner.plan`
 runs; then again, each call after as long a rest as the plan's shard actors will have between
-their calls (a batch's latency less a stage's), and the model is planned again with those.
+their calls (a batch's latency less a stage's), this process calling another probe actor
+meanwhile as a leader calls its other shards, and the model is planned again with those.
 
 The pool then reserves a detached placement group of the leader's resources and one bundle of
 ``partition.num_cpus`` CPUs per worker shard (:func:`group_bundles`) and starts the leader in
@@ -57,6 +58,7 @@ __all__ = [
     "group_bundles",
     "plan_on_ray",
     "ray_transfers",
+    "rest_s",
 ]
 
 SHARD_PREFIX = "raysrv-shard:"  # of the shard actors' names
@@ -97,9 +99,10 @@ class Probe:
         return x.reshape(-1)[:1]
 
 
-def plan_on_ray(spec: ModelSpec) -> Plan:
+def plan_on_ray(spec: ModelSpec, threads: PerfModel | None = None) -> Plan:
     """``spec``'s plan as its leader will run it on Ray (see the module docstring): the
-    machine profiled here, its transfers as Ray's calls make them (:func:`ray_transfers`)."""
+    machine profiled here (or ``threads``, a profile already taken), its transfers as Ray's
+    calls make them (:func:`ray_transfers`)."""
     import onnx
 
     from raysrv.partitioning.planner import plan
@@ -107,33 +110,44 @@ def plan_on_ray(spec: ModelSpec) -> Plan:
 
     part = spec.partition
     assert part is not None  # partitioned models only
-    threads = profile(onnx.load(spec.source), workers=part.workers)
+    if threads is None:
+        threads = profile(onnx.load(spec.source), workers=part.workers)
     args = (part.workers, part.memory_limit_mb, part.objective, part.slo_ms)
     idle_s = IDLE_S
     for _ in range(2):  # planned again with its shard actors' rest between rounds
         perf = ray_transfers(threads, part.timeout_s, idle_s)
         found = plan(spec.source, *args, perf=perf, threads=threads)
-        idle_s = found.predicted_latency_s * (1.0 - 1.0 / len(found.stages))
+        idle_s = rest_s(found)
     return found
+
+
+def rest_s(plan: Plan) -> float:
+    """How long a shard actor of ``plan`` waits between its calls when batches follow one
+    another: the batch less a stage, on average."""
+    return plan.predicted_latency_s * (1.0 - 1.0 / len(plan.stages))
 
 
 def ray_transfers(perf: PerfModel, timeout_s: float, idle_s: float = IDLE_S) -> PerfModel:
     """``perf`` with its transfers timed as calls to a probe actor, ``HOP_ROUNDS`` of each
-    of three sizes, each call after ``idle_s`` of rest (a call to a process that has waited
-    costs more the longer it waited; bench/RESULTS.md, "On Ray"): a small size, for the delay,
-    and two over ``INLINE_BYTES``, whose line gives the bandwidth and the larger objects'
-    extra cost (``large_s``)."""
+    of three sizes, each after ``idle_s`` in which this process calls another probe actor
+    (:func:`calls_s`): a small size, for the delay, and two over ``INLINE_BYTES``, whose line
+    gives the bandwidth and the larger objects' extra cost (``large_s``)."""
     import ray
 
     from raysrv.analytics.forkjoin import fit_emg
 
     sizes = (1024, 2 * INLINE_BYTES, 16 * INLINE_BYTES)
-    probe = ray.remote(Probe).options(num_cpus=0).remote()
+    probe, keeper = (ray.remote(Probe).options(num_cpus=0).remote() for _ in range(2))
     try:
-        ray.get(probe.echo.remote(np.zeros(1, np.uint8)), timeout=READY_TIMEOUT_S)
-        timed = {n: calls_s(probe, np.zeros(n, np.uint8), timeout_s, idle_s) for n in sizes}
+        started = [a.echo.remote(np.zeros(1, np.uint8)) for a in (probe, keeper)]
+        ray.get(started, timeout=READY_TIMEOUT_S)
+        timed = {
+            n: calls_s(probe, np.zeros(n, np.uint8), timeout_s, idle_s, keeper=keeper)
+            for n in sizes
+        }
     finally:
         ray.kill(probe)
+        ray.kill(keeper)
     small, big = sizes[0], sizes[1:]
     (n1, t1), (n2, t2) = ((n, float(np.median(timed[n]))) for n in big)
     bandwidth = (n2 - n1) / (t2 - t1) if t2 > t1 else perf.bandwidth
@@ -150,15 +164,32 @@ def ray_transfers(perf: PerfModel, timeout_s: float, idle_s: float = IDLE_S) -> 
 
 
 def calls_s(
-    probe: Any, x: np.ndarray, timeout_s: float, idle_s: float, rounds: int = HOP_ROUNDS
+    probe: Any,
+    x: np.ndarray,
+    timeout_s: float,
+    idle_s: float,
+    rounds: int = HOP_ROUNDS,
+    keeper: Any = None,
 ) -> list[float]:
-    """Seconds of each of ``rounds`` calls of ``probe.echo`` with ``x``, each after
-    ``idle_s`` of rest (``probe``: a Ray actor of :class:`Probe`)."""
+    """Seconds of each of ``rounds`` calls of ``probe.echo`` with ``x``, each after ``idle_s``
+    of rest for ``probe``, in which this process calls ``keeper.echo`` over and over, as a
+    leader calls its other shards while one rests (``keeper`` None: it sleeps instead).
+    ``probe`` and ``keeper``: Ray actors of :class:`Probe`.
+
+    A call from a caller that slept costs more than one from a caller that kept calling, the
+    more the longer the rest and by how much varying from minute to minute (bench/RESULTS.md,
+    "On Ray"); a leader keeps calling."""
     import ray
 
     found = []
+    tiny = np.zeros(1, np.uint8)
     for _ in range(rounds):
-        time.sleep(idle_s)
+        start = time.perf_counter()
+        if keeper is None:
+            time.sleep(idle_s)
+        else:
+            while time.perf_counter() - start < idle_s:
+                ray.get(keeper.echo.remote(tiny), timeout=timeout_s)
         start = time.perf_counter()
         ray.get(probe.echo.remote(x), timeout=timeout_s)
         found.append(time.perf_counter() - start)

@@ -22,7 +22,7 @@ import pytest
 import ray
 from ray import serve
 
-from raysrv._partitioned import SHARD_PREFIX, PartitionedRuntime
+from raysrv._partitioned import SHARD_PREFIX, PartitionedRuntime, Probe, calls_s
 from raysrv._workers import WORKERS_NAMESPACE
 from raysrv.analytics.forkjoin import EMG
 from raysrv.app import build_app
@@ -140,6 +140,41 @@ def test_every_option_runs_on_shard_actors_in_their_own_bundles(
     until(lambda: not _shard_actors(), 20, "the shard actors ended")
     assert ray.util.placement_group_table(placement)["state"] == "REMOVED"
     assert runtime.placement_group is None
+
+
+class _CountingProbe(Probe):
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def echo(self, x: np.ndarray) -> np.ndarray:
+        self.calls += 1
+        return super().echo(x)
+
+    def count(self) -> int:
+        return self.calls
+
+
+def test_the_planners_probe_rests_a_shard_while_it_keeps_calling_another(
+    ray_cluster: RayCluster,
+) -> None:
+    probe, keeper = (ray.remote(_CountingProbe).options(num_cpus=0).remote() for _ in range(2))
+    try:
+        x = np.zeros(1024, np.uint8)
+        start = time.perf_counter()
+        timed = calls_s(probe, x, 30.0, 0.02, rounds=3, keeper=keeper)
+        took = time.perf_counter() - start
+        assert len(timed) == 3
+        assert all(0 < t < took for t in timed)
+        assert took >= 3 * 0.02  # each call after its rest
+        assert ray.get(probe.count.remote()) == 3
+        kept = ray.get(keeper.count.remote())
+        assert kept >= 3  # the rests were spent calling the keeper
+        calls_s(probe, x, 30.0, 0.02, rounds=2)
+        assert ray.get(keeper.count.remote()) == kept  # without one, the caller sleeps
+        assert ray.get(probe.count.remote()) == 5
+    finally:
+        ray.kill(probe)
+        ray.kill(keeper)
 
 
 def _leader() -> Any:
