@@ -17,7 +17,9 @@ the fork-join transfer delays of :mod:`raysrv.analytics.forkjoin`.
   time; on workers alone, the slowest worker's transfer and run time plus the expected maximum
   delay; with the leader taking one shard itself, the larger of that and the leader's run.
   Shards that run at once share the machine's memory system: each run takes ``side_by_side``
-  longer in a round of more than one shard.
+  longer in a round of more than one shard. Where the leader's run also holds up its calls
+  (on Ray the calls' way back needs the cores that the leader and its workers are running
+  on), the workers' answers come ``overlap`` times the leader's run later.
 
 Caveats: shards run in parallel only where the machine has a core for each; the workers'
 delays are taken as independent (the tests of :mod:`raysrv.analytics.forkjoin` say why that
@@ -67,6 +69,7 @@ class PerfModel:
     large_bytes: float = math.inf  # a transfer of more bytes than this ...
     large_s: float = 0.0  # ... costs this much more
     side_by_side: float = 0.0  # a shard run beside others takes this fraction longer
+    overlap: float = 0.0  # the workers answer this fraction of the leader's own run later
     _max_delay: dict[int, float] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -81,6 +84,8 @@ class PerfModel:
             raise ValueError(f"session_s must be >= 0, got {self.session_s}")
         if not self.side_by_side >= 0:
             raise ValueError(f"side_by_side must be >= 0, got {self.side_by_side}")
+        if not self.overlap >= 0:
+            raise ValueError(f"overlap must be >= 0, got {self.overlap}")
         if not (self.large_bytes >= 0 and self.large_s >= 0):
             raise ValueError(
                 f"large_bytes and large_s must be >= 0, got {self.large_bytes}, {self.large_s}"
@@ -115,7 +120,8 @@ class PerfModel:
         slowest = max((self._remote_s(group, p, slow) for p in on_workers), default=0.0)
         remote = slowest + self.expected_max_delay(len(on_workers))
         local = self.run_s(group, pieces[0]) * slow if leader else 0.0
-        return max(local, remote)
+        held = self.overlap * local if on_workers else 0.0
+        return max(local, remote + held)
 
     def worker_s(self, group: Sequence[Layer], pieces: Sequence[Shard], leader: bool) -> float:
         """Seconds the round's workers are busy together: each its shard's run and bytes

@@ -34,6 +34,7 @@ of its shards' bundles alone, which Ray removes with it; an UNLOAD ends its shar
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -56,6 +57,7 @@ __all__ = [
     "ShardActor",
     "calls_s",
     "group_bundles",
+    "overlap",
     "plan_on_ray",
     "ray_transfers",
     "rest_s",
@@ -65,6 +67,7 @@ SHARD_PREFIX = "raysrv-shard:"  # of the shard actors' names
 READY_TIMEOUT_S = 120.0  # for the placement group and every shard actor to start
 HOP_ROUNDS = 100  # calls to a probe actor timed for each size of transfer on Ray
 IDLE_S = 0.002  # before each, at first: a shard actor is called once a batch, and waits
+OVERLAP_BYTES = 8 * 1024 * 1024  # the weights of the shard the leader and a probe both run
 # Ray passes an argument or result of up to this many bytes inside the call, larger ones
 # through its object store (its max_direct_call_object_size).
 INLINE_BYTES = int(os.environ.get("RAY_max_direct_call_object_size", 100 * 1024))  # noqa: SIM112
@@ -93,10 +96,49 @@ class ShardActor:
 
 
 class Probe:
-    """An actor whose call does no work: what a round pays to reach a shard and back."""
+    """An actor whose call does no work: what a round pays to reach a shard and back. Made
+    with ``weight_bytes``, it also runs a shard of about that many bytes of weights
+    (:func:`_matmul_shard`)."""
+
+    def __init__(self, weight_bytes: int = 0) -> None:
+        self._shard = _MatMul(weight_bytes) if weight_bytes else None
 
     def echo(self, x: np.ndarray) -> np.ndarray:
         return x.reshape(-1)[:1]
+
+    def run(self) -> np.ndarray:
+        assert self._shard is not None  # made with weight_bytes
+        return self._shard.run()
+
+
+class _MatMul:
+    """An onnxruntime session of :func:`_matmul_shard`, run on a vector of ones."""
+
+    def __init__(self, weight_bytes: int) -> None:
+        from raysrv.partitioning.local import shard_session
+
+        self._session = shard_session(_matmul_shard(weight_bytes))
+        self._x = np.ones((1, self._session.get_inputs()[0].shape[1]), np.float32)
+
+    def run(self) -> np.ndarray:
+        return self._session.run(None, {"x": self._x})[0][:, :1]
+
+
+def _matmul_shard(weight_bytes: int) -> bytes:
+    """An ONNX model of ``x @ w``, ``w`` square and of about ``weight_bytes`` bytes: a shard
+    whose run reads its weights once, as a fully connected layer's does."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    n = max(1, math.isqrt(weight_bytes // 4))
+    w = numpy_helper.from_array(np.full((n, n), 1e-3, np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "probe",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])],
+        [w],
+    )
+    return helper.make_model(graph).SerializeToString()
 
 
 def plan_on_ray(spec: ModelSpec, threads: PerfModel | None = None) -> Plan:
@@ -128,16 +170,21 @@ def rest_s(plan: Plan) -> float:
 
 
 def ray_transfers(perf: PerfModel, timeout_s: float, idle_s: float = IDLE_S) -> PerfModel:
-    """``perf`` with its transfers timed as calls to a probe actor, ``HOP_ROUNDS`` of each
-    of three sizes, each after ``idle_s`` in which this process calls another probe actor
-    (:func:`calls_s`): a small size, for the delay, and two over ``INLINE_BYTES``, whose line
-    gives the bandwidth and the larger objects' extra cost (``large_s``)."""
+    """``perf`` with its transfers timed as calls to a probe actor, each after ``idle_s`` in
+    which this process calls another probe actor (:func:`calls_s`):
+
+    * ``HOP_ROUNDS`` calls of each of three sizes: a small one, for the delay, and two over
+      ``INLINE_BYTES``, whose line gives the bandwidth and the larger objects' extra cost
+      (``large_s``);
+    * the ``overlap`` of a leader's run and its calls (:func:`overlap`).
+    """
     import ray
 
     from raysrv.analytics.forkjoin import fit_emg
 
     sizes = (1024, 2 * INLINE_BYTES, 16 * INLINE_BYTES)
-    probe, keeper = (ray.remote(Probe).options(num_cpus=0).remote() for _ in range(2))
+    probe = ray.remote(Probe).options(num_cpus=0).remote(OVERLAP_BYTES)
+    keeper = ray.remote(Probe).options(num_cpus=0).remote()
     try:
         started = [a.echo.remote(np.zeros(1, np.uint8)) for a in (probe, keeper)]
         ray.get(started, timeout=READY_TIMEOUT_S)
@@ -145,6 +192,7 @@ def ray_transfers(perf: PerfModel, timeout_s: float, idle_s: float = IDLE_S) -> 
             n: calls_s(probe, np.zeros(n, np.uint8), timeout_s, idle_s, keeper=keeper)
             for n in sizes
         }
+        held = overlap(probe, keeper, timeout_s, idle_s)
     finally:
         ray.kill(probe)
         ray.kill(keeper)
@@ -159,8 +207,41 @@ def ray_transfers(perf: PerfModel, timeout_s: float, idle_s: float = IDLE_S) -> 
         delay=fit_emg(delays),
         large_bytes=INLINE_BYTES,
         large_s=large_s,
+        overlap=held,
         _max_delay={},
     )
+
+
+def overlap(probe: Any, keeper: Any, timeout_s: float, idle_s: float) -> float:
+    """How much later a call comes back for each second its caller runs a shard of its own
+    meanwhile, as a leader does beside its workers: ``HOP_ROUNDS`` rounds, each after
+    ``idle_s`` of calls to ``keeper``, of a call to ``probe.run`` alone, the same shard run
+    here alone, and both at once; the medians' excess of both over the call, over the run
+    here. ``probe``: a :class:`Probe` made with ``OVERLAP_BYTES``."""
+    import ray
+
+    here = _MatMul(OVERLAP_BYTES)
+    tiny = np.zeros(1, np.uint8)
+
+    def call() -> None:
+        ray.get(probe.run.remote(), timeout=timeout_s)
+
+    def both() -> None:
+        sent = probe.run.remote()
+        here.run()
+        ray.get(sent, timeout=timeout_s)
+
+    timed: dict[Any, list[float]] = {call: [], here.run: [], both: []}
+    for _ in range(HOP_ROUNDS):
+        for run, times in timed.items():
+            start = time.perf_counter()
+            while time.perf_counter() - start < idle_s:
+                ray.get(keeper.echo.remote(tiny), timeout=timeout_s)
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+    alone, local, together = (float(np.median(times)) for times in timed.values())
+    return max(0.0, (together - alone) / local)
 
 
 def calls_s(

@@ -240,3 +240,23 @@ def test_shards_side_by_side_run_slower_and_a_shard_alone_does_not(
     assert busy == pytest.approx(0.5 * sum(alone.run_s(stem, p) for p in pair))
     with pytest.raises(ValueError, match="side_by_side must be >= 0"):
         dataclasses.replace(alone, side_by_side=-0.1)
+
+
+def test_the_leaders_run_holds_up_its_workers_by_overlap_and_nothing_else(
+    models: dict[str, list[Layer]],
+) -> None:
+    stem = models["resnet"][:1]
+    free = PerfModel({"default": (1e-5, 1e9)}, 1e8, EMG(1e-4, 1e-5, 2e-5))
+    held = dataclasses.replace(free, overlap=0.5)
+    pair = shards(stem, "spatial", 2)
+    local = free.run_s(stem, pair[0])
+    assert free.latency_s(stem, pair, True) > local  # the workers' answer ends the round
+    gap = held.latency_s(stem, pair, True) - free.latency_s(stem, pair, True)
+    assert gap == pytest.approx(0.5 * local)
+    one = shards(stem, "none", 1)
+    for leader in (True, False):  # the leader alone, or workers alone: nothing to hold up
+        assert held.latency_s(stem, one, leader) == free.latency_s(stem, one, leader)
+    assert held.latency_s(stem, pair, False) == free.latency_s(stem, pair, False)
+    assert held.worker_s(stem, pair, True) == free.worker_s(stem, pair, True)
+    with pytest.raises(ValueError, match="overlap must be >= 0"):
+        dataclasses.replace(free, overlap=-0.1)
