@@ -28,12 +28,14 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bench.partition import WORKERS, export, models, tightest
+from raysrv._partitioned import PartitionedRuntime, ShardActor
 
 __all__ = ["main"]
 
@@ -43,11 +45,108 @@ class _Echo:
         return x
 
 
+class _TimedShard(ShardActor):
+    """A shard actor that keeps how long each of its runs took inside."""
+
+    def __init__(self, model: bytes) -> None:
+        super().__init__(model)
+        self._runs: list[float] = []
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        start = time.perf_counter()
+        y = super().run(x)
+        self._runs.append(time.perf_counter() - start)
+        return y
+
+    def runs(self) -> list[float]:
+        found, self._runs = self._runs, []
+        return found
+
+
+class _TimedRuntime(PartitionedRuntime):
+    """A leader that keeps how long each stage's round and its own runs took."""
+
+    shard_actor = _TimedShard
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.rounds: list[list[float]] = [[] for _ in self._stages]
+        self.here: list[list[float]] = [[] for _ in self._stages]
+        self._stage = 0
+
+    def _round(self, i: int, x: np.ndarray) -> np.ndarray:
+        self._stage = i
+        start = time.perf_counter()
+        y = super()._round(i, x)
+        self.rounds[i].append(time.perf_counter() - start)
+        return y
+
+    def _run_here(self, session: Any, x: np.ndarray) -> np.ndarray:
+        start = time.perf_counter()
+        y = super()._run_here(session, x)
+        self.here[self._stage].append(time.perf_counter() - start)
+        return y
+
+    def taken(self) -> list[dict[str, float]]:
+        """Each stage's median round, slowest worker's median run and the leader's median
+        run since the last call (seconds), and clears them."""
+        import ray
+
+        actors = iter(ray.get([a.runs.remote() for a in self.shard_actors]))
+        found = []
+        for (pieces, _), rounds, here in zip(self._stages, self.rounds, self.here, strict=True):
+            workers = [statistics.median(next(actors)) for p in pieces if p.actor is not None]
+            found.append(
+                {
+                    "round": statistics.median(rounds),
+                    "workers_run": max(workers, default=0.0),
+                    "leader_run": statistics.median(here) if here else 0.0,
+                }
+            )
+            rounds.clear()
+            here.clear()
+        return found
+
+
+def _predicted(perf: Any, plan: Any) -> list[dict[str, float]]:
+    """What ``perf`` predicts of each stage of ``plan``: as :meth:`_TimedRuntime.taken`."""
+    found = []
+    for s in plan.stages:
+        group = plan.layers[s.first : s.last + 1]
+        on_workers = s.shards[1:] if s.leader else s.shards
+        slow = perf.slowed(len(s.shards) if s.leader else len(on_workers))
+        found.append(
+            {
+                "round": perf.latency_s(group, s.shards, s.leader),
+                "workers_run": max((perf.run_s(group, p) * slow for p in on_workers), default=0.0),
+                "leader_run": perf.run_s(group, s.shards[0]) * slow if s.leader else 0.0,
+            }
+        )
+    return found
+
+
+STAGE_PARTS = ("round", "workers_run", "leader_run")  # of a stage, as timed and predicted
+
+
+def _stage_medians(
+    rounds: list[tuple[list[dict[str, float]], list[dict[str, float]]]],
+) -> list[dict[str, dict[str, float]]]:
+    """Each stage's predicted and measured parts (:func:`_predicted`, :meth:`_TimedRuntime.
+    taken`; one pair of lists a round in ``rounds``): the medians of the rounds', in ms."""
+    return [
+        {
+            side: {k: statistics.median(r[j][i][k] for r in rounds) * 1e3 for k in STAGE_PARTS}
+            for j, side in enumerate(("predicted", "measured"))
+        }
+        for i in range(len(rounds[0][0]))
+    ]
+
+
 def measure(path: Path, rounds: int, runs: int) -> dict[str, Any]:
     import onnx
     import ray
 
-    from raysrv._partitioned import PartitionedRuntime, plan_on_ray, ray_transfers, rest_s
+    from raysrv._partitioned import plan_on_ray, ray_transfers, rest_s
     from raysrv.config import ModelSpec
     from raysrv.partitioning import layers, weight_bytes
     from raysrv.partitioning.local import LocalPlan, shard_session
@@ -73,15 +172,19 @@ def measure(path: Path, rounds: int, runs: int) -> dict[str, Any]:
     expected = whole.run(None, {"x": x})[0]
     echo = ray.remote(_Echo).options(num_cpus=0).remote()
     chosen = plan_on_ray(spec, perf)  # as a pool plans: Ray's transfers timed
-    runtime = PartitionedRuntime(spec, chosen)
+    runtime = _TimedRuntime(spec, chosen)
     timed: dict[str, list[float]] = {"ray": [], "local": [], "whole": [], "hop": []}
     beside = []
+    stages: list[tuple[list[dict[str, float]], list[dict[str, float]]]] = []
     try:
         got = np.array(runtime.predict_batch(x), dtype=np.float32)
+        runtime.taken()
         with LocalPlan(model, chosen) as local:
             for _ in range(rounds):
-                beside.append(chosen.predicted_s(ray_transfers(perf, 60.0, rest_s(chosen))))
+                now = ray_transfers(perf, 60.0, rest_s(chosen))
+                beside.append(chosen.predicted_s(now))
                 timed["ray"].append(measure_s(lambda: runtime.predict_batch(x), runs))
+                stages.append((_predicted(now, chosen), runtime.taken()))
                 timed["local"].append(measure_s(lambda: local.run(x), runs))
                 timed["whole"].append(measure_s(lambda: whole.run(None, {"x": x}), runs))
                 timed["hop"].append(measure_s(lambda: ray.get(echo.run.remote(x)), runs))
@@ -95,6 +198,7 @@ def measure(path: Path, rounds: int, runs: int) -> dict[str, Any]:
         "beside_ms": [b * 1e3 for b in beside],
         "ray_rounds_ms": [r * 1e3 for r in timed["ray"]],
         "ray_over_beside": statistics.median(ratios),
+        "stages_ms": _stage_medians(stages),
         "threads_predicted_ms": threads.predicted_latency_s * 1e3,
         "same_shards": [s.parts for s in threads.stages] == [s.parts for s in chosen.stages],
         "stages": len(chosen.stages),
@@ -168,6 +272,23 @@ def main(argv: list[str] | None = None) -> int:
         )
     for name, r in results.items():
         print(f"\n{name}:\n{r['describe']}")
+    print("\n| model | stage | round ms: predicted, measured | slowest worker's run ms "
+          "| leader's run ms | beyond the slowest worker's run ms |")  # fmt: skip
+    print("|---|---:|---|---|---|---|")
+    for name, r in results.items():
+        for i, parts in enumerate(r["stages_ms"]):
+            p, m = parts["predicted"], parts["measured"]
+            pairs = [
+                (p["round"], m["round"]),
+                (p["workers_run"], m["workers_run"]),
+                (p["leader_run"], m["leader_run"]),
+                (p["round"] - p["workers_run"], m["round"] - m["workers_run"]),
+            ]
+            shown = [True, bool(m["workers_run"]), bool(m["leader_run"]), bool(m["workers_run"])]
+            cells = [
+                f"{a:.3f}, {b:.3f}" if on else "" for (a, b), on in zip(pairs, shown, strict=True)
+            ]
+            print(f"| {name} | {i + 1} | " + " | ".join(cells) + " |")
     print("\n| rest before the call ms | " + " | ".join(rests["sleeps"]) + " |")
     print("|---|" + "---:|" * len(rests["sleeps"]))
     for caller, row in rests.items():

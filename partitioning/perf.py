@@ -116,7 +116,7 @@ class PerfModel:
         """The group's fork-join round over its shards ``pieces`` (:func:`.shards.shards`), the
         first on the leader if ``leader``, the others each on a worker."""
         on_workers = pieces[1:] if leader else pieces
-        slow = self._slowed(len(pieces) if leader else len(on_workers))
+        slow = self.slowed(len(pieces) if leader else len(on_workers))
         slowest = max((self._remote_s(group, p, slow) for p in on_workers), default=0.0)
         remote = slowest + self.expected_max_delay(len(on_workers))
         local = self.run_s(group, pieces[0]) * slow if leader else 0.0
@@ -127,10 +127,10 @@ class PerfModel:
         """Seconds the round's workers are busy together: each its shard's run and bytes
         (what a cost counts, gillis §IV-C; the leader is busy the whole latency)."""
         on_workers = pieces[1:] if leader else pieces
-        slow = self._slowed(len(pieces) if leader else len(on_workers))
+        slow = self.slowed(len(pieces) if leader else len(on_workers))
         return sum(self._remote_s(group, p, slow) for p in on_workers)
 
-    def _slowed(self, running: int) -> float:
+    def slowed(self, running: int) -> float:
         """What a shard's run is multiplied by with ``running`` shards running at once."""
         return 1.0 + self.side_by_side if running > 1 else 1.0
 

@@ -302,6 +302,8 @@ class _Piece:
 class PartitionedRuntime(Runtime):
     """A partitioned model as its leader runs it (see the module docstring)."""
 
+    shard_actor: type = ShardActor  # the class of its shard actors
+
     def __init__(self, spec: ModelSpec, plan: Plan | None = None) -> None:
         """``plan``: the one to run (the pool's, planned as its group was made), instead of
         planning the model as ``spec.partition`` says (:func:`plan_on_ray`)."""
@@ -363,7 +365,7 @@ class PartitionedRuntime(Runtime):
         else:
             first = 1
         self.placement_group = current
-        remote = ray.remote(ShardActor)
+        remote = ray.remote(self.shard_actor)
         group = current.id.hex()[:12]
         actors = []
         self._shard_models = [ray.put(model) for model in shards]  # kept for actor restarts
@@ -394,21 +396,31 @@ class PartitionedRuntime(Runtime):
         return list(self._actors)
 
     def predict_batch(self, inputs: Sequence[Any]) -> list[Any]:
+        x = np.asarray(inputs, dtype=np.float32)
+        for i in range(len(self._stages)):
+            x = self._round(i, x)
+        return rows(self.output_names, [x])
+
+    def _round(self, i: int, x: np.ndarray) -> np.ndarray:
+        """Stage ``i``'s fork-join round on its input ``x``: its output."""
         import ray
 
-        x = np.asarray(inputs, dtype=np.float32)
-        for pieces, axis in self._stages:
-            sent = [p.actor.run.remote(rows_of(x, p.rows)) for p in pieces if p.actor is not None]
-            local = [_run(p.session, rows_of(x, p.rows)) for p in pieces if p.session is not None]
-            try:
-                outputs = local + list(ray.get(sent, timeout=self._timeout_s))
-            except (ray.exceptions.RayError, TimeoutError) as exc:
-                raise RuntimeError(
-                    f"a shard worker of the partitioned model failed ({type(exc).__name__}); "
-                    "Ray starts it again"
-                ) from None
-            x = outputs[0] if len(outputs) == 1 else np.concatenate(outputs, axis=axis)
-        return rows(self.output_names, [x])
+        pieces, axis = self._stages[i]
+        sent = [p.actor.run.remote(rows_of(x, p.rows)) for p in pieces if p.actor is not None]
+        here = [p for p in pieces if p.session is not None]
+        local = [self._run_here(p.session, rows_of(x, p.rows)) for p in here]
+        try:
+            outputs = local + list(ray.get(sent, timeout=self._timeout_s))
+        except (ray.exceptions.RayError, TimeoutError) as exc:
+            raise RuntimeError(
+                f"a shard worker of the partitioned model failed ({type(exc).__name__}); "
+                "Ray starts it again"
+            ) from None
+        return outputs[0] if len(outputs) == 1 else np.concatenate(outputs, axis=axis)
+
+    def _run_here(self, session: Any, x: np.ndarray) -> np.ndarray:
+        """One of the leader's own shards run on ``x``."""
+        return session.run(None, {session.get_inputs()[0].name: x})[0]
 
     def close(self) -> None:
         """End the shard actors, and give their placement group back if it is their own (a
@@ -422,7 +434,3 @@ class PartitionedRuntime(Runtime):
         if self._own_group and self.placement_group is not None:
             remove_placement_group(self.placement_group)
         self.placement_group = None
-
-
-def _run(session: Any, x: np.ndarray) -> np.ndarray:
-    return session.run(None, {session.get_inputs()[0].name: x})[0]

@@ -1,0 +1,55 @@
+"""The partitioned-model benchmark's stage by stage view: what it calls a stage's predicted
+parts are the performance model's own, so that a measured part can be set beside them."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.partition_ray import _predicted, _stage_medians
+from raysrv.analytics.forkjoin import EMG
+from raysrv.partitioning.graph import Layer
+from raysrv.partitioning.latency import latency_optimal
+from raysrv.partitioning.perf import PerfModel
+
+
+def _perf() -> PerfModel:
+    return PerfModel(
+        {"default": (1e-5, 1e9)}, 1e8, EMG(1e-4, 1e-5, 2e-5), side_by_side=0.2, overlap=0.5
+    )
+
+
+def test_a_stages_predicted_parts_are_the_models_round_and_runs(
+    models: dict[str, list[Layer]],
+) -> None:
+    perf = _perf()
+    found = models["resnet"]
+    total = sum(layer.weight_bytes for layer in found)
+    plan = latency_optimal(found, perf, workers=2, memory_limit=total // 2)
+    parts = _predicted(perf, plan)
+    assert sum(p["round"] for p in parts) == pytest.approx(plan.predicted_latency_s)
+    assert any(s.parts > 1 for s in plan.stages)  # some shards run side by side
+    for stage, part in zip(plan.stages, parts, strict=True):
+        group = found[stage.first : stage.last + 1]
+        remote = stage.shards[1:] if stage.leader else stage.shards
+        slow = 1.2 if len(stage.shards) > 1 else 1.0  # side_by_side 0.2
+        runs = [perf.run_s(group, p) * slow for p in remote]
+        assert part["workers_run"] == pytest.approx(max(runs, default=0.0))
+        here = perf.run_s(group, stage.shards[0]) * slow if stage.leader else 0.0
+        assert part["leader_run"] == pytest.approx(here)
+        assert part["round"] >= max(part["workers_run"], part["leader_run"])
+
+
+def test_stage_medians_are_each_parts_median_over_rounds_in_ms() -> None:
+    rounds = [
+        (
+            [{"round": r, "workers_run": w, "leader_run": 0.0}],
+            [{"round": 2 * r, "workers_run": w, "leader_run": 1e-3}],
+        )
+        for r, w in ((1e-3, 5e-4), (3e-3, 1e-4), (2e-3, 2e-4))
+    ]
+    (stage,) = _stage_medians(rounds)
+    assert stage["predicted"]["round"] == pytest.approx(2.0)
+    assert stage["measured"]["round"] == pytest.approx(4.0)
+    assert stage["predicted"]["workers_run"] == pytest.approx(0.2)
+    assert stage["measured"]["leader_run"] == pytest.approx(1.0)
+    assert stage["predicted"]["leader_run"] == 0.0
