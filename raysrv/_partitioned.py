@@ -56,6 +56,7 @@ __all__ = [
     "Probe",
     "ShardActor",
     "calls_s",
+    "cold_s_per_byte",
     "group_bundles",
     "overlap",
     "plan_on_ray",
@@ -68,6 +69,7 @@ READY_TIMEOUT_S = 120.0  # for the placement group and every shard actor to star
 HOP_ROUNDS = 100  # calls to a probe actor timed for each size of transfer on Ray
 IDLE_S = 0.002  # before each, at first: a shard actor is called once a batch, and waits
 OVERLAP_BYTES = 8 * 1024 * 1024  # the weights of the shard the leader and a probe both run
+FLUSH_BYTES = 64 * 1024 * 1024  # read between runs to take a shard's weights out of the caches
 # Ray passes an argument or result of up to this many bytes inside the call, larger ones
 # through its object store (its max_direct_call_object_size).
 INLINE_BYTES = int(os.environ.get("RAY_max_direct_call_object_size", 100 * 1024))  # noqa: SIM112
@@ -176,7 +178,8 @@ def ray_transfers(perf: PerfModel, timeout_s: float, idle_s: float = IDLE_S) -> 
     * ``HOP_ROUNDS`` calls of each of three sizes: a small one, for the delay, and two over
       ``INLINE_BYTES``, whose line gives the bandwidth and the larger objects' extra cost
       (``large_s``);
-    * the ``overlap`` of a leader's run and its calls (:func:`overlap`).
+    * the ``overlap`` of a leader's run and its calls (:func:`overlap`);
+    * what a shard's run pays a byte of its weights read cold (:func:`cold_s_per_byte`).
     """
     import ray
 
@@ -208,6 +211,7 @@ def ray_transfers(perf: PerfModel, timeout_s: float, idle_s: float = IDLE_S) -> 
         large_bytes=INLINE_BYTES,
         large_s=large_s,
         overlap=held,
+        cold_s_per_byte=cold_s_per_byte(),
         _max_delay={},
     )
 
@@ -242,6 +246,28 @@ def overlap(probe: Any, keeper: Any, timeout_s: float, idle_s: float) -> float:
             times.append(time.perf_counter() - start)
     alone, local, together = (float(np.median(times)) for times in timed.values())
     return max(0.0, (together - alone) / local)
+
+
+def cold_s_per_byte(rounds: int = HOP_ROUNDS // 2) -> float:
+    """What a shard's run takes a byte of its weights beyond a warm run, when other work has
+    taken them out of the caches since its last run, as the other stages of a plan do: runs
+    of an ``OVERLAP_BYTES`` matrix product here, one after another and each after reading
+    ``FLUSH_BYTES``, the medians' difference over its bytes."""
+    shard = _MatMul(OVERLAP_BYTES)
+    flush = np.ones(FLUSH_BYTES // 4, np.float32)
+
+    def timed() -> float:
+        start = time.perf_counter()
+        shard.run()
+        return time.perf_counter() - start
+
+    shard.run()
+    warm = [timed() for _ in range(rounds)]
+    cold = []
+    for _ in range(rounds):
+        flush.sum()
+        cold.append(timed())
+    return max(0.0, float(np.median(cold) - np.median(warm)) / OVERLAP_BYTES)
 
 
 def calls_s(

@@ -260,3 +260,19 @@ def test_the_leaders_run_holds_up_its_workers_by_overlap_and_nothing_else(
     assert held.worker_s(stem, pair, True) == free.worker_s(stem, pair, True)
     with pytest.raises(ValueError, match="overlap must be >= 0"):
         dataclasses.replace(free, overlap=-0.1)
+
+
+def test_a_cold_shard_pays_for_each_byte_of_its_weights_and_nothing_else(
+    models: dict[str, list[Layer]],
+) -> None:
+    stem = models["resnet"][:1]
+    warm = PerfModel({"default": (1e-5, 1e9)}, 1e8, EMG(1e-4, 1e-5, 2e-5))
+    cold = dataclasses.replace(warm, cold_s_per_byte=1e-10)
+    for option, parts in (("none", 1), ("spatial", 2), ("channel", 2)):
+        for piece in shards(stem, option, parts):
+            gap = cold.run_s(stem, piece) - warm.run_s(stem, piece)
+            assert gap == pytest.approx(piece.weight_bytes * 1e-10)
+    halves = shards(stem, "channel", 2)
+    assert halves[0].weight_bytes < stem[0].weight_bytes  # each half holds its filters only
+    with pytest.raises(ValueError, match="cold_s_per_byte must be >= 0"):
+        dataclasses.replace(warm, cold_s_per_byte=-1e-12)
