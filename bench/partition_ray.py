@@ -175,6 +175,7 @@ def measure(path: Path, rounds: int, runs: int) -> dict[str, Any]:
     runtime = _TimedRuntime(spec, chosen)
     timed: dict[str, list[float]] = {"ray": [], "local": [], "whole": [], "hop": []}
     beside = []
+    terms: dict[str, list[float]] = {"delay_ms": [], "overlap": [], "cold_s_per_byte": []}
     stages: list[tuple[list[dict[str, float]], list[dict[str, float]]]] = []
     try:
         got = np.array(runtime.predict_batch(x), dtype=np.float32)
@@ -183,6 +184,9 @@ def measure(path: Path, rounds: int, runs: int) -> dict[str, Any]:
             for _ in range(rounds):
                 now = ray_transfers(perf, 60.0, rest_s(chosen))
                 beside.append(chosen.predicted_s(now))
+                terms["delay_ms"].append(now.delay.mean * 1e3)
+                terms["overlap"].append(now.overlap)
+                terms["cold_s_per_byte"].append(now.cold_s_per_byte)
                 timed["ray"].append(measure_s(lambda: runtime.predict_batch(x), runs))
                 stages.append((_predicted(now, chosen), runtime.taken()))
                 timed["local"].append(measure_s(lambda: local.run(x), runs))
@@ -198,6 +202,7 @@ def measure(path: Path, rounds: int, runs: int) -> dict[str, Any]:
         "beside_ms": [b * 1e3 for b in beside],
         "ray_rounds_ms": [r * 1e3 for r in timed["ray"]],
         "ray_over_beside": statistics.median(ratios),
+        "ray_terms": {k: statistics.median(v) for k, v in terms.items()},
         "stages_ms": _stage_medians(stages),
         "threads_predicted_ms": threads.predicted_latency_s * 1e3,
         "same_shards": [s.parts for s in threads.stages] == [s.parts for s in chosen.stages],
@@ -271,7 +276,10 @@ def main(argv: list[str] | None = None) -> int:
             f"| {r['max_abs_error']:.1e} |"
         )
     for name, r in results.items():
-        print(f"\n{name}:\n{r['describe']}")
+        t = r["ray_terms"]
+        print(f"\n{name}:\n{r['describe']}\n  Ray's calls, timed beside (medians): delay mean "
+              f"{t['delay_ms']:.3f} ms, overlap {t['overlap']:.2f}, cold weights "
+              f"{t['cold_s_per_byte'] * 2**20 * 1e3:.4f} ms a MiB")  # fmt: skip
     print("\n| model | stage | round ms: predicted, measured | slowest worker's run ms "
           "| leader's run ms | beyond the slowest worker's run ms |")  # fmt: skip
     print("|---|---:|---|---|---|---|")

@@ -9,7 +9,10 @@ threads did not, calls to a probe actor are timed for the transfers' delay, band
 object-store cost (:func:`ray_transfers`) before :func:`raysrv.partitioning.planner.plan`
 runs; then again, each call after as long a rest as the plan's shard actors will have between
 their calls (a batch's latency less a stage's), this process calling another probe actor
-meanwhile as a leader calls its other shards, and the model is planned again with those.
+meanwhile as a leader calls its other shards, and the model is planned again with those. With
+them are timed how much a leader's own run holds up its calls (:func:`overlap`) and what a
+shard's weights cost it read cold (:func:`cold_s_per_byte`), for which the planning task
+holds about 72 MiB more while it runs.
 
 The pool then reserves a detached placement group of the leader's resources and one bundle of
 ``partition.num_cpus`` CPUs per worker shard (:func:`group_bundles`) and starts the leader in
