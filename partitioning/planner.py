@@ -13,8 +13,8 @@ second for a small model) unless one is given.
   within the SLO less ``CHECK_MARGIN`` is chosen, else the DP's plan. A plan whose shards run
   side by side on every core can move by a quarter between medians of the same plan here, as
   its threads find free cores or not; the others, by a few percent. Where ``perf`` is not the
-  profile's (Ray's transfers, with ``threads`` the profile's), a plan's measured latency counts
-  what ``perf`` predicts beyond ``threads``.
+  profile's (Ray's calls and cold weights, with ``threads`` the profile's), a plan's measured
+  latency counts what ``perf`` predicts beyond ``threads``.
 """
 
 from __future__ import annotations
