@@ -16,7 +16,10 @@ move. Then it times ``--runs`` batches of one on Ray, the same plan in one proce
 an actor that only returns its input; medians of the rounds' medians, and the median of the
 rounds' ratios. Last, what that call costs after 0, 2, 5 and 10 ms of rest (``--runs`` calls
 each, medians), the caller sleeping meanwhile or calling another actor, as the planner's probe
-does (:func:`raysrv._partitioned.calls_s`).
+does (:func:`raysrv._partitioned.calls_s`). Also printed: the terms Ray's calls were timed at
+beside the rounds (the delay's mean, ``overlap``, ``cold_s_per_byte``), and stage by stage the
+round, the slowest worker's run (timed inside its actor), the leader's own run and what the
+round takes beyond that worker's run, each predicted beside the round and measured.
 
 Results: bench/RESULTS.md, "Partitioned models".
 """

@@ -31,6 +31,11 @@ def _machine(rng: np.random.Generator) -> PerfModel:
     )
 
 
+def _plain() -> PerfModel:
+    """One machine for the tests of a single term: 10 us a layer, 1 GFLOP/s, 100 MB/s."""
+    return PerfModel({"default": (1e-5, 1e9)}, 1e8, EMG(1e-4, 1e-5, 2e-5))
+
+
 def _total(found: list[Layer]) -> int:
     return sum(layer.weight_bytes for layer in found)
 
@@ -114,7 +119,7 @@ def test_a_round_waits_for_the_slowest_worker_and_the_expected_max_delay(
     models: dict[str, list[Layer]],
 ) -> None:
     stem = models["resnet"][:1]
-    perf = PerfModel({"default": (1e-5, 1e9)}, 1e8, EMG(1e-4, 1e-5, 2e-5))
+    perf = _plain()
     pieces = shards(stem, "spatial", 3)
     remote = max(perf.run_s(stem, p) + (p.in_bytes + p.out_bytes) / 1e8 for p in pieces[1:])
     expected = max(perf.run_s(stem, pieces[0]), remote + EMG(1e-4, 1e-5, 2e-5).expected_max(2))
@@ -197,7 +202,7 @@ def test_a_shard_pays_one_session_however_many_layers_it_runs(
     models: dict[str, list[Layer]],
 ) -> None:
     group = models["vgg"][:3]
-    without = PerfModel({"default": (1e-5, 1e9)}, 1e8, EMG(1e-4, 1e-5, 2e-5))
+    without = _plain()
     with_session = PerfModel({"default": (1e-5, 1e9)}, 1e8, EMG(1e-4, 1e-5, 2e-5), 3e-4)
     whole = shards(group, "none", 1)[0]
     assert with_session.run_s(group, whole) == pytest.approx(without.run_s(group, whole) + 3e-4)
@@ -212,7 +217,7 @@ def test_a_transfer_over_large_bytes_pays_large_s_once_each_way(
 ) -> None:
     stem = models["resnet"][:1]
     pieces = shards(stem, "spatial", 2)
-    small = PerfModel({"default": (1e-5, 1e9)}, 1e8, EMG(1e-4, 1e-5, 2e-5))
+    small = _plain()
     on_ray = dataclasses.replace(small, large_bytes=pieces[1].in_bytes - 1, large_s=1e-3)
     assert pieces[1].out_bytes > pieces[1].in_bytes  # both ways over the threshold
     assert on_ray.transfer_s(on_ray.large_bytes) == pytest.approx(on_ray.large_bytes / 1e8)
@@ -226,7 +231,7 @@ def test_shards_side_by_side_run_slower_and_a_shard_alone_does_not(
     models: dict[str, list[Layer]],
 ) -> None:
     stem = models["resnet"][:1]
-    alone = PerfModel({"default": (1e-5, 1e9)}, 1e8, EMG(1e-4, 1e-5, 2e-5))
+    alone = _plain()
     shared = dataclasses.replace(alone, side_by_side=0.5)
     one = shards(stem, "none", 1)
     for leader in (True, False):
@@ -246,7 +251,7 @@ def test_the_leaders_run_holds_up_its_workers_by_overlap_and_nothing_else(
     models: dict[str, list[Layer]],
 ) -> None:
     stem = models["resnet"][:1]
-    free = PerfModel({"default": (1e-5, 1e9)}, 1e8, EMG(1e-4, 1e-5, 2e-5))
+    free = _plain()
     held = dataclasses.replace(free, overlap=0.5)
     pair = shards(stem, "spatial", 2)
     local = free.run_s(stem, pair[0])
@@ -266,7 +271,7 @@ def test_a_cold_shard_pays_for_each_byte_of_its_weights_and_nothing_else(
     models: dict[str, list[Layer]],
 ) -> None:
     stem = models["resnet"][:1]
-    warm = PerfModel({"default": (1e-5, 1e9)}, 1e8, EMG(1e-4, 1e-5, 2e-5))
+    warm = _plain()
     cold = dataclasses.replace(warm, cold_s_per_byte=1e-10)
     for option, parts in (("none", 1), ("spatial", 2), ("channel", 2)):
         for piece in shards(stem, option, parts):
