@@ -160,9 +160,9 @@ def plan_on_ray(spec: ModelSpec, threads: PerfModel | None = None) -> Plan:
     if threads is None:
         threads = profile(onnx.load(spec.source), workers=part.workers)
     args = (part.workers, part.memory_limit_mb, part.objective, part.slo_ms)
-    idle_s = IDLE_S
+    idle_s, cold = IDLE_S, cold_s_per_byte()  # the cold weights do not depend on the rest
     for _ in range(2):  # planned again with its shard actors' rest between rounds
-        perf = ray_transfers(threads, part.timeout_s, idle_s)
+        perf = ray_transfers(threads, part.timeout_s, idle_s, cold)
         found = plan(spec.source, *args, perf=perf, threads=threads)
         idle_s = rest_s(found)
     return found
@@ -174,7 +174,9 @@ def rest_s(plan: Plan) -> float:
     return plan.predicted_latency_s * (1.0 - 1.0 / len(plan.stages))
 
 
-def ray_transfers(perf: PerfModel, timeout_s: float, idle_s: float = IDLE_S) -> PerfModel:
+def ray_transfers(
+    perf: PerfModel, timeout_s: float, idle_s: float = IDLE_S, cold: float | None = None
+) -> PerfModel:
     """``perf`` with its transfers timed as calls to a probe actor, each after ``idle_s`` in
     which this process calls another probe actor (:func:`calls_s`):
 
@@ -182,7 +184,8 @@ def ray_transfers(perf: PerfModel, timeout_s: float, idle_s: float = IDLE_S) -> 
       ``INLINE_BYTES``, whose line gives the bandwidth and the larger objects' extra cost
       (``large_s``);
     * the ``overlap`` of a leader's run and its calls (:func:`overlap`);
-    * what a shard's run pays a byte of its weights read cold (:func:`cold_s_per_byte`).
+    * what a shard's run pays a byte of its weights read cold (:func:`cold_s_per_byte`),
+      unless given as ``cold``.
     """
     import ray
 
@@ -214,7 +217,7 @@ def ray_transfers(perf: PerfModel, timeout_s: float, idle_s: float = IDLE_S) -> 
         large_bytes=INLINE_BYTES,
         large_s=large_s,
         overlap=held,
-        cold_s_per_byte=cold_s_per_byte(),
+        cold_s_per_byte=cold_s_per_byte() if cold is None else cold,
         _max_delay={},
     )
 
