@@ -13,13 +13,15 @@ the planner did and predicts the same plan with them (:meth:`Plan.predicted_s`):
 prediction beside the run, which this machine's drift between planning and measuring does not
 move. Then it times ``--runs`` batches of one on Ray, the same plan in one process
 (:class:`raysrv.partitioning.local.LocalPlan`), the whole model in one session and a call to
-an actor that only returns its input; medians of the rounds' medians, and the median of the
-rounds' ratios. Last, what that call costs after 0, 2, 5 and 10 ms of rest (``--runs`` calls
-each, medians), the caller sleeping meanwhile or calling another actor, as the planner's probe
-does (:func:`raysrv._partitioned.calls_s`). Also printed: the terms Ray's calls were timed at
-beside the rounds (the delay's mean, ``overlap``, ``cold_s_per_byte``), and stage by stage the
-round, the slowest worker's run (timed inside its actor), the leader's own run and what the
-round takes beyond that worker's run, each predicted beside the round and measured.
+an actor that only returns its input, sent as a shard actor is sent it
+(:func:`raysrv._partitioned.to_bytes`) and as a NumPy array; medians of the rounds' medians,
+and the median of the rounds' ratios. Last, what that call costs after 0, 2, 5 and 10 ms of
+rest (``--runs`` calls each, medians), the caller sleeping meanwhile or calling another actor,
+as the planner's probe does (:func:`raysrv._partitioned.calls_s`). Also printed: the terms
+Ray's calls were timed at beside the rounds (the delay's mean, ``overlap``,
+``cold_s_per_byte``), and stage by stage the round, the slowest worker's run (timed inside its
+actor), the leader's own run and what the round takes beyond that worker's run, each predicted
+beside the round and measured.
 
 Results: bench/RESULTS.md, "Partitioned models".
 """
@@ -38,13 +40,13 @@ from typing import Any
 import numpy as np
 
 from bench.partition import WORKERS, export, models, tightest
-from raysrv._partitioned import PartitionedRuntime, ShardActor
+from raysrv._partitioned import PartitionedRuntime, ShardActor, to_bytes
 
 __all__ = ["main"]
 
 
 class _Echo:
-    def run(self, x: np.ndarray) -> np.ndarray:
+    def run(self, x: Any) -> Any:
         return x
 
 
@@ -176,7 +178,7 @@ def measure(path: Path, rounds: int, runs: int) -> dict[str, Any]:
     echo = ray.remote(_Echo).options(num_cpus=0).remote()
     chosen = plan_on_ray(spec, perf)  # as a pool plans: Ray's transfers timed
     runtime = _TimedRuntime(spec, chosen)
-    timed: dict[str, list[float]] = {"ray": [], "local": [], "whole": [], "hop": []}
+    timed: dict[str, list[float]] = {k: [] for k in ("ray", "local", "whole", "hop", "hop_numpy")}
     beside = []
     terms: dict[str, list[float]] = {"delay_ms": [], "overlap": [], "cold_s_per_byte": []}
     stages: list[tuple[list[dict[str, float]], list[dict[str, float]]]] = []
@@ -194,7 +196,8 @@ def measure(path: Path, rounds: int, runs: int) -> dict[str, Any]:
                 stages.append((_predicted(now, chosen), runtime.taken()))
                 timed["local"].append(measure_s(lambda: local.run(x), runs))
                 timed["whole"].append(measure_s(lambda: whole.run(None, {"x": x}), runs))
-                timed["hop"].append(measure_s(lambda: ray.get(echo.run.remote(x)), runs))
+                timed["hop"].append(measure_s(lambda: ray.get(echo.run.remote(to_bytes(x))), runs))
+                timed["hop_numpy"].append(measure_s(lambda: ray.get(echo.run.remote(x)), runs))
     finally:
         runtime.close()
         ray.kill(echo)
@@ -232,7 +235,7 @@ def call_after_rest(runs: int) -> dict[str, dict[str, float]]:
     x = np.zeros(1024, np.uint8)
     found: dict[str, dict[str, float]] = {"sleeps": {}, "calls": {}}
     try:
-        ray.get([probe.echo.remote(x), keeper.echo.remote(x)])
+        ray.get([probe.echo.remote(to_bytes(x)), keeper.echo.remote(to_bytes(x))])
         for rest in RESTS_S:
             for caller, other in (("sleeps", None), ("calls", keeper)):
                 times = calls_s(probe, x, 60.0, rest, runs, keeper=other)
@@ -267,8 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     print("| model | stages | shard actors | predicted with threads' rounds ms | predicted with "
           "Ray's calls ms | on Ray ms | on Ray / predicted | predicted beside each round ms "
           "| on Ray / predicted beside | same plan in one process ms | whole model ms "
-          "| actor call ms | max abs error |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| actor call ms | the same, NumPy ms | max abs error |")  # fmt: skip
+    print("|---|" + "---:|" * 13)
     for name, r in results.items():
         print(
             f"| {name} | {r['stages']} | {r['shard_actors']} | {r['threads_predicted_ms']:.3f} "
@@ -276,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
             f"| {r['ray_ms'] / r['predicted_ms']:.2f} "
             f"| {statistics.median(r['beside_ms']):.3f} | {r['ray_over_beside']:.2f} "
             f"| {r['local_ms']:.3f} | {r['whole_ms']:.3f} | {r['hop_ms']:.3f} "
+            f"| {r['hop_numpy_ms']:.3f} "
             f"| {r['max_abs_error']:.1e} |"
         )
     for name, r in results.items():

@@ -21,7 +21,9 @@ bundle 0 with the plan. The leader cuts every shard from the model file once
 starts a shard actor in each other bundle, handing each only its own shard's bytes: a shard
 actor never sees the rest of the model, and loads its weights once. A batch runs the plan's
 stages in turn: each stage's worker shards get their input rows at once, the leader runs its
-own shard meanwhile, and the outputs are joined in order.
+own shard meanwhile, and the outputs are joined in order. Arrays travel to and from a shard
+actor as plain bytes behind a short header (:func:`to_bytes`): Ray's own serialization of a
+NumPy array costs about 0.1 ms more each way (bench/RESULTS.md, "On Ray").
 
 Lifecycle: the group lives as long as its leader. Ray restarts a crashed leader in its bundle
 with the same plan; the shard actors it owned die with it and it starts new ones in the same
@@ -60,11 +62,13 @@ __all__ = [
     "ShardActor",
     "calls_s",
     "cold_s_per_byte",
+    "from_bytes",
     "group_bundles",
     "overlap",
     "plan_on_ray",
     "ray_transfers",
     "rest_s",
+    "to_bytes",
 ]
 
 SHARD_PREFIX = "raysrv-shard:"  # of the shard actors' names
@@ -78,8 +82,30 @@ FLUSH_BYTES = 64 * 1024 * 1024  # read between runs to take a shard's weights ou
 INLINE_BYTES = int(os.environ.get("RAY_max_direct_call_object_size", 100 * 1024))  # noqa: SIM112
 
 
+def to_bytes(x: np.ndarray) -> bytes:
+    """``x`` as bytes a shard actor is sent or answers with: its dtype, rank and shape in a
+    header of 8-byte fields, then its elements in C order (:func:`from_bytes`)."""
+    x = np.asarray(x)
+    header = np.array([x.ndim, *x.shape], np.int64).tobytes()
+    return x.dtype.str.encode().ljust(_DTYPE_BYTES) + header + x.tobytes()
+
+
+def from_bytes(data: bytes) -> np.ndarray:
+    """The array :func:`to_bytes` wrote, read in place (read-only)."""
+    dtype = np.dtype(data[:_DTYPE_BYTES].rstrip().decode())
+    ndim = int(np.frombuffer(data, np.int64, 1, _DTYPE_BYTES)[0])
+    shape = np.frombuffer(data, np.int64, ndim, _DTYPE_BYTES + 8).tolist()
+    offset = _DTYPE_BYTES + 8 * (1 + ndim)
+    return np.frombuffer(data, dtype, offset=offset).reshape(shape)
+
+
+_DTYPE_BYTES = 8  # the header's field for the dtype's name (``<f4``)
+_TINY = to_bytes(np.zeros(1, np.uint8))  # what a probe is sent when only the call counts
+
+
 class ShardActor:
-    """One worker shard: an onnxruntime session of its bytes, run on the rows it is sent."""
+    """One worker shard: an onnxruntime session of its bytes, run on the rows it is sent
+    (:func:`to_bytes` both ways)."""
 
     def __init__(self, model: bytes) -> None:
         from raysrv.partitioning.local import shard_session
@@ -88,8 +114,8 @@ class ShardActor:
         self._input = self._session.get_inputs()[0].name
         self._bytes = len(model)
 
-    def run(self, x: np.ndarray) -> np.ndarray:
-        return self._session.run(None, {self._input: x})[0]
+    def run(self, x: bytes) -> bytes:
+        return to_bytes(self._session.run(None, {self._input: from_bytes(x)})[0])
 
     def ready(self) -> dict[str, Any]:
         """Its process, the bytes of its shard's model (its weights, nearly all) and the id of
@@ -108,12 +134,13 @@ class Probe:
     def __init__(self, weight_bytes: int = 0) -> None:
         self._shard = _MatMul(weight_bytes) if weight_bytes else None
 
-    def echo(self, x: np.ndarray) -> np.ndarray:
-        return x.reshape(-1)[:1]
+    def echo(self, x: bytes) -> bytes:
+        """The first element of the array in ``x``, both as a shard actor's run has them."""
+        return to_bytes(from_bytes(x).reshape(-1)[:1])
 
-    def run(self) -> np.ndarray:
+    def run(self) -> bytes:
         assert self._shard is not None  # made with weight_bytes
-        return self._shard.run()
+        return to_bytes(self._shard.run())
 
 
 class _MatMul:
@@ -195,7 +222,7 @@ def ray_transfers(
     probe = ray.remote(Probe).options(num_cpus=0).remote(OVERLAP_BYTES)
     keeper = ray.remote(Probe).options(num_cpus=0).remote()
     try:
-        started = [a.echo.remote(np.zeros(1, np.uint8)) for a in (probe, keeper)]
+        started = [a.echo.remote(_TINY) for a in (probe, keeper)]
         ray.get(started, timeout=READY_TIMEOUT_S)
         timed = {
             n: calls_s(probe, np.zeros(n, np.uint8), timeout_s, idle_s, keeper=keeper)
@@ -231,7 +258,6 @@ def overlap(probe: Any, keeper: Any, timeout_s: float, idle_s: float) -> float:
     import ray
 
     here = _MatMul(OVERLAP_BYTES)
-    tiny = np.zeros(1, np.uint8)
 
     def call() -> None:
         ray.get(probe.run.remote(), timeout=timeout_s)
@@ -246,7 +272,7 @@ def overlap(probe: Any, keeper: Any, timeout_s: float, idle_s: float) -> float:
         for run, times in timed.items():
             start = time.perf_counter()
             while time.perf_counter() - start < idle_s:
-                ray.get(keeper.echo.remote(tiny), timeout=timeout_s)
+                ray.get(keeper.echo.remote(_TINY), timeout=timeout_s)
             start = time.perf_counter()
             run()
             times.append(time.perf_counter() - start)
@@ -295,16 +321,15 @@ def calls_s(
     import ray
 
     found = []
-    tiny = np.zeros(1, np.uint8)
     for _ in range(rounds):
         start = time.perf_counter()
         if keeper is None:
             time.sleep(idle_s)
         else:
             while time.perf_counter() - start < idle_s:
-                ray.get(keeper.echo.remote(tiny), timeout=timeout_s)
+                ray.get(keeper.echo.remote(_TINY), timeout=timeout_s)
         start = time.perf_counter()
-        ray.get(probe.echo.remote(x), timeout=timeout_s)
+        ray.get(probe.echo.remote(to_bytes(x)), timeout=timeout_s)
         found.append(time.perf_counter() - start)
     return found
 
@@ -438,11 +463,13 @@ class PartitionedRuntime(Runtime):
         import ray
 
         pieces, axis = self._stages[i]
-        sent = [p.actor.run.remote(rows_of(x, p.rows)) for p in pieces if p.actor is not None]
+        sent = [
+            p.actor.run.remote(to_bytes(rows_of(x, p.rows))) for p in pieces if p.actor is not None
+        ]
         here = [p for p in pieces if p.session is not None]
         local = [self._run_here(p.session, rows_of(x, p.rows)) for p in here]
         try:
-            outputs = local + list(ray.get(sent, timeout=self._timeout_s))
+            outputs = local + [from_bytes(y) for y in ray.get(sent, timeout=self._timeout_s)]
         except (ray.exceptions.RayError, TimeoutError) as exc:
             raise RuntimeError(
                 f"a shard worker of the partitioned model failed ({type(exc).__name__}); "
