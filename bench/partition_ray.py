@@ -18,7 +18,7 @@ an actor that only returns its input, sent as a shard actor is sent it
 and the median of the rounds' ratios. Last, what that call costs after 0, 2, 5 and 10 ms of
 rest (``--runs`` calls each, medians), the caller sleeping meanwhile or calling another actor,
 as the planner's probe does (:func:`raysrv._partitioned.calls_s`). Also printed: the terms
-Ray's calls were timed at beside the rounds (the delay's mean, ``overlap``,
+Ray's calls were timed at beside the rounds (the delay's mean, ``overlap``, ``cold_s``,
 ``cold_s_per_byte``), and stage by stage the round, the slowest worker's run (timed inside its
 actor), the leader's own run and what the round takes beyond that worker's run, each predicted
 beside the round and measured.
@@ -131,6 +131,7 @@ def _predicted(perf: Any, plan: Any) -> list[dict[str, float]]:
 
 
 STAGE_PARTS = ("round", "workers_run", "leader_run")  # of a stage, as timed and predicted
+TERMS = ("delay_ms", "overlap", "cold_s", "cold_s_per_byte")  # of Ray's calls, timed beside
 
 
 def _stage_medians(
@@ -180,7 +181,7 @@ def measure(path: Path, rounds: int, runs: int) -> dict[str, Any]:
     runtime = _TimedRuntime(spec, chosen)
     timed: dict[str, list[float]] = {k: [] for k in ("ray", "local", "whole", "hop", "hop_numpy")}
     beside = []
-    terms: dict[str, list[float]] = {"delay_ms": [], "overlap": [], "cold_s_per_byte": []}
+    terms: dict[str, list[float]] = {k: [] for k in TERMS}
     stages: list[tuple[list[dict[str, float]], list[dict[str, float]]]] = []
     try:
         got = np.array(runtime.predict_batch(x), dtype=np.float32)
@@ -190,8 +191,8 @@ def measure(path: Path, rounds: int, runs: int) -> dict[str, Any]:
                 now = ray_transfers(perf, 60.0, rest_s(chosen))
                 beside.append(chosen.predicted_s(now))
                 terms["delay_ms"].append(now.delay.mean * 1e3)
-                terms["overlap"].append(now.overlap)
-                terms["cold_s_per_byte"].append(now.cold_s_per_byte)
+                for k in TERMS[1:]:
+                    terms[k].append(getattr(now, k))
                 timed["ray"].append(measure_s(lambda: runtime.predict_batch(x), runs))
                 stages.append((_predicted(now, chosen), runtime.taken()))
                 timed["local"].append(measure_s(lambda: local.run(x), runs))
@@ -285,8 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, r in results.items():
         t = r["ray_terms"]
         print(f"\n{name}:\n{r['describe']}\n  Ray's calls, timed beside (medians): delay mean "
-              f"{t['delay_ms']:.3f} ms, overlap {t['overlap']:.2f}, cold weights "
-              f"{t['cold_s_per_byte'] * 2**20 * 1e3:.4f} ms a MiB")  # fmt: skip
+              f"{t['delay_ms']:.3f} ms, overlap {t['overlap']:.2f}, cold runs "
+              f"{t['cold_s'] * 1e3:.3f} ms and {t['cold_s_per_byte'] * 2**20 * 1e3:.4f} ms a "
+              "MiB")  # fmt: skip
     print("\n| model | stage | round ms: predicted, measured | slowest worker's run ms "
           "| leader's run ms | beyond the slowest worker's run ms |")  # fmt: skip
     print("|---|---:|---|---|---|---|")

@@ -22,9 +22,10 @@ the fork-join transfer delays of :mod:`raysrv.analytics.forkjoin`.
   on), the workers' answers come ``overlap`` times the leader's run later.
 * **Cold weights.** The profile times each layer with its weights warm in the caches. A shard
   run once a batch in a process of its own, between the other stages' runs, reads them from
-  memory again: each of its runs also takes ``cold_s_per_byte`` a byte of its weights (zero in
-  one process's profile, whose lines the whole model's run scales; timed for Ray by
-  :func:`raysrv._partitioned.cold_s_per_byte`).
+  memory again, and its session's own code and buffers too: each of its runs also takes
+  ``cold_s``, and ``cold_s_per_byte`` a byte of its weights (both zero in one process's
+  profile, whose lines the whole model's run scales; timed for Ray by
+  :func:`raysrv._partitioned.cold_runs`).
 
 Caveats: shards run in parallel only where the machine has a core for each; the workers'
 delays are taken as independent (the tests of :mod:`raysrv.analytics.forkjoin` say why that
@@ -75,7 +76,8 @@ class PerfModel:
     large_s: float = 0.0  # ... costs this much more
     side_by_side: float = 0.0  # a shard run beside others takes this fraction longer
     overlap: float = 0.0  # the workers answer this fraction of the leader's own run later
-    cold_s_per_byte: float = 0.0  # a shard's run reads its weights again, at this cost a byte
+    cold_s: float = 0.0  # a shard's run, its session cold, takes this much longer ...
+    cold_s_per_byte: float = 0.0  # ... and reads its weights again, at this cost a byte
     _max_delay: dict[int, float] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -92,8 +94,11 @@ class PerfModel:
             raise ValueError(f"side_by_side must be >= 0, got {self.side_by_side}")
         if not self.overlap >= 0:
             raise ValueError(f"overlap must be >= 0, got {self.overlap}")
-        if not self.cold_s_per_byte >= 0:
-            raise ValueError(f"cold_s_per_byte must be >= 0, got {self.cold_s_per_byte}")
+        if not (self.cold_s >= 0 and self.cold_s_per_byte >= 0):
+            raise ValueError(
+                f"cold_s and cold_s_per_byte must be >= 0, got {self.cold_s}, "
+                f"{self.cold_s_per_byte}"
+            )
         if not (self.large_bytes >= 0 and self.large_s >= 0):
             raise ValueError(
                 f"large_bytes and large_s must be >= 0, got {self.large_bytes}, {self.large_s}"
@@ -102,12 +107,12 @@ class PerfModel:
     def run_s(self, group: Sequence[Layer], shard: Shard) -> float:
         """Run time of ``shard`` of ``group``: one session's run, each layer's overhead, the
         whole group's time at each layer's kind's rate scaled by the shard's share of the
-        group's FLOPs, and its weights read cold."""
+        group's FLOPs, and its session and weights cold."""
         lines = [self._line(layer) for layer in group]
         total = sum(layer.flops for layer in group)
         whole = sum(layer.flops / rate for layer, (_, rate) in zip(group, lines, strict=True))
         share = shard.flops / total if total else 0.0
-        cold = shard.weight_bytes * self.cold_s_per_byte
+        cold = self.cold_s + shard.weight_bytes * self.cold_s_per_byte
         return self.session_s + sum(overhead for overhead, _ in lines) + share * whole + cold
 
     def _line(self, layer: Layer) -> tuple[float, float]:

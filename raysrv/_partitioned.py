@@ -11,7 +11,7 @@ runs; then again, each call after as long a rest as the plan's shard actors will
 their calls (a batch's latency less a stage's), this process calling another probe actor
 meanwhile as a leader calls its other shards, and the model is planned again with those. With
 them are timed how much a leader's own run holds up its calls (:func:`overlap`) and what a
-shard's weights cost it read cold (:func:`cold_s_per_byte`), for which the planning task
+shard's weights cost it read cold (:func:`cold_runs`), for which the planning task
 holds about 72 MiB more while it runs.
 
 The pool then reserves a detached placement group of the leader's resources and one bundle of
@@ -61,7 +61,7 @@ __all__ = [
     "Probe",
     "ShardActor",
     "calls_s",
-    "cold_s_per_byte",
+    "cold_runs",
     "from_bytes",
     "group_bundles",
     "overlap",
@@ -77,6 +77,7 @@ HOP_ROUNDS = 100  # calls to a probe actor timed for each size of transfer on Ra
 IDLE_S = 0.002  # before each, at first: a shard actor is called once a batch, and waits
 OVERLAP_BYTES = 8 * 1024 * 1024  # the weights of the shard the leader and a probe both run
 FLUSH_BYTES = 64 * 1024 * 1024  # read between runs to take a shard's weights out of the caches
+SMALL_BYTES = 64 * 1024  # the weights of a shard whose cold run is nearly all its session's
 # Ray passes an argument or result of up to this many bytes inside the call, larger ones
 # through its object store (its max_direct_call_object_size).
 INLINE_BYTES = int(os.environ.get("RAY_max_direct_call_object_size", 100 * 1024))  # noqa: SIM112
@@ -187,7 +188,7 @@ def plan_on_ray(spec: ModelSpec, threads: PerfModel | None = None) -> Plan:
     if threads is None:
         threads = profile(onnx.load(spec.source), workers=part.workers)
     args = (part.workers, part.memory_limit_mb, part.objective, part.slo_ms)
-    idle_s, cold = IDLE_S, cold_s_per_byte()  # the cold weights do not depend on the rest
+    idle_s, cold = IDLE_S, cold_runs()  # the cold runs do not depend on the rest
     for _ in range(2):  # planned again with its shard actors' rest between rounds
         perf = ray_transfers(threads, part.timeout_s, idle_s, cold)
         found = plan(spec.source, *args, perf=perf, threads=threads)
@@ -202,7 +203,10 @@ def rest_s(plan: Plan) -> float:
 
 
 def ray_transfers(
-    perf: PerfModel, timeout_s: float, idle_s: float = IDLE_S, cold: float | None = None
+    perf: PerfModel,
+    timeout_s: float,
+    idle_s: float = IDLE_S,
+    cold: tuple[float, float] | None = None,
 ) -> PerfModel:
     """``perf`` with its transfers timed as calls to a probe actor, each after ``idle_s`` in
     which this process calls another probe actor (:func:`calls_s`):
@@ -211,13 +215,14 @@ def ray_transfers(
       ``INLINE_BYTES``, whose line gives the bandwidth and the larger objects' extra cost
       (``large_s``);
     * the ``overlap`` of a leader's run and its calls (:func:`overlap`);
-    * what a shard's run pays a byte of its weights read cold (:func:`cold_s_per_byte`),
+    * what a shard's run pays cold, once and a byte of its weights (:func:`cold_runs`),
       unless given as ``cold``.
     """
     import ray
 
     from raysrv.analytics.forkjoin import fit_emg
 
+    cold_s, cold_s_per_byte = cold_runs() if cold is None else cold
     sizes = (1024, 2 * INLINE_BYTES, 16 * INLINE_BYTES)
     probe = ray.remote(Probe).options(num_cpus=0).remote(OVERLAP_BYTES)
     keeper = ray.remote(Probe).options(num_cpus=0).remote()
@@ -244,7 +249,8 @@ def ray_transfers(
         large_bytes=INLINE_BYTES,
         large_s=large_s,
         overlap=held,
-        cold_s_per_byte=cold_s_per_byte() if cold is None else cold,
+        cold_s=cold_s,
+        cold_s_per_byte=cold_s_per_byte,
         _max_delay={},
     )
 
@@ -280,26 +286,32 @@ def overlap(probe: Any, keeper: Any, timeout_s: float, idle_s: float) -> float:
     return max(0.0, (together - alone) / local)
 
 
-def cold_s_per_byte(rounds: int = HOP_ROUNDS // 2) -> float:
-    """What a shard's run takes a byte of its weights beyond a warm run, when other work has
-    taken them out of the caches since its last run, as the other stages of a plan do: runs
-    of an ``OVERLAP_BYTES`` matrix product here, one after another and each after reading
-    ``FLUSH_BYTES``, the medians' difference over its bytes."""
-    shard = _MatMul(OVERLAP_BYTES)
+def cold_runs(rounds: int = HOP_ROUNDS // 2) -> tuple[float, float]:
+    """``(cold_s, cold_s_per_byte)``: what a shard's run takes beyond a warm run, once and a
+    byte of its weights, when other work has taken its session and weights out of the caches
+    since its last run, as the other stages of a plan do. Runs of two matrix products here, of
+    ``SMALL_BYTES`` and ``OVERLAP_BYTES``, one after another and each after reading
+    ``FLUSH_BYTES``: the line through the medians' differences. A shard of a few KiB runs about
+    0.05 ms slower so here, one of 8 MiB about 0.16 ms (bench/RESULTS.md, "On Ray")."""
     flush = np.ones(FLUSH_BYTES // 4, np.float32)
 
-    def timed() -> float:
-        start = time.perf_counter()
-        shard.run()
-        return time.perf_counter() - start
+    def excess(shard: _MatMul) -> float:
+        def timed() -> float:
+            start = time.perf_counter()
+            shard.run()
+            return time.perf_counter() - start
 
-    shard.run()
-    warm = [timed() for _ in range(rounds)]
-    cold = []
-    for _ in range(rounds):
-        flush.sum()
-        cold.append(timed())
-    return max(0.0, float(np.median(cold) - np.median(warm)) / OVERLAP_BYTES)
+        shard.run()
+        warm = [timed() for _ in range(rounds)]
+        cold = []
+        for _ in range(rounds):
+            flush.sum()
+            cold.append(timed())
+        return float(np.median(cold) - np.median(warm))
+
+    small, big = excess(_MatMul(SMALL_BYTES)), excess(_MatMul(OVERLAP_BYTES))
+    per_byte = max(0.0, (big - small) / (OVERLAP_BYTES - SMALL_BYTES))
+    return max(0.0, small - per_byte * SMALL_BYTES), per_byte
 
 
 def calls_s(

@@ -267,17 +267,18 @@ def test_the_leaders_run_holds_up_its_workers_by_overlap_and_nothing_else(
         dataclasses.replace(free, overlap=-0.1)
 
 
-def test_a_cold_shard_pays_for_each_byte_of_its_weights_and_nothing_else(
+def test_a_cold_shard_pays_once_and_for_each_byte_of_its_weights_and_nothing_else(
     models: dict[str, list[Layer]],
 ) -> None:
     stem = models["resnet"][:1]
     warm = _plain()
-    cold = dataclasses.replace(warm, cold_s_per_byte=1e-10)
+    cold = dataclasses.replace(warm, cold_s=2e-5, cold_s_per_byte=1e-10)
     for option, parts in (("none", 1), ("spatial", 2), ("channel", 2)):
         for piece in shards(stem, option, parts):
             gap = cold.run_s(stem, piece) - warm.run_s(stem, piece)
-            assert gap == pytest.approx(piece.weight_bytes * 1e-10)
+            assert gap == pytest.approx(2e-5 + piece.weight_bytes * 1e-10)
     halves = shards(stem, "channel", 2)
     assert halves[0].weight_bytes < stem[0].weight_bytes  # each half holds its filters only
-    with pytest.raises(ValueError, match="cold_s_per_byte must be >= 0"):
-        dataclasses.replace(warm, cold_s_per_byte=-1e-12)
+    for bad in ({"cold_s": -1e-6}, {"cold_s_per_byte": -1e-12}):
+        with pytest.raises(ValueError, match="cold_s and cold_s_per_byte must be >= 0"):
+            dataclasses.replace(warm, **bad)
