@@ -11,8 +11,8 @@ runs; then again, each call after as long a rest as the plan's shard actors will
 their calls (a batch's latency less a stage's), this process calling another probe actor
 meanwhile as a leader calls its other shards, and the model is planned again with those. With
 them are timed how much a leader's own run holds up its calls (:func:`overlap`) and what a
-shard's weights cost it read cold (:func:`cold_runs`), for which the planning task
-holds about 72 MiB more while it runs.
+shard's run costs with its session and weights cold (:func:`cold_runs`), for which the planning
+task holds about 72 MiB more while it runs.
 
 The pool then reserves a detached placement group of the leader's resources and one bundle of
 ``partition.num_cpus`` CPUs per worker shard (:func:`group_bundles`) and starts the leader in
@@ -292,7 +292,7 @@ def cold_runs(rounds: int = HOP_ROUNDS // 2) -> tuple[float, float]:
     since its last run, as the other stages of a plan do. Runs of two matrix products here, of
     ``SMALL_BYTES`` and ``OVERLAP_BYTES``, one after another and each after reading
     ``FLUSH_BYTES``: the line through the medians' differences. A shard of a few KiB runs about
-    0.05 ms slower so here, one of 8 MiB about 0.16 ms (bench/RESULTS.md, "On Ray")."""
+    0.04 ms slower so here, one of 8 MiB about 0.15 ms (bench/RESULTS.md, "On Ray")."""
     flush = np.ones(FLUSH_BYTES // 4, np.float32)
 
     def excess(shard: _MatMul) -> float:
