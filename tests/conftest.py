@@ -24,9 +24,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    """A TCP port that nothing holds right now on any of this machine's addresses: HAProxy
+    binds its listeners on all of them, and a Ray process left by an earlier test may still
+    hold a port on the node's own address only."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("", 0))
         return s.getsockname()[1]
 
 
