@@ -276,9 +276,7 @@ def overlap(probe: Any, keeper: Any, timeout_s: float, idle_s: float) -> float:
     timed: dict[Any, list[float]] = {call: [], here.run: [], both: []}
     for _ in range(HOP_ROUNDS):
         for run, times in timed.items():
-            start = time.perf_counter()
-            while time.perf_counter() - start < idle_s:
-                ray.get(keeper.echo.remote(_TINY), timeout=timeout_s)
+            _rest(keeper, idle_s, timeout_s)
             start = time.perf_counter()
             run()
             times.append(time.perf_counter() - start)
@@ -334,16 +332,23 @@ def calls_s(
 
     found = []
     for _ in range(rounds):
-        start = time.perf_counter()
-        if keeper is None:
-            time.sleep(idle_s)
-        else:
-            while time.perf_counter() - start < idle_s:
-                ray.get(keeper.echo.remote(_TINY), timeout=timeout_s)
+        _rest(keeper, idle_s, timeout_s)
         start = time.perf_counter()
         ray.get(probe.echo.remote(to_bytes(x)), timeout=timeout_s)
         found.append(time.perf_counter() - start)
     return found
+
+
+def _rest(keeper: Any, idle_s: float, timeout_s: float) -> None:
+    """``idle_s`` of calls to ``keeper.echo``, one after another (``keeper`` None: a sleep)."""
+    import ray
+
+    if keeper is None:
+        time.sleep(idle_s)
+        return
+    start = time.perf_counter()
+    while time.perf_counter() - start < idle_s:
+        ray.get(keeper.echo.remote(_TINY), timeout=timeout_s)
 
 
 def group_bundles(spec: ModelSpec, plan: Plan) -> list[dict[str, float]]:
