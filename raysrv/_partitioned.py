@@ -7,12 +7,14 @@ runs as it makes a new leader): the machine is profiled (:func:`raysrv.partition
 profile`), and since a round on Ray pays a call to an actor and back where the profile's
 threads did not, calls to a probe actor are timed for the transfers' delay, bandwidth and
 object-store cost (:func:`ray_transfers`) before :func:`raysrv.partitioning.planner.plan`
-runs; then again, each call after as long a rest as the plan's shard actors will have between
-their calls (a batch's latency less a stage's), this process calling another probe actor
-meanwhile as a leader calls its other shards, and the model is planned again with those. With
-them are timed how much a leader's own run holds up its calls (:func:`overlap`) and what a
-shard's run costs with its session and weights cold (:func:`cold_runs`), for which the planning
-task holds about 72 MiB more while it runs.
+runs; with them, how much a leader's own run holds up its calls (:func:`overlap`) and what a
+shard's run costs with its session and weights cold (:func:`cold_runs`). Then the calls are
+timed again, each after as long a rest as the plan's shard actors will have between their
+calls (a batch's latency less a stage's), this process calling another probe actor meanwhile
+as a leader calls its other shards; a stand-in of the plan runs (:func:`amid_plan`), whose
+rounds time the delay and the leader's hold-up again amid the plan's own traffic, and the
+model is planned again with those. While it runs, the planning task holds about 72 MiB more
+and the bytes of the leader's shards, and each stand-in actor as many as its shard.
 
 The pool then reserves a detached placement group of the leader's resources and one bundle of
 ``partition.num_cpus`` CPUs per worker shard (:func:`group_bundles`) and starts the leader in
@@ -49,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from raysrv._workers import WORKERS_NAMESPACE
+from raysrv.analytics.forkjoin import EMG
 from raysrv.config import ModelSpec
 from raysrv.partitioning.latency import Plan
 from raysrv.partitioning.local import rows_of
@@ -60,6 +63,7 @@ __all__ = [
     "PartitionedRuntime",
     "Probe",
     "ShardActor",
+    "amid_plan",
     "calls_s",
     "cold_runs",
     "from_bytes",
@@ -69,6 +73,7 @@ __all__ = [
     "ray_transfers",
     "rest_s",
     "to_bytes",
+    "typical_delay",
 ]
 
 SHARD_PREFIX = "raysrv-shard:"  # of the shard actors' names
@@ -130,10 +135,13 @@ class ShardActor:
 class Probe:
     """An actor whose call does no work: what a round pays to reach a shard and back. Made
     with ``weight_bytes``, it also runs a shard of about that many bytes of weights
-    (:func:`_matmul_shard`)."""
+    (:func:`_matmul_shard`); with ``run_s`` and ``out_bytes`` too, it stands in for a shard of
+    a plan (:meth:`stand_in`)."""
 
-    def __init__(self, weight_bytes: int = 0) -> None:
+    def __init__(self, weight_bytes: int = 0, run_s: float = 0.0, out_bytes: int = 0) -> None:
         self._shard = _MatMul(weight_bytes) if weight_bytes else None
+        self._run_s = run_s
+        self._out = np.zeros(max(1, out_bytes // 8), np.float64)
 
     def echo(self, x: bytes) -> bytes:
         """The first element of the array in ``x``, both as a shard actor's run has them."""
@@ -142,6 +150,12 @@ class Probe:
     def run(self) -> bytes:
         assert self._shard is not None  # made with weight_bytes
         return to_bytes(self._shard.run())
+
+    def stand_in(self, x: bytes) -> bytes:
+        """A shard's run stood in for: its weights read once, then busy until ``run_s`` has
+        passed; answers ``out_bytes`` whose first element is the seconds that took."""
+        self._out[0] = _stand_in_s(self._shard, self._run_s)
+        return to_bytes(self._out)
 
 
 class _MatMul:
@@ -155,6 +169,16 @@ class _MatMul:
 
     def run(self) -> np.ndarray:
         return self._session.run(None, {"x": self._x})[0][:, :1]
+
+
+def _stand_in_s(shard: _MatMul | None, run_s: float) -> float:
+    """``shard`` run (if any), then busy until ``run_s`` has passed: the seconds taken."""
+    start = time.perf_counter()
+    if shard is not None:
+        shard.run()
+    while time.perf_counter() - start < run_s:
+        pass
+    return time.perf_counter() - start
 
 
 def _matmul_shard(weight_bytes: int) -> bytes:
@@ -188,12 +212,13 @@ def plan_on_ray(spec: ModelSpec, threads: PerfModel | None = None) -> Plan:
     if threads is None:
         threads = profile(onnx.load(spec.source), workers=part.workers)
     args = (part.workers, part.memory_limit_mb, part.objective, part.slo_ms)
-    idle_s, cold = IDLE_S, cold_runs()  # the cold runs do not depend on the rest
-    for _ in range(2):  # planned again with its shard actors' rest between rounds
-        perf = ray_transfers(threads, part.timeout_s, idle_s, cold)
-        found = plan(spec.source, *args, perf=perf, threads=threads)
-        idle_s = rest_s(found)
-    return found
+    cold = cold_runs()  # which does not depend on the rest
+    perf = ray_transfers(threads, part.timeout_s, IDLE_S, cold)
+    found = plan(spec.source, *args, perf=perf, threads=threads)
+    # planned again: its shard actors' rest between rounds, and the calls amid its traffic
+    perf = ray_transfers(threads, part.timeout_s, rest_s(found), cold)
+    perf = amid_plan(perf, found, part.timeout_s)
+    return plan(spec.source, *args, perf=perf, threads=threads)
 
 
 def rest_s(plan: Plan) -> float:
@@ -211,16 +236,14 @@ def ray_transfers(
     """``perf`` with its transfers timed as calls to a probe actor, each after ``idle_s`` in
     which this process calls another probe actor (:func:`calls_s`):
 
-    * ``HOP_ROUNDS`` calls of each of three sizes: a small one, for the delay, and two over
-      ``INLINE_BYTES``, whose line gives the bandwidth and the larger objects' extra cost
-      (``large_s``);
+    * ``HOP_ROUNDS`` calls of each of three sizes: a small one, for the delay
+      (:func:`typical_delay`), and two over ``INLINE_BYTES``, whose line gives the bandwidth
+      and the larger objects' extra cost (``large_s``);
     * the ``overlap`` of a leader's run and its calls (:func:`overlap`);
     * what a shard's run pays cold, once and a byte of its weights (:func:`cold_runs`),
       unless given as ``cold``.
     """
     import ray
-
-    from raysrv.analytics.forkjoin import fit_emg
 
     cold_s, cold_s_per_byte = cold_runs() if cold is None else cold
     sizes = (1024, 2 * INLINE_BYTES, 16 * INLINE_BYTES)
@@ -245,7 +268,7 @@ def ray_transfers(
     return replace(
         perf,
         bandwidth=bandwidth,
-        delay=fit_emg(delays),
+        delay=typical_delay(delays),
         large_bytes=INLINE_BYTES,
         large_s=large_s,
         overlap=held,
@@ -253,6 +276,84 @@ def ray_transfers(
         cold_s_per_byte=cold_s_per_byte,
         _max_delay={},
     )
+
+
+def amid_plan(
+    perf: PerfModel, plan: Plan, timeout_s: float, batches: int = HOP_ROUNDS
+) -> PerfModel:
+    """``perf`` with its calls' ``delay`` and ``overlap`` timed amid ``plan``'s own traffic:
+    ``batches`` batches, one after another, of a stand-in of ``plan`` in which each shard is a
+    :class:`Probe` that reads as many bytes of weights as the shard holds and is busy as long
+    as ``perf`` predicts its run (the leader's own shards run so here). What a round of one
+    worker shard takes beyond the shard's run and the transfer of its bytes is a sample of the
+    delay, where the leader is idle; where it runs a shard too, the median's excess over the
+    delay's, over the leader's run, is ``overlap``.
+
+    The other shards' runs take the call's own code and data out of the caches, the leader's
+    and its workers', and a call costs more so than between idle actors (bench/RESULTS.md,
+    "On Ray"). Each term is left as it was where no round of ``plan`` times it."""
+    import ray
+
+    rounds, actors = [], []
+    try:
+        for stage in plan.stages:
+            group = plan.layers[stage.first : stage.last + 1]
+            on_workers = stage.shards[1:] if stage.leader else stage.shards
+            slow = perf.slowed(len(stage.shards) if stage.leader else len(on_workers))
+            made = [
+                ray.remote(Probe)
+                .options(num_cpus=0)
+                .remote(p.weight_bytes, perf.run_s(group, p) * slow, p.out_bytes)
+                for p in on_workers
+            ]
+            actors += made
+            here = None
+            if stage.leader:
+                shard = stage.shards[0]
+                here = (_MatMul(shard.weight_bytes), perf.run_s(group, shard) * slow)
+            sent = [to_bytes(np.zeros(p.in_bytes, np.uint8)) for p in on_workers]
+            moved = max(
+                (perf.transfer_s(p.in_bytes) + perf.transfer_s(p.out_bytes) for p in on_workers),
+                default=0.0,
+            )
+            # a round times the calls where it has one worker, whose answer comes after the
+            # leader's own run, if any, as predicted
+            remote = perf.latency_s(group, stage.shards[1:], False) if stage.leader else 0.0
+            timed = len(made) == 1 and (here is None or here[1] < remote)
+            rounds.append((made, sent, here, moved, timed))
+        ray.get([a.echo.remote(_TINY) for a in actors], timeout=READY_TIMEOUT_S)
+        alone, beside, local = [], [], []
+        for batch in range(batches + 1):  # the first warms up
+            for made, sent, here, moved, timed in rounds:
+                start = time.perf_counter()
+                answers = [a.stand_in.remote(x) for a, x in zip(made, sent, strict=True)]
+                ran_here = _stand_in_s(*here) if here is not None else 0.0
+                ran = [from_bytes(y)[0] for y in ray.get(answers, timeout=timeout_s)]
+                if batch and timed:
+                    took = time.perf_counter() - start - ran[0] - moved
+                    (alone if here is None else beside).append(took)
+                    if here is not None:
+                        local.append(ran_here)
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+    if not alone:
+        return perf
+    delay = typical_delay(alone)
+    held = perf.overlap
+    if beside:
+        held = max(0.0, (float(np.median(beside)) - delay.mean) / float(np.median(local)))
+    return replace(perf, delay=delay, overlap=held, _max_delay={})
+
+
+def typical_delay(samples: Sequence[float]) -> EMG:
+    """An EMG fitted to delays ``samples`` (seconds), moved so that its mean is their median:
+    a plan's latency is predicted for its typical batch, as the profile's runs are medians,
+    and a shared machine's rare stalls, which the fit's tail takes in, do not move that."""
+    from raysrv.analytics.forkjoin import fit_emg
+
+    fitted = fit_emg([max(1e-7, t) for t in samples])
+    return replace(fitted, mu=fitted.mu - fitted.mean + float(np.median(samples)))
 
 
 def overlap(probe: Any, keeper: Any, timeout_s: float, idle_s: float) -> float:

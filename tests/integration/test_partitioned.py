@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ import pytest
 import ray
 from ray import serve
 
-from raysrv._partitioned import SHARD_PREFIX, PartitionedRuntime, Probe, calls_s
+from raysrv._partitioned import SHARD_PREFIX, PartitionedRuntime, Probe, amid_plan, calls_s
 from raysrv._workers import WORKERS_NAMESPACE
 from raysrv.analytics.forkjoin import EMG
 from raysrv.app import build_app
@@ -86,13 +87,18 @@ def _inputs(n: int, seed: int = 0) -> np.ndarray:
 def _mixed_plan(path: Path) -> Plan:
     """The convolutions split by rows in three, the leader taking one; the first fully
     connected layer split by channels on two workers; the rest on one worker."""
+    return _plan(path, [("spatial", 3, True), ("channel", 2, False), ("none", 1, False)])
+
+
+def _plan(path: Path, cuts: list[tuple[str, int, bool]]) -> Plan:
+    """Three stages, each ``(option, parts, leader)``: the layers before the first fully
+    connected one, that layer, the rest."""
     found = layers(onnx.load(str(path)))
     perf = PerfModel({"default": (1e-6, 1e9)}, 1e9, EMG(1e-4, 1e-5, 1e-5))
     head = next(k for k, layer in enumerate(found) if "Flatten" in layer.ops)
-    cuts = [(0, head - 1, "spatial", 3, True), (head, head, "channel", 2, False)]
-    cuts.append((head + 1, len(found) - 1, "none", 1, False))
+    ends = [(0, head - 1), (head, head), (head + 1, len(found) - 1)]
     stages = []
-    for first, last, option, parts, leader in cuts:
+    for (first, last), (option, parts, leader) in zip(ends, cuts, strict=True):
         group = found[first : last + 1]
         pieces = tuple(shards(group, option, parts))
         stages.append(stage(group, first, option, pieces, leader, perf, 1.0))
@@ -175,6 +181,25 @@ def test_the_planners_probe_rests_a_shard_while_it_keeps_calling_another(
     finally:
         ray.kill(probe)
         ray.kill(keeper)
+
+
+def test_calls_are_timed_amid_a_stand_in_of_the_plan(
+    ray_cluster: RayCluster, model_file: Path
+) -> None:
+    layer_s = 0.01  # each layer's predicted run, far longer than a call
+    perf = PerfModel({"default": (layer_s, 1e15)}, 1e9, EMG(1e-4, 1e-5, 1e-5), overlap=9.0)
+    plan = _mixed_plan(model_file)  # its last round: one worker, the leader idle
+    start = time.perf_counter()
+    timed = amid_plan(perf, plan, 30.0, batches=10)
+    took = time.perf_counter() - start
+    assert took >= 11 * len(plan.layers) * layer_s  # every stand-in ran as long as predicted
+    assert timed.delay != perf.delay
+    assert 0 < timed.delay.mean < layer_s  # what the rounds took beyond their runs
+    assert replace(timed, delay=perf.delay) == perf  # no round of one worker beside the leader
+    beside = _plan(model_file, [("none", 1, False), ("channel", 2, True), ("none", 1, False)])
+    assert 0 <= amid_plan(perf, beside, 30.0, batches=10).overlap < 9.0  # timed in its round
+    with_leader = Plan(plan.layers, plan.stages[:1])  # the leader beside two workers
+    assert amid_plan(perf, with_leader, 30.0, batches=2) is perf
 
 
 def _leader() -> Any:
