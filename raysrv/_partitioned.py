@@ -427,8 +427,8 @@ def calls_s(
     ``probe`` and ``keeper``: Ray actors of :class:`Probe`.
 
     A call from a caller that slept costs more than one from a caller that kept calling, the
-    more the longer the rest and by how much varying from minute to minute (bench/RESULTS.md,
-    "On Ray"); a leader keeps calling."""
+    more the longer the rest and by how much varying from minute to minute (``python -m
+    bench.partition_ray`` times both; docs/partitioning.md); a leader keeps calling."""
     import ray
 
     found = []
