@@ -11,7 +11,8 @@ machine profiled in one process, and its transfers timed as calls to a probe act
 the profile alone (transfers between threads). Each round first times Ray's calls again as
 the planner did, a stand-in of the plan too (:func:`raysrv._partitioned.amid_plan`), and
 predicts the same plan with them (:meth:`Plan.predicted_s`): the prediction beside the run,
-which this machine's drift between planning and measuring does not move. Then it times ``--runs`` batches of one on Ray, the same plan in one process
+which this machine's drift between planning and measuring does not move. Then it times
+``--runs`` batches of one on Ray, the same plan in one process
 (:class:`raysrv.partitioning.local.LocalPlan`), the whole model in one session and a call to
 an actor that only returns its input, sent as a shard actor is sent it
 (:func:`raysrv._partitioned.to_bytes`) and as a NumPy array; medians of the rounds' medians,
