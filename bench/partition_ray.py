@@ -9,7 +9,7 @@ worker beside the leader (2 cores). Ray is started here (2 CPUs); this process i
 machine profiled in one process, and its transfers timed as calls to a probe actor
 (:func:`raysrv._partitioned.ray_transfers`). Also shown: the prediction of the plan made from
 the profile alone (transfers between threads). Each round first times Ray's calls again as
-the planner did, a stand-in of the plan too (:func:`raysrv._partitioned.amid_plan`), and
+the planner does, a stand-in of the plan too (:func:`raysrv._partitioned.timed_for`), and
 predicts the same plan with them (:meth:`Plan.predicted_s`): the prediction beside the run,
 which this machine's drift between planning and measuring does not move. Then it times
 ``--runs`` batches of one on Ray, the same plan in one process
@@ -153,7 +153,7 @@ def measure(path: Path, rounds: int, runs: int) -> dict[str, Any]:
     import onnx
     import ray
 
-    from raysrv._partitioned import amid_plan, plan_on_ray, ray_transfers, rest_s
+    from raysrv._partitioned import plan_on_ray, timed_for
     from raysrv.config import ModelSpec
     from raysrv.partitioning import layers, weight_bytes
     from raysrv.partitioning.local import LocalPlan, shard_session
@@ -189,7 +189,7 @@ def measure(path: Path, rounds: int, runs: int) -> dict[str, Any]:
         runtime.taken()
         with LocalPlan(model, chosen) as local:
             for _ in range(rounds):
-                now = amid_plan(ray_transfers(perf, 60.0, rest_s(chosen)), chosen, 60.0)
+                now = timed_for(perf, chosen, 60.0)
                 beside.append(chosen.predicted_s(now))
                 terms["delay_ms"].append(now.delay.mean * 1e3)
                 for k in TERMS[1:]:

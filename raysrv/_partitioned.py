@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from raysrv._workers import WORKERS_NAMESPACE
-from raysrv.analytics.forkjoin import EMG
+from raysrv.analytics.forkjoin import EMG, fit_emg
 from raysrv.config import ModelSpec
 from raysrv.partitioning.latency import Plan
 from raysrv.partitioning.local import rows_of
@@ -72,6 +72,7 @@ __all__ = [
     "plan_on_ray",
     "ray_transfers",
     "rest_s",
+    "timed_for",
     "to_bytes",
     "typical_delay",
 ]
@@ -215,10 +216,16 @@ def plan_on_ray(spec: ModelSpec, threads: PerfModel | None = None) -> Plan:
     cold = cold_runs()  # which does not depend on the rest
     perf = ray_transfers(threads, part.timeout_s, IDLE_S, cold)
     found = plan(spec.source, *args, perf=perf, threads=threads)
-    # planned again: its shard actors' rest between rounds, and the calls amid its traffic
-    perf = ray_transfers(threads, part.timeout_s, rest_s(found), cold)
-    perf = amid_plan(perf, found, part.timeout_s)
+    perf = timed_for(threads, found, part.timeout_s, cold)
     return plan(spec.source, *args, perf=perf, threads=threads)
+
+
+def timed_for(
+    perf: PerfModel, plan: Plan, timeout_s: float, cold: tuple[float, float] | None = None
+) -> PerfModel:
+    """``perf`` with Ray's transfers timed for ``plan``: each call after its shard actors'
+    rest between rounds (:func:`ray_transfers`), then amid its own traffic (:func:`amid_plan`)."""
+    return amid_plan(ray_transfers(perf, timeout_s, rest_s(plan), cold), plan, timeout_s)
 
 
 def rest_s(plan: Plan) -> float:
@@ -350,8 +357,6 @@ def typical_delay(samples: Sequence[float]) -> EMG:
     """An EMG fitted to delays ``samples`` (seconds), moved so that its mean is their median:
     a plan's latency is predicted for its typical batch, as the profile's runs are medians,
     and a shared machine's rare stalls, which the fit's tail takes in, do not move that."""
-    from raysrv.analytics.forkjoin import fit_emg
-
     fitted = fit_emg([max(1e-7, t) for t in samples])
     return replace(fitted, mu=fitted.mu - fitted.mean + float(np.median(samples)))
 
