@@ -2,19 +2,20 @@
 actors in a placement group, beside the same plan run in one process and the whole model.
 
     python -m bench.partition_ray [--runs 50] [--rounds 3] [--out bench/out/partition_ray.json]
+    python -m bench.partition_ray --plot RUN.json [RUN.json ...] [--figure FIGURE.png]
 
 The two models of :mod:`bench.partition` at their tight limit (the model must be split), one
 worker beside the leader (2 cores). Ray is started here (2 CPUs); this process is the leader
-(:class:`raysrv._partitioned.PartitionedRuntime`), which plans as a pool plans a leader: the
-machine profiled in one process, and its transfers timed as calls to a probe actor
-(:func:`raysrv._partitioned.ray_transfers`). Also shown: the prediction of the plan made from
-the profile alone (transfers between threads). Each round first times Ray's calls again as
-the planner does, a stand-in of the plan too (:func:`raysrv._partitioned.timed_for`), and
-predicts the same plan with them (:meth:`Plan.predicted_s`): the prediction beside the run,
-which this machine's drift between planning and measuring does not move. Then it times
-``--runs`` batches of one on Ray, the same plan in one process
-(:class:`raysrv.partitioning.local.LocalPlan`), the whole model in one session and a call to
-an actor that only returns its input, sent as a shard actor is sent it
+(:class:`raysrv._partitioned.TimedRuntime`, which keeps its stages' times), planned as a pool
+plans a leader: the machine profiled in one process, and its transfers timed as calls to a
+probe actor (:func:`raysrv._partitioned.ray_transfers`). Also shown: the prediction of the
+plan made from the profile alone (transfers between threads). Each round first times Ray's
+calls again as the planner does, amid the plan's own run too
+(:func:`raysrv._partitioned.timed_for`), and predicts the same plan with them
+(:meth:`Plan.predicted_s`): the prediction beside the run, which this machine's drift between
+planning and measuring does not move. Then it times ``--runs`` batches of one on Ray, the same
+plan in one process (:class:`raysrv.partitioning.local.LocalPlan`), the whole model in one
+session and a call to an actor that only returns its input, sent as a shard actor is sent it
 (:func:`raysrv._partitioned.to_bytes`) and as a NumPy array; medians of the rounds' medians,
 and the median of the rounds' ratios. Last, what that call costs after 0, 2, 5 and 10 ms of
 rest (``--runs`` calls each, medians), the caller sleeping meanwhile or calling another actor,
@@ -22,7 +23,8 @@ as the planner's probe does (:func:`raysrv._partitioned.calls_s`). Also printed:
 Ray's calls were timed at beside the rounds (the delay's mean, ``overlap``, ``cold_s``,
 ``cold_s_per_byte``), and stage by stage the round, the slowest worker's run (timed inside its
 actor), the leader's own run and what the round takes beyond that worker's run, each predicted
-beside the round and measured.
+beside the round and measured. ``--plot``: no run, but each model's ratios run by run in the
+runs' ``--out`` files, at planning and beside (:func:`plot_runs`).
 
 Results: bench/RESULTS.md, "Partitioned models".
 """
@@ -34,14 +36,13 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bench.partition import WORKERS, export, models, tightest
-from raysrv._partitioned import PartitionedRuntime, ShardActor, to_bytes
+from raysrv._partitioned import TimedRuntime, to_bytes
 
 __all__ = ["main"]
 
@@ -51,71 +52,21 @@ class _Echo:
         return x
 
 
-class _TimedShard(ShardActor):
-    """A shard actor that keeps how long each of its runs took inside."""
-
-    def __init__(self, model: bytes) -> None:
-        super().__init__(model)
-        self._runs: list[float] = []
-
-    def run(self, x: np.ndarray) -> np.ndarray:
-        start = time.perf_counter()
-        y = super().run(x)
-        self._runs.append(time.perf_counter() - start)
-        return y
-
-    def runs(self) -> list[float]:
-        found, self._runs = self._runs, []
-        return found
-
-
-class _TimedRuntime(PartitionedRuntime):
-    """A leader that keeps how long each stage's round and its own runs took."""
-
-    shard_actor = _TimedShard
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self.rounds: list[list[float]] = [[] for _ in self._stages]
-        self.here: list[list[float]] = [[] for _ in self._stages]
-        self._stage = 0
-
-    def _round(self, i: int, x: np.ndarray) -> np.ndarray:
-        self._stage = i
-        start = time.perf_counter()
-        y = super()._round(i, x)
-        self.rounds[i].append(time.perf_counter() - start)
-        return y
-
-    def _run_here(self, session: Any, x: np.ndarray) -> np.ndarray:
-        start = time.perf_counter()
-        y = super()._run_here(session, x)
-        self.here[self._stage].append(time.perf_counter() - start)
-        return y
-
-    def taken(self) -> list[dict[str, float]]:
-        """Each stage's median round, slowest worker's median run and the leader's median
-        run since the last call (seconds), and clears them."""
-        import ray
-
-        actors = iter(ray.get([a.runs.remote() for a in self.shard_actors]))
-        found = []
-        for (pieces, _), rounds, here in zip(self._stages, self.rounds, self.here, strict=True):
-            workers = [statistics.median(next(actors)) for p in pieces if p.actor is not None]
-            found.append(
-                {
-                    "round": statistics.median(rounds),
-                    "workers_run": max(workers, default=0.0),
-                    "leader_run": statistics.median(here) if here else 0.0,
-                }
-            )
-            rounds.clear()
-            here.clear()
-        return found
+def _medians(taken: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """Each stage's median round, slowest worker's median run and the leader's median run
+    (seconds) in what :meth:`raysrv._partitioned.TimedRuntime.taken` found."""
+    return [
+        {
+            "round": statistics.median(found["rounds"]),
+            "workers_run": max(map(statistics.median, found["workers"]), default=0.0),
+            "leader_run": statistics.median(found["here"]) if found["here"] else 0.0,
+        }
+        for found in taken
+    ]
 
 
 def _predicted(perf: Any, plan: Any) -> list[dict[str, float]]:
-    """What ``perf`` predicts of each stage of ``plan``: as :meth:`_TimedRuntime.taken`."""
+    """What ``perf`` predicts of each stage of ``plan``: as :func:`_medians`."""
     found = []
     for s in plan.stages:
         group = plan.layers[s.first : s.last + 1]
@@ -138,8 +89,8 @@ TERMS = ("delay_ms", "overlap", "cold_s", "cold_s_per_byte")  # of Ray's calls, 
 def _stage_medians(
     rounds: list[tuple[list[dict[str, float]], list[dict[str, float]]]],
 ) -> list[dict[str, dict[str, float]]]:
-    """Each stage's predicted and measured parts (:func:`_predicted`, :meth:`_TimedRuntime.
-    taken`; one pair of lists a round in ``rounds``): the medians of the rounds', in ms."""
+    """Each stage's predicted and measured parts (:func:`_predicted`, :func:`_medians`; one
+    pair of lists a round in ``rounds``): the medians of the rounds', in ms."""
     return [
         {
             side: {k: statistics.median(r[j][i][k] for r in rounds) * 1e3 for k in STAGE_PARTS}
@@ -179,7 +130,7 @@ def measure(path: Path, rounds: int, runs: int) -> dict[str, Any]:
     expected = whole.run(None, {"x": x})[0]
     echo = ray.remote(_Echo).options(num_cpus=0).remote()
     chosen = plan_on_ray(spec, perf)  # as a pool plans: Ray's transfers timed
-    runtime = _TimedRuntime(spec, chosen)
+    runtime = TimedRuntime(spec, chosen)
     timed: dict[str, list[float]] = {k: [] for k in ("ray", "local", "whole", "hop", "hop_numpy")}
     beside = []
     terms: dict[str, list[float]] = {k: [] for k in TERMS}
@@ -195,7 +146,7 @@ def measure(path: Path, rounds: int, runs: int) -> dict[str, Any]:
                 for k in TERMS[1:]:
                     terms[k].append(getattr(now, k))
                 timed["ray"].append(measure_s(lambda: runtime.predict_batch(x), runs))
-                stages.append((_predicted(now, chosen), runtime.taken()))
+                stages.append((_predicted(now, chosen), _medians(runtime.taken())))
                 timed["local"].append(measure_s(lambda: local.run(x), runs))
                 timed["whole"].append(measure_s(lambda: whole.run(None, {"x": x}), runs))
                 timed["hop"].append(measure_s(lambda: ray.get(echo.run.remote(to_bytes(x))), runs))
@@ -248,6 +199,19 @@ def call_after_rest(runs: int) -> dict[str, dict[str, float]]:
         ray.kill(keeper)
 
 
+def plot_runs(paths: list[Path], figure: Path) -> None:
+    """Each model's measure over its prediction, made at planning and beside each round, run by
+    run in ``paths`` (this benchmark's ``--out`` files)."""
+    from bench.plots import ratio_runs
+
+    runs = [json.loads(path.read_text()) for path in paths]
+    series = {}
+    for name in models():
+        series[f"{name}, at planning"] = [r[name]["ray_ms"] / r[name]["predicted_ms"] for r in runs]
+        series[f"{name}, beside"] = [r[name]["ray_over_beside"] for r in runs]
+    ratio_runs(series, 0.1, "on Ray / predicted", figure)
+
+
 def main(argv: list[str] | None = None) -> int:
     import ray
 
@@ -255,7 +219,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--runs", type=int, default=50, help="timed runs a round")
     parser.add_argument("--out", type=Path, default=Path("bench/out/partition_ray.json"))
+    parser.add_argument(
+        "--plot", type=Path, nargs="+", help="no run: plot these runs' ratios to --figure"
+    )
+    parser.add_argument("--figure", type=Path, default=Path("bench/figures/partition_ray.png"))
     args = parser.parse_args(argv)
+    if args.plot:
+        plot_runs(args.plot, args.figure)
+        return 0
     ray.init(num_cpus=2, include_dashboard=False, logging_level="error", log_to_driver=False)
     results = {}
     try:

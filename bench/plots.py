@@ -1,5 +1,5 @@
-"""Benchmark plots (PNG, no display): latency CDFs against model CDFs, SLO attainment curves and
-goodput over time."""
+"""Benchmark plots (PNG, no display): latency CDFs against model CDFs, SLO attainment curves,
+goodput over time and ratios run by run."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Panel", "attainment_panels", "cdf_panels", "goodput_panels"]
+__all__ = ["Panel", "attainment_panels", "cdf_panels", "goodput_panels", "ratio_runs"]
 
 Cdf = Callable[[np.ndarray], np.ndarray]
 
@@ -141,4 +141,18 @@ def peers_bars(
     ax.set_ylabel(f"% of queries within {slo_ms:g} ms")
     ax.set_ylim(0, 105)
     ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def ratio_runs(series: Mapping[str, Sequence[float]], band: float, ylabel: str, path: Path) -> Path:
+    """Each of ``series``' ratios run by run, with ``1 ± band`` shaded."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.axhspan(1 - band, 1 + band, color="0.9", label=f"within {band:.0%}")
+    for label, values in series.items():
+        ax.plot(range(1, len(values) + 1), values, marker="o", ms=3, lw=0.8, label=label)
+    ax.set_xlabel("run")
+    ax.set_xticks(range(1, max(map(len, series.values()), default=0) + 1))
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=7, ncol=3)
     return _save(fig, path)

@@ -11,10 +11,10 @@ runs; with them, how much a leader's own run holds up its calls (:func:`overlap`
 shard's run costs with its session and weights cold (:func:`cold_runs`). Then the calls are
 timed again, each after as long a rest as the plan's shard actors will have between their
 calls (a batch's latency less a stage's), this process calling another probe actor meanwhile
-as a leader calls its other shards; a stand-in of the plan runs (:func:`amid_plan`), whose
-rounds time the delay and the leader's hold-up again amid the plan's own traffic, and the
-model is planned again with those. While it runs, the planning task holds about 72 MiB more
-and the bytes of the leader's shards, and each stand-in actor as many as its shard.
+as a leader calls its other shards; the plan runs here as its leader will run it
+(:func:`amid_plan`), whose rounds time the delay and the leader's hold-up again amid the
+plan's own traffic, and the model is planned again with those. While it runs, the planning
+task holds about 72 MiB more and the model, and each of the plan's actors its shard.
 
 The pool then reserves a detached placement group of the leader's resources and one bundle of
 ``partition.num_cpus`` CPUs per worker shard (:func:`group_bundles`) and starts the leader in
@@ -63,6 +63,8 @@ __all__ = [
     "PartitionedRuntime",
     "Probe",
     "ShardActor",
+    "TimedRuntime",
+    "TimedShard",
     "amid_plan",
     "calls_s",
     "cold_runs",
@@ -133,16 +135,32 @@ class ShardActor:
         return {"pid": os.getpid(), "model_bytes": self._bytes, "placement_group": group}
 
 
+class TimedShard(ShardActor):
+    """A shard actor that keeps how long each of its runs took inside (:meth:`runs`)."""
+
+    def __init__(self, model: bytes) -> None:
+        super().__init__(model)
+        self._runs: list[float] = []
+
+    def run(self, x: bytes) -> bytes:
+        start = time.perf_counter()
+        y = super().run(x)
+        self._runs.append(time.perf_counter() - start)
+        return y
+
+    def runs(self) -> list[float]:
+        """Its runs' seconds since the last call, in order."""
+        found, self._runs = self._runs, []
+        return found
+
+
 class Probe:
     """An actor whose call does no work: what a round pays to reach a shard and back. Made
     with ``weight_bytes``, it also runs a shard of about that many bytes of weights
-    (:func:`_matmul_shard`); with ``run_s`` and ``out_bytes`` too, it stands in for a shard of
-    a plan (:meth:`stand_in`)."""
+    (:func:`_matmul_shard`)."""
 
-    def __init__(self, weight_bytes: int = 0, run_s: float = 0.0, out_bytes: int = 0) -> None:
+    def __init__(self, weight_bytes: int = 0) -> None:
         self._shard = _MatMul(weight_bytes) if weight_bytes else None
-        self._run_s = run_s
-        self._out = np.zeros(max(1, out_bytes // 8), np.float64)
 
     def echo(self, x: bytes) -> bytes:
         """The first element of the array in ``x``, both as a shard actor's run has them."""
@@ -151,12 +169,6 @@ class Probe:
     def run(self) -> bytes:
         assert self._shard is not None  # made with weight_bytes
         return to_bytes(self._shard.run())
-
-    def stand_in(self, x: bytes) -> bytes:
-        """A shard's run stood in for: its weights read once, then busy until ``run_s`` has
-        passed; answers ``out_bytes`` whose first element is the seconds that took."""
-        self._out[0] = _stand_in_s(self._shard, self._run_s)
-        return to_bytes(self._out)
 
 
 class _MatMul:
@@ -170,16 +182,6 @@ class _MatMul:
 
     def run(self) -> np.ndarray:
         return self._session.run(None, {"x": self._x})[0][:, :1]
-
-
-def _stand_in_s(shard: _MatMul | None, run_s: float) -> float:
-    """``shard`` run (if any), then busy until ``run_s`` has passed: the seconds taken."""
-    start = time.perf_counter()
-    if shard is not None:
-        shard.run()
-    while time.perf_counter() - start < run_s:
-        pass
-    return time.perf_counter() - start
 
 
 def _matmul_shard(weight_bytes: int) -> bytes:
@@ -289,63 +291,45 @@ def amid_plan(
     perf: PerfModel, plan: Plan, timeout_s: float, batches: int = HOP_ROUNDS
 ) -> PerfModel:
     """``perf`` with its calls' ``delay`` and ``overlap`` timed amid ``plan``'s own traffic:
-    ``batches`` batches, one after another, of a stand-in of ``plan`` in which each shard is a
-    :class:`Probe` that reads as many bytes of weights as the shard holds and is busy as long
-    as ``perf`` predicts its run (the leader's own shards run so here). What a round of one
-    worker shard takes beyond the shard's run and the transfer of its bytes is a sample of the
+    ``batches`` batches of one, one after another, of ``plan`` run as its leader will run it,
+    here, with its worker shards on actors that take no CPU of Ray's (:class:`_StandIn`), so
+    that it runs before the plan's group exists. What a round of one worker shard takes beyond
+    the shard's run (timed inside its actor) and the transfer of its bytes is a sample of the
     delay, where the leader is idle; where it runs a shard too, the median's excess over the
     delay's, over the leader's run, is ``overlap``.
 
-    The other shards' runs take the call's own code and data out of the caches, the leader's
-    and its workers', and a call costs more so than between idle actors (bench/RESULTS.md,
-    "On Ray"). Each term is left as it was where no round of ``plan`` times it."""
-    import ray
-
-    rounds, actors = [], []
-    try:
-        for stage in plan.stages:
-            group = plan.layers[stage.first : stage.last + 1]
-            on_workers = stage.shards[1:] if stage.leader else stage.shards
-            slow = perf.slowed(len(stage.shards) if stage.leader else len(on_workers))
-            made = [
-                ray.remote(Probe)
-                .options(num_cpus=0)
-                .remote(p.weight_bytes, perf.run_s(group, p) * slow, p.out_bytes)
-                for p in on_workers
-            ]
-            actors += made
-            here = None
-            if stage.leader:
-                shard = stage.shards[0]
-                here = (_MatMul(shard.weight_bytes), perf.run_s(group, shard) * slow)
-            sent = [to_bytes(np.zeros(p.in_bytes, np.uint8)) for p in on_workers]
-            moved = max(
-                (perf.transfer_s(p.in_bytes) + perf.transfer_s(p.out_bytes) for p in on_workers),
-                default=0.0,
-            )
-            # a round times the calls where it has one worker, whose answer comes after the
-            # leader's own run, if any, as predicted
-            remote = perf.latency_s(group, stage.shards[1:], False) if stage.leader else 0.0
-            timed = len(made) == 1 and (here is None or here[1] < remote)
-            rounds.append((made, sent, here, moved, timed))
-        ray.get([a.echo.remote(_TINY) for a in actors], timeout=READY_TIMEOUT_S)
-        alone, beside, local = [], [], []
-        for batch in range(batches + 1):  # the first warms up
-            for made, sent, here, moved, timed in rounds:
-                start = time.perf_counter()
-                answers = [a.stand_in.remote(x) for a, x in zip(made, sent, strict=True)]
-                ran_here = _stand_in_s(*here) if here is not None else 0.0
-                ran = [from_bytes(y)[0] for y in ray.get(answers, timeout=timeout_s)]
-                if batch and timed:
-                    took = time.perf_counter() - start - ran[0] - moved
-                    (alone if here is None else beside).append(took)
-                    if here is not None:
-                        local.append(ran_here)
-    finally:
-        for actor in actors:
-            ray.kill(actor)
-    if not alone:
+    The shards' runs take the call's own code and data out of the caches, the leader's and its
+    workers', and a call costs more so than between idle actors (bench/RESULTS.md, "On Ray").
+    Each term is left as it was where no round of ``plan`` times it. While it runs, this
+    process holds the model and the leader's shards, and each actor its shard."""
+    timed: dict[int, tuple[bool, float]] = {}  # stage: beside the leader's run, bytes' time
+    for i, stage in enumerate(plan.stages):
+        if len(stage.shards) - stage.leader != 1:
+            continue
+        group, worker = plan.layers[stage.first : stage.last + 1], stage.shards[-1]
+        if stage.leader:  # timed where the worker's answer comes after the leader's own run
+            here = perf.run_s(group, stage.shards[0]) * perf.slowed(len(stage.shards))
+            if here >= perf.latency_s(group, [worker], False):
+                continue
+        moved = perf.transfer_s(worker.in_bytes) + perf.transfer_s(worker.out_bytes)
+        timed[i] = (stage.leader, moved)
+    if all(leader for leader, _ in timed.values()):
         return perf
+    stand_in = _StandIn(plan, timeout_s)
+    try:
+        x = np.zeros((1, *plan.layers[0].in_shape), np.float32)
+        for _ in range(batches + 1):  # the first warms up
+            stand_in.predict_batch(x)
+        taken = stand_in.taken()
+    finally:
+        stand_in.close()
+    alone, beside, local = [], [], []
+    for i, (leader, moved) in timed.items():
+        rounds, runs = taken[i]["rounds"][1:], taken[i]["workers"][0][1:]
+        took = [r - w - moved for r, w in zip(rounds, runs, strict=True)]
+        (beside if leader else alone).extend(took)
+        if leader:
+            local += taken[i]["here"][1:]
     delay = typical_delay(alone)
     held = perf.overlap
     if beside:
@@ -487,24 +471,25 @@ class PartitionedRuntime(Runtime):
     def __init__(self, spec: ModelSpec, plan: Plan | None = None) -> None:
         """``plan``: the one to run (the pool's, planned as its group was made), instead of
         planning the model as ``spec.partition`` says (:func:`plan_on_ray`)."""
-        import onnx
-
-        from raysrv.partitioning.local import Sharder
-
         part = spec.partition
         assert part is not None  # the runtime of partitioned models only
-        self._timeout_s = part.timeout_s
+        plan = plan or plan_on_ray(spec)
+        self._deploy(spec.name, spec.source, plan, part.timeout_s, part.num_cpus)
+
+    def _deploy(self, name: str, model: Any, plan: Plan, timeout_s: float, num_cpus: float) -> None:
+        """Cut ``plan``'s shards from ``model`` (a path or an ``onnx.ModelProto``), keep the
+        leader's and start the others' actors."""
+        import onnx
+
+        from raysrv.partitioning.local import Sharder, join_axis, shard_session
+
+        self._timeout_s = timeout_s
         self._actors: list[Any] = []
         self.placement_group: Any = None
         self._own_group = False
-        proto = onnx.load(spec.source)
+        proto = model if isinstance(model, onnx.ModelProto) else onnx.load(model)
         self.output_names = [o.name for o in proto.graph.output]
-        self._deploy(spec.name, Sharder(proto), plan or plan_on_ray(spec), part.num_cpus)
-
-    def _deploy(self, name: str, sharder: Any, plan: Plan, num_cpus: float) -> None:
-        """Cut ``plan``'s shards, keep the leader's and start the others' actors."""
-        from raysrv.partitioning.local import join_axis, shard_session
-
+        sharder = Sharder(proto)
         self.plan = plan
         cut = [sharder.shard_models(plan, stage) for stage in plan.stages]
         remote = [
@@ -616,3 +601,68 @@ class PartitionedRuntime(Runtime):
         if self._own_group and self.placement_group is not None:
             remove_placement_group(self.placement_group)
         self.placement_group = None
+
+
+class TimedRuntime(PartitionedRuntime):
+    """A leader that keeps how long each stage's rounds and its own runs took, and whose shard
+    actors keep their runs (:class:`TimedShard`): :meth:`taken`."""
+
+    shard_actor = TimedShard
+
+    def _deploy(self, *args: Any) -> None:
+        super()._deploy(*args)
+        self._rounds: list[list[float]] = [[] for _ in self._stages]
+        self._here: list[list[float]] = [[] for _ in self._stages]
+        self._stage = 0
+
+    def _round(self, i: int, x: np.ndarray) -> np.ndarray:
+        self._stage = i
+        start = time.perf_counter()
+        y = super()._round(i, x)
+        self._rounds[i].append(time.perf_counter() - start)
+        return y
+
+    def _run_here(self, session: Any, x: np.ndarray) -> np.ndarray:
+        start = time.perf_counter()
+        y = super()._run_here(session, x)
+        self._here[self._stage].append(time.perf_counter() - start)
+        return y
+
+    def taken(self) -> list[dict[str, Any]]:
+        """Each stage's seconds since the last call, batch by batch: its rounds (``rounds``),
+        the leader's own runs (``here``; none where it runs no shard) and each worker shard's
+        runs (``workers``, a list a shard actor)."""
+        import ray
+
+        actors = iter(ray.get([a.runs.remote() for a in self._actors], timeout=self._timeout_s))
+        found = []
+        for (pieces, _), rounds, here in zip(self._stages, self._rounds, self._here, strict=True):
+            workers = [next(actors) for p in pieces if p.actor is not None]
+            found.append({"rounds": list(rounds), "here": list(here), "workers": workers})
+            rounds.clear()
+            here.clear()
+        return found
+
+
+class _StandIn(TimedRuntime):
+    """``plan`` run as its leader will run it, in this process, its shard actors taking no CPU
+    of Ray's and in no placement group: what :func:`amid_plan` times before the plan's group
+    exists."""
+
+    def __init__(self, plan: Plan, timeout_s: float) -> None:
+        if plan.model is None:
+            raise ValueError("the plan has no model to run; plan() gives plans one")
+        self._deploy("stand-in", plan.model, plan, timeout_s, 0.0)
+
+    def _start(self, model: str, shards: list[bytes], num_cpus: float) -> list[Any]:
+        import ray
+
+        remote = ray.remote(self.shard_actor).options(num_cpus=0)
+        actors = [remote.remote(shard) for shard in shards]
+        try:
+            ray.get([a.ready.remote() for a in actors], timeout=READY_TIMEOUT_S)
+        except Exception:
+            self._actors = actors
+            self.close()
+            raise
+        return actors

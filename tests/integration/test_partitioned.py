@@ -23,7 +23,17 @@ import pytest
 import ray
 from ray import serve
 
-from raysrv._partitioned import SHARD_PREFIX, PartitionedRuntime, Probe, amid_plan, calls_s
+from raysrv import _partitioned as partitioned
+from raysrv._partitioned import (
+    SHARD_PREFIX,
+    PartitionedRuntime,
+    Probe,
+    ShardActor,
+    TimedShard,
+    _StandIn,
+    amid_plan,
+    calls_s,
+)
 from raysrv._workers import WORKERS_NAMESPACE
 from raysrv.analytics.forkjoin import EMG
 from raysrv.app import build_app
@@ -183,23 +193,43 @@ def test_the_planners_probe_rests_a_shard_while_it_keeps_calling_another(
         ray.kill(keeper)
 
 
-def test_calls_are_timed_amid_a_stand_in_of_the_plan(
-    ray_cluster: RayCluster, model_file: Path
+SLOW_S = 0.05  # what each run of a shard actor of _SlowShard takes beyond its model's
+
+
+class _Slow(ShardActor):
+    def run(self, x: bytes) -> bytes:
+        time.sleep(SLOW_S)
+        return super().run(x)
+
+
+class _SlowShard(TimedShard, _Slow):
+    """A timed shard actor whose runs take ``SLOW_S`` longer, inside the time it keeps."""
+
+
+def test_calls_are_timed_amid_the_plan_run_as_its_leader_runs_it(
+    ray_cluster: RayCluster, model_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    layer_s = 0.01  # each layer's predicted run, far longer than a call
-    perf = PerfModel({"default": (layer_s, 1e15)}, 1e9, EMG(1e-4, 1e-5, 1e-5), overlap=9.0)
+    monkeypatch.setattr(_StandIn, "shard_actor", _SlowShard)
+    perf = PerfModel({"default": (1e-6, 1e9)}, 1e9, EMG(1e-4, 1e-5, 1e-5), overlap=9.0)
     plan = _mixed_plan(model_file)  # its last round: one worker, the leader idle
     start = time.perf_counter()
     timed = amid_plan(perf, plan, 30.0, batches=10)
     took = time.perf_counter() - start
-    assert took >= 11 * len(plan.layers) * layer_s  # every stand-in ran as long as predicted
+    assert took >= 11 * len(plan.stages) * SLOW_S  # every batch ran every round's shards
     assert timed.delay != perf.delay
-    assert 0 < timed.delay.mean < layer_s  # what the rounds took beyond their runs
+    assert 0 < timed.delay.mean < SLOW_S  # what the rounds took beyond their workers' runs
     assert replace(timed, delay=perf.delay) == perf  # no round of one worker beside the leader
     beside = _plan(model_file, [("none", 1, False), ("channel", 2, True), ("none", 1, False)])
     assert 0 <= amid_plan(perf, beside, 30.0, batches=10).overlap < 9.0  # timed in its round
-    with_leader = Plan(plan.layers, plan.stages[:1])  # the leader beside two workers
-    assert amid_plan(perf, with_leader, 30.0, batches=2) is perf
+    with pytest.raises(ValueError, match="no model"):
+        amid_plan(perf, replace(plan, model=None), 30.0)
+
+    def never(*args: Any) -> None:
+        raise AssertionError("a plan with no round to time was run")
+
+    monkeypatch.setattr(partitioned, "_StandIn", never)
+    with_leader = replace(plan, stages=plan.stages[:1])  # the leader beside two workers
+    assert amid_plan(perf, with_leader, 30.0, batches=10) is perf
 
 
 def _leader() -> Any:

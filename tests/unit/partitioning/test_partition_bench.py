@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.partition_ray import _predicted, _stage_medians
+from bench.partition_ray import _medians, _predicted, _stage_medians
 from raysrv.analytics.forkjoin import EMG
 from raysrv.partitioning.graph import Layer
 from raysrv.partitioning.latency import latency_optimal
@@ -53,3 +53,13 @@ def test_stage_medians_are_each_parts_median_over_rounds_in_ms() -> None:
     assert stage["predicted"]["workers_run"] == pytest.approx(0.2)
     assert stage["measured"]["leader_run"] == pytest.approx(1.0)
     assert stage["predicted"]["leader_run"] == 0.0
+
+
+def test_a_stages_measured_parts_are_its_medians_with_the_slowest_worker() -> None:
+    taken = [
+        {"rounds": [3.0, 1.0, 2.0], "here": [], "workers": [[0.1, 0.3, 0.2], [0.5, 0.4, 0.6]]},
+        {"rounds": [4.0, 5.0, 6.0], "here": [0.7, 0.9, 0.8], "workers": []},
+    ]
+    first, second = _medians(taken)
+    assert first == {"round": 2.0, "workers_run": 0.5, "leader_run": 0.0}
+    assert second == {"round": 5.0, "workers_run": 0.0, "leader_run": 0.8}
