@@ -545,6 +545,18 @@ class PartitionedRuntime(Runtime):
                 options |= {"name": name, "namespace": WORKERS_NAMESPACE}
                 options |= {"max_restarts": -1, "max_task_retries": 0}
                 actors.append(remote.options(**options).remote(shard))
+        except Exception:
+            self._actors = actors
+            self.close()
+            raise
+        return self._ready(actors)
+
+    def _ready(self, actors: list[Any]) -> list[Any]:
+        """``actors`` once each has started; if one does not, all of them ended and the error
+        raised."""
+        import ray
+
+        try:
             ray.get([a.ready.remote() for a in actors], timeout=READY_TIMEOUT_S)
         except Exception:
             self._actors = actors
@@ -658,11 +670,4 @@ class _StandIn(TimedRuntime):
         import ray
 
         remote = ray.remote(self.shard_actor).options(num_cpus=0)
-        actors = [remote.remote(shard) for shard in shards]
-        try:
-            ray.get([a.ready.remote() for a in actors], timeout=READY_TIMEOUT_S)
-        except Exception:
-            self._actors = actors
-            self.close()
-            raise
-        return actors
+        return self._ready([remote.remote(shard) for shard in shards])
