@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -23,13 +24,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(getattr(pytest.mark, tier))
 
 
+PORTS = range(20000, 32768)  # above Ray's worker ports, below the kernel's ephemeral ones
+_given: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port that nothing holds right now on any of this machine's addresses: HAProxy
-    binds its listeners on all of them, and a Ray process left by an earlier test may still
-    hold a port on the node's own address only."""
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+    """A TCP port in ``PORTS`` that nothing holds right now on any of this machine's addresses
+    (HAProxy binds its listeners on all of them, and a Ray process left by an earlier test may
+    still hold a port on the node's own address only), and that this session has not handed
+    out before. Not one of the kernel's ephemeral ports: the kernel gives those to outgoing
+    connections, Ray's own among them, and one may take the port between this check and the
+    server's bind (an HAProxy failed to start so once)."""
+    while True:
+        port = random.choice(PORTS)
+        if port in _given:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+        _given.add(port)
+        return port
 
 
 def haproxy_ports() -> dict[str, str]:
