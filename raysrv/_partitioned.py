@@ -292,7 +292,7 @@ def amid_plan(
 ) -> PerfModel:
     """``perf`` with its calls' ``delay`` and ``overlap`` timed amid ``plan``'s own traffic:
     ``batches`` batches of one, one after another, of ``plan`` run as its leader will run it,
-    here, with its worker shards on actors that take no CPU of Ray's (:class:`_StandIn`), so
+    here, with its worker shards on actors that take no CPU of Ray's (:class:`_Rehearsal`), so
     that it runs before the plan's group exists. What a round of one worker shard takes beyond
     the shard's run (timed inside its actor) and the transfer of its bytes is a sample of the
     delay, where the leader is idle; where it runs a shard too, the median's excess over the
@@ -315,14 +315,14 @@ def amid_plan(
         timed[i] = (stage.leader, moved)
     if all(leader for leader, _ in timed.values()):
         return perf
-    stand_in = _StandIn(plan, timeout_s)
+    rehearsal = _Rehearsal(plan, timeout_s)
     try:
         x = np.zeros((1, *plan.layers[0].in_shape), np.float32)
         for _ in range(batches + 1):  # the first warms up
-            stand_in.predict_batch(x)
-        taken = stand_in.taken()
+            rehearsal.predict_batch(x)
+        taken = rehearsal.taken()
     finally:
-        stand_in.close()
+        rehearsal.close()
     alone, beside, local = [], [], []
     for i, (leader, moved) in timed.items():
         rounds, runs = taken[i]["rounds"][1:], taken[i]["workers"][0][1:]
@@ -656,7 +656,7 @@ class TimedRuntime(PartitionedRuntime):
         return found
 
 
-class _StandIn(TimedRuntime):
+class _Rehearsal(TimedRuntime):
     """``plan`` run as its leader will run it, in this process, its shard actors taking no CPU
     of Ray's and in no placement group: what :func:`amid_plan` times before the plan's group
     exists."""
@@ -664,7 +664,7 @@ class _StandIn(TimedRuntime):
     def __init__(self, plan: Plan, timeout_s: float) -> None:
         if plan.model is None:
             raise ValueError("the plan has no model to run; plan() gives plans one")
-        self._deploy("stand-in", plan.model, plan, timeout_s, 0.0)
+        self._deploy("rehearsal", plan.model, plan, timeout_s, 0.0)
 
     def _start(self, model: str, shards: list[bytes], num_cpus: float) -> list[Any]:
         import ray

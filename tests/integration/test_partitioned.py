@@ -30,7 +30,7 @@ from raysrv._partitioned import (
     Probe,
     ShardActor,
     TimedShard,
-    _StandIn,
+    _Rehearsal,
     amid_plan,
     calls_s,
 )
@@ -209,7 +209,7 @@ class _SlowShard(TimedShard, _Slow):
 def test_calls_are_timed_amid_the_plan_run_as_its_leader_runs_it(
     ray_cluster: RayCluster, model_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_StandIn, "shard_actor", _SlowShard)
+    monkeypatch.setattr(_Rehearsal, "shard_actor", _SlowShard)
     perf = PerfModel({"default": (1e-6, 1e9)}, 1e9, EMG(1e-4, 1e-5, 1e-5), overlap=9.0)
     plan = _mixed_plan(model_file)  # its last round: one worker, the leader idle
     start = time.perf_counter()
@@ -227,7 +227,7 @@ def test_calls_are_timed_amid_the_plan_run_as_its_leader_runs_it(
     def never(*args: Any) -> None:
         raise AssertionError("a plan with no round to time was run")
 
-    monkeypatch.setattr(partitioned, "_StandIn", never)
+    monkeypatch.setattr(partitioned, "_Rehearsal", never)
     with_leader = replace(plan, stages=plan.stages[:1])  # the leader beside two workers
     assert amid_plan(perf, with_leader, 30.0, batches=10) is perf
 
