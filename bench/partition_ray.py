@@ -1,7 +1,7 @@
 """Partitioned models on Ray: the latency-optimal plan's prediction against its run with shard
 actors in a placement group, beside the same plan run in one process and the whole model.
 
-    python -m bench.partition_ray [--runs 50] [--rounds 3] [--out bench/out/partition_ray.json]
+    python -m bench.partition_ray [--plans 3] [--rounds 3] [--runs 50] [--out OUT.json]
     python -m bench.partition_ray --plot RUN.json [RUN.json ...] [--figure FIGURE.png]
 
 The two models of :mod:`bench.partition` at their tight limit (the model must be split), one
@@ -23,8 +23,15 @@ as the planner's probe does (:func:`raysrv._partitioned.calls_s`). Also printed:
 Ray's calls were timed at beside the rounds (the delay's mean, ``overlap``, ``cold_s``,
 ``cold_s_per_byte``), and stage by stage the round, the slowest worker's run (timed inside its
 actor), the leader's own run and what the round takes beyond that worker's run, each predicted
-beside the round and measured. ``--plot``: no run, but each model's ratios run by run in the
-runs' ``--out`` files, at planning and beside (:func:`plot_runs`).
+beside the round and measured. ``--plot``: no run, but each model's ratios plan by plan in
+the runs' ``--out`` files, at planning and beside (:func:`plot_runs`).
+
+Each model is planned, started and measured ``--plans`` times, the two models in turn, and
+its verdict is the median of its plans' ratios (:func:`verdict`). One plan's prediction and
+its measure are each one draw of a shared machine's speed: here the same plan's rounds, seconds
+apart, differ by 5-8% at the median, and a model's batch varies by 4-11% (the coefficient of
+variation, by the day) from one planning to the next, the prediction following it in part
+(bench/RESULTS.md, "On Ray").
 
 Results: bench/RESULTS.md, "Partitioned models".
 """
@@ -101,6 +108,8 @@ def _stage_medians(
 
 
 def measure(path: Path, rounds: int, runs: int) -> dict[str, Any]:
+    """The model at ``path`` profiled, planned as a pool plans it, started and measured over
+    ``rounds`` rounds of ``runs`` batches (see the module docstring): one plan's figures."""
     import onnx
     import ray
 
@@ -176,6 +185,20 @@ def measure(path: Path, rounds: int, runs: int) -> dict[str, Any]:
 RESTS_S = (0.0, 0.002, 0.005, 0.01)
 
 
+def verdict(plans: list[dict[str, Any]]) -> dict[str, Any]:
+    """A model's plans (:func:`measure`'s, one a planning) judged: each plan's measure over its
+    prediction made at planning (``at_planning``) and over those made beside its rounds
+    (``beside``), and the medians of both over the plans."""
+    at_planning = [p["ray_ms"] / p["predicted_ms"] for p in plans]
+    beside = [p["ray_over_beside"] for p in plans]
+    return {
+        "at_planning": at_planning,
+        "beside": beside,
+        "median_at_planning": statistics.median(at_planning),
+        "median_beside": statistics.median(beside),
+    }
+
+
 def call_after_rest(runs: int) -> dict[str, dict[str, float]]:
     """Median ms of a call to an actor that returns its input, after each of ``RESTS_S``, the
     caller sleeping meanwhile (``sleeps``) or calling another such actor (``calls``, the
@@ -200,23 +223,25 @@ def call_after_rest(runs: int) -> dict[str, dict[str, float]]:
 
 
 def plot_runs(paths: list[Path], figure: Path) -> None:
-    """Each model's measure over its prediction, made at planning and beside each round, run by
-    run in ``paths`` (this benchmark's ``--out`` files)."""
+    """Each model's measure over its prediction, made at planning and beside each round, plan
+    by plan in ``paths`` (this benchmark's ``--out`` files, in order)."""
     from bench.plots import ratio_runs
 
     runs = [json.loads(path.read_text()) for path in paths]
     series = {}
     for name in models():
-        series[f"{name}, at planning"] = [r[name]["ray_ms"] / r[name]["predicted_ms"] for r in runs]
-        series[f"{name}, beside"] = [r[name]["ray_over_beside"] for r in runs]
-    ratio_runs(series, 0.1, "on Ray / predicted", figure)
+        judged = [verdict(r[name]) for r in runs]
+        series[f"{name}, at planning"] = [x for j in judged for x in j["at_planning"]]
+        series[f"{name}, beside"] = [x for j in judged for x in j["beside"]]
+    ratio_runs(series, 0.1, "on Ray / predicted", figure, xlabel="plan")
 
 
 def main(argv: list[str] | None = None) -> int:
     import ray
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--plans", type=int, default=3, help="plannings of each model")
+    parser.add_argument("--rounds", type=int, default=3, help="measured rounds a plan")
     parser.add_argument("--runs", type=int, default=50, help="timed runs a round")
     parser.add_argument("--out", type=Path, default=Path("bench/out/partition_ray.json"))
     parser.add_argument(
@@ -228,62 +253,85 @@ def main(argv: list[str] | None = None) -> int:
         plot_runs(args.plot, args.figure)
         return 0
     ray.init(num_cpus=2, include_dashboard=False, logging_level="error", log_to_driver=False)
-    results = {}
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in models()}
     try:
         with tempfile.TemporaryDirectory(prefix="raysrv-partition-ray-") as tmp:
+            paths = {name: Path(tmp) / f"{name}.onnx" for name in results}
             for name, module in models().items():
-                path = Path(tmp) / f"{name}.onnx"
-                export(module, path)
-                results[name] = measure(path, args.rounds, args.runs)
+                export(module, paths[name])
+            for _ in range(args.plans):
+                for name, path in paths.items():
+                    results[name].append(measure(path, args.rounds, args.runs))
         rests = call_after_rest(args.runs)
     finally:
         ray.shutdown()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({**results, "call_after_rest_ms": rests}, indent=1))
-    print("| model | stages | shard actors | predicted with threads' rounds ms | predicted with "
-          "Ray's calls ms | on Ray ms | on Ray / predicted | predicted beside each round ms "
-          "| on Ray / predicted beside | same plan in one process ms | whole model ms "
-          "| actor call ms | the same, NumPy ms | max abs error |")  # fmt: skip
-    print("|---|" + "---:|" * 13)
-    for name, r in results.items():
+    report(results, rests)
+    return 0
+
+
+def _stage_cells(parts: dict[str, dict[str, float]]) -> list[str]:
+    """A stage's predicted and measured parts (one of :func:`_stage_medians`) as table cells:
+    round, slowest worker's run, leader's run and the round beyond that worker's run."""
+    p, m = parts["predicted"], parts["measured"]
+    pairs = [
+        (p["round"], m["round"]),
+        (p["workers_run"], m["workers_run"]),
+        (p["leader_run"], m["leader_run"]),
+        (p["round"] - p["workers_run"], m["round"] - m["workers_run"]),
+    ]
+    shown = [True, bool(m["workers_run"]), bool(m["leader_run"]), bool(m["workers_run"])]
+    return [f"{a:.3f}, {b:.3f}" if on else "" for (a, b), on in zip(pairs, shown, strict=True)]
+
+
+def report(results: dict[str, list[dict[str, Any]]], rests: dict[str, dict[str, float]]) -> None:
+    """Print the run's tables: each plan's latencies, each model's verdict, each plan's terms
+    and stages, and :func:`call_after_rest`'s calls."""
+    print("| model | plan | stages | shard actors | predicted with threads' rounds ms "
+          "| predicted with Ray's calls ms | on Ray ms | on Ray / predicted | predicted beside "
+          "each round ms | on Ray / predicted beside | same plan in one process ms | whole "
+          "model ms | actor call ms | the same, NumPy ms | max abs error |")  # fmt: skip
+    print("|---|" + "---:|" * 14)
+    for name, plans in results.items():
+        for k, r in enumerate(plans, 1):
+            print(
+                f"| {name} | {k} | {r['stages']} | {r['shard_actors']} "
+                f"| {r['threads_predicted_ms']:.3f} | {r['predicted_ms']:.3f} "
+                f"| {r['ray_ms']:.3f} | {r['ray_ms'] / r['predicted_ms']:.2f} "
+                f"| {statistics.median(r['beside_ms']):.3f} | {r['ray_over_beside']:.2f} "
+                f"| {r['local_ms']:.3f} | {r['whole_ms']:.3f} | {r['hop_ms']:.3f} "
+                f"| {r['hop_numpy_ms']:.3f} | {r['max_abs_error']:.1e} |"
+            )
+    print("\n| model | on Ray / predicted at planning, plan by plan | median | on Ray / predicted "
+          "beside, plan by plan | median |")  # fmt: skip
+    print("|---|---|---:|---|---:|")
+    for name, plans in results.items():
+        v = verdict(plans)
         print(
-            f"| {name} | {r['stages']} | {r['shard_actors']} | {r['threads_predicted_ms']:.3f} "
-            f"| {r['predicted_ms']:.3f} | {r['ray_ms']:.3f} "
-            f"| {r['ray_ms'] / r['predicted_ms']:.2f} "
-            f"| {statistics.median(r['beside_ms']):.3f} | {r['ray_over_beside']:.2f} "
-            f"| {r['local_ms']:.3f} | {r['whole_ms']:.3f} | {r['hop_ms']:.3f} "
-            f"| {r['hop_numpy_ms']:.3f} "
-            f"| {r['max_abs_error']:.1e} |"
+            f"| {name} | {', '.join(f'{x:.2f}' for x in v['at_planning'])} "
+            f"| {v['median_at_planning']:.2f} | {', '.join(f'{x:.2f}' for x in v['beside'])} "
+            f"| {v['median_beside']:.2f} |"
         )
-    for name, r in results.items():
-        t = r["ray_terms"]
-        print(f"\n{name}:\n{r['describe']}\n  Ray's calls, timed beside (medians): delay mean "
-              f"{t['delay_ms']:.3f} ms, overlap {t['overlap']:.2f}, cold runs "
-              f"{t['cold_s'] * 1e3:.3f} ms and {t['cold_s_per_byte'] * 2**20 * 1e3:.4f} ms a "
-              "MiB")  # fmt: skip
-    print("\n| model | stage | round ms: predicted, measured | slowest worker's run ms "
+    for name, plans in results.items():
+        for k, r in enumerate(plans, 1):
+            t = r["ray_terms"]
+            print(f"\n{name}, plan {k}:\n{r['describe']}\n  Ray's calls, timed beside (medians): "
+                  f"delay mean {t['delay_ms']:.3f} ms, overlap {t['overlap']:.2f}, cold runs "
+                  f"{t['cold_s'] * 1e3:.3f} ms and {t['cold_s_per_byte'] * 2**20 * 1e3:.4f} ms a "
+                  "MiB")  # fmt: skip
+    print("\n| model | plan | stage | round ms: predicted, measured | slowest worker's run ms "
           "| leader's run ms | beyond the slowest worker's run ms |")  # fmt: skip
-    print("|---|---:|---|---|---|---|")
-    for name, r in results.items():
-        for i, parts in enumerate(r["stages_ms"]):
-            p, m = parts["predicted"], parts["measured"]
-            pairs = [
-                (p["round"], m["round"]),
-                (p["workers_run"], m["workers_run"]),
-                (p["leader_run"], m["leader_run"]),
-                (p["round"] - p["workers_run"], m["round"] - m["workers_run"]),
-            ]
-            shown = [True, bool(m["workers_run"]), bool(m["leader_run"]), bool(m["workers_run"])]
-            cells = [
-                f"{a:.3f}, {b:.3f}" if on else "" for (a, b), on in zip(pairs, shown, strict=True)
-            ]
-            print(f"| {name} | {i + 1} | " + " | ".join(cells) + " |")
+    print("|---|---:|---:|---|---|---|---|")
+    for name, plans in results.items():
+        for k, r in enumerate(plans, 1):
+            for i, parts in enumerate(r["stages_ms"]):
+                print(f"| {name} | {k} | {i + 1} | " + " | ".join(_stage_cells(parts)) + " |")
     print("\n| rest before the call ms | " + " | ".join(rests["sleeps"]) + " |")
     print("|---|" + "---:|" * len(rests["sleeps"]))
     for caller, row in rests.items():
         cells = " | ".join(f"{v:.3f}" for v in row.values())
         print(f"| call ms, the caller {caller} | {cells} |")
-    return 0
 
 
 if __name__ == "__main__":

@@ -144,14 +144,16 @@ def peers_bars(
     return _save(fig, path)
 
 
-def ratio_runs(series: Mapping[str, Sequence[float]], band: float, ylabel: str, path: Path) -> Path:
-    """Each of ``series``' ratios run by run, with ``1 ± band`` shaded."""
+def ratio_runs(
+    series: Mapping[str, Sequence[float]], band: float, ylabel: str, path: Path, xlabel: str = "run"
+) -> Path:
+    """Each of ``series``' ratios in order (one an ``xlabel``), with ``1 ± band`` shaded."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.2))
     ax.axhspan(1 - band, 1 + band, color="0.9", label=f"within {band:.0%}")
     for label, values in series.items():
         ax.plot(range(1, len(values) + 1), values, marker="o", ms=3, lw=0.8, label=label)
-    ax.set_xlabel("run")
+    ax.set_xlabel(xlabel)
     ax.set_xticks(range(1, max(map(len, series.values()), default=0) + 1))
     ax.set_ylabel(ylabel)
     ax.legend(fontsize=7, ncol=3)

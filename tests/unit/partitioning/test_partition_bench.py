@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.partition_ray import _medians, _predicted, _stage_medians
+from bench.partition_ray import _medians, _predicted, _stage_cells, _stage_medians, verdict
 from raysrv.analytics.forkjoin import EMG
 from raysrv.partitioning.graph import Layer
 from raysrv.partitioning.latency import latency_optimal
@@ -63,3 +63,27 @@ def test_a_stages_measured_parts_are_its_medians_with_the_slowest_worker() -> No
     first, second = _medians(taken)
     assert first == {"round": 2.0, "workers_run": 0.5, "leader_run": 0.0}
     assert second == {"round": 5.0, "workers_run": 0.0, "leader_run": 0.8}
+
+
+def test_a_models_verdict_is_the_median_of_its_plans_ratios() -> None:
+    plans = [
+        {"ray_ms": 6.6, "predicted_ms": 6.0, "ray_over_beside": 1.02},
+        {"ray_ms": 5.0, "predicted_ms": 5.0, "ray_over_beside": 0.97},
+        {"ray_ms": 4.0, "predicted_ms": 5.0, "ray_over_beside": 0.85},
+    ]
+    judged = verdict(plans)
+    assert judged["at_planning"] == pytest.approx([1.1, 1.0, 0.8])
+    assert judged["beside"] == [1.02, 0.97, 0.85]
+    assert judged["median_at_planning"] == pytest.approx(1.0)
+    assert judged["median_beside"] == 0.97
+
+
+def test_a_stages_cells_leave_out_the_parts_it_does_not_have() -> None:
+    parts = {
+        "predicted": {"round": 2.0, "workers_run": 0.0, "leader_run": 1.5},
+        "measured": {"round": 2.25, "workers_run": 0.0, "leader_run": 1.75},
+    }
+    assert _stage_cells(parts) == ["2.000, 2.250", "", "1.500, 1.750", ""]
+    parts["measured"] |= {"workers_run": 1.0, "leader_run": 0.0}
+    parts["predicted"]["workers_run"] = 0.5
+    assert _stage_cells(parts) == ["2.000, 2.250", "0.500, 1.000", "", "1.500, 1.250"]
