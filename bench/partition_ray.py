@@ -224,7 +224,8 @@ def call_after_rest(runs: int) -> dict[str, dict[str, float]]:
 
 def plot_runs(paths: list[Path], figure: Path) -> None:
     """Each model's measure over its prediction, made at planning and beside each round, plan
-    by plan in ``paths`` (this benchmark's ``--out`` files, in order)."""
+    by plan in ``paths`` (this benchmark's ``--out`` files, in order), and each run's verdict
+    (:func:`verdict`'s medians) as a bar across its plans where every run has as many."""
     from bench.plots import ratio_runs
 
     runs = [json.loads(path.read_text()) for path in paths]
@@ -233,7 +234,10 @@ def plot_runs(paths: list[Path], figure: Path) -> None:
         judged = [verdict(r[name]) for r in runs]
         series[f"{name}, at planning"] = [x for j in judged for x in j["at_planning"]]
         series[f"{name}, beside"] = [x for j in judged for x in j["beside"]]
-    ratio_runs(series, 0.1, "on Ray / predicted", figure, xlabel="plan")
+    sizes = {len(r[name]) for r in runs for name in models()}
+    every = sizes.pop() if len(sizes) == 1 else 0  # a run's verdict, where runs match
+    label = f"run: its {every} plans, and their median (bar)" if every else "plan"
+    ratio_runs(series, 0.1, "on Ray / predicted", figure, xlabel=label, every=every)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -145,16 +145,32 @@ def peers_bars(
 
 
 def ratio_runs(
-    series: Mapping[str, Sequence[float]], band: float, ylabel: str, path: Path, xlabel: str = "run"
+    series: Mapping[str, Sequence[float]],
+    band: float,
+    ylabel: str,
+    path: Path,
+    xlabel: str = "run",
+    every: int = 0,
 ) -> Path:
-    """Each of ``series``' ratios in order (one an ``xlabel``), with ``1 ± band`` shaded."""
+    """Each of ``series``' ratios in order, with ``1 ± band`` shaded; with ``every``, in groups
+    of ``every`` in a row, a tick a group, and each group's median as a bar across it."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.2))
     ax.axhspan(1 - band, 1 + band, color="0.9", label=f"within {band:.0%}")
+    longest = max(map(len, series.values()), default=0)
     for label, values in series.items():
-        ax.plot(range(1, len(values) + 1), values, marker="o", ms=3, lw=0.8, label=label)
+        (line,) = ax.plot(range(1, len(values) + 1), values, marker="o", ms=3, lw=0.8, label=label)
+        for start in range(0, len(values) - every + 1, every) if every else ():
+            middle = float(np.median(values[start : start + every]))
+            ax.hlines(middle, start + 0.7, start + every + 0.3, colors=line.get_color(), lw=2.5)
+    if every:  # one tick a group, between lines that part the groups
+        groups = range(longest // every)
+        ax.set_xticks([g * every + (every + 1) / 2 for g in groups], [str(g + 1) for g in groups])
+        for g in groups[1:]:
+            ax.axvline(g * every + 0.5, color="0.8", lw=0.5)
+    else:
+        ax.set_xticks(range(1, longest + 1))
     ax.set_xlabel(xlabel)
-    ax.set_xticks(range(1, max(map(len, series.values()), default=0) + 1))
     ax.set_ylabel(ylabel)
-    ax.legend(fontsize=7, ncol=3)
+    ax.legend(fontsize=7, ncol=3, loc="lower center", bbox_to_anchor=(0.5, 1.0))
     return _save(fig, path)

@@ -299,7 +299,8 @@ def amid_plan(
     delay's, over the leader's run, is ``overlap``.
 
     The shards' runs take the call's own code and data out of the caches, the leader's and its
-    workers', and a call costs more so than between idle actors (bench/RESULTS.md, "On Ray").
+    workers', and a call costs more so than between idle actors (bench/RESULTS_ARCHIVE.md,
+    "partitioned models on Ray with a spinning stand-in of the plan").
     Each term is left as it was where no round of ``plan`` times it. While it runs, this
     process holds the model and the leader's shards, and each actor its shard."""
     timed: dict[int, tuple[bool, float]] = {}  # stage: beside the leader's run, bytes' time
@@ -379,8 +380,8 @@ def cold_runs(rounds: int = HOP_ROUNDS // 2) -> tuple[float, float]:
     byte of its weights, when other work has taken its session and weights out of the caches
     since its last run, as the other stages of a plan do. Runs of two matrix products here, of
     ``SMALL_BYTES`` and ``OVERLAP_BYTES``, one after another and each after reading
-    ``FLUSH_BYTES``: the line through the medians' differences. A shard of a few KiB runs about
-    0.04 ms slower so here, one of 8 MiB about 0.15 ms (bench/RESULTS.md, "On Ray")."""
+    ``FLUSH_BYTES``: the line through the medians' differences. A shard runs 0.05-0.12 ms
+    slower so here, and up to 0.018 ms more a MiB of its weights (bench/RESULTS.md, "On Ray")."""
     flush = np.ones(FLUSH_BYTES // 4, np.float32)
 
     def excess(shard: _MatMul) -> float:
