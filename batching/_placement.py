@@ -199,7 +199,10 @@ class Placement:
 
     def _scale_out(self, now: float, out: _Out) -> None:
         """Load on more workers the models whose unfulfilled demand exceeds a LOAD's cost."""
-        if not self._active:
+        lacking = any(
+            name not in w.held for w in self.workers if out.may_load(w) for name in self._active
+        )
+        if not lacking:  # every worker that may LOAD holds every model with queries already
             return
         priorities = self._load_priorities(now)
         wanted = [

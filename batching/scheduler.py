@@ -361,7 +361,8 @@ class PoolScheduler(Placement):
                 or (cold_room and not holders)
             ):
                 chosen.append(model)
-        return sorted(chosen, key=self._urgency)
+        # each urgency reads the model's whole queue: only worth it when there is an order
+        return sorted(chosen, key=self._urgency) if len(chosen) > 1 else chosen
 
     def _urgency(self, model: _Model) -> tuple[int, float, float]:
         """Earliest deadline first; batch clients' queries after every latency-sensitive one."""

@@ -1,10 +1,10 @@
 """The baseline: what a Ray user would write instead of raysrv, a plain Serve deployment.
 
-One replica (``num_cpus=1``) holding an onnxruntime session with one intra-op thread over the
-same ONNX file, and ``@serve.batch`` on an ``async`` method that runs the session inline (the
-pattern of Serve's batching guide). ``POST /baseline`` takes the body raysrv takes,
-``{"input": <nested list>}``, and answers ``{"output": [...]}``; Python callers use
-``await handle.predict.remote(input)``.
+One replica (``num_cpus=1``; more with ``num_replicas``), each holding an onnxruntime session
+with one intra-op thread over the same ONNX file, and ``@serve.batch`` on an ``async`` method
+that runs the session inline (the pattern of Serve's batching guide). ``POST /baseline`` takes
+the body raysrv takes, ``{"input": <nested list>}``, and answers ``{"output": [...]}``; Python
+callers use ``await handle.predict.remote(input)``.
 
 ``max_ongoing_requests`` must be well above ``max_batch_size``, or Serve never lets enough
 requests into the replica for ``@serve.batch`` to form full batches.
@@ -84,13 +84,14 @@ def build_baseline(
     batch_wait_timeout_s: float = 0.001,
     max_ongoing_requests: int = 128,
     max_queued_requests: int = -1,
+    num_replicas: int = 1,
 ) -> Application:
-    """The baseline application over the ONNX file at ``path``. ``max_queued_requests`` (-1: no
-    limit) bounds the callers' queue in front of the replica: beyond it Serve refuses at once
-    (``BackPressureError``)."""
+    """The baseline application over the ONNX file at ``path``, in ``num_replicas`` replicas.
+    ``max_queued_requests`` (-1: no limit) bounds the callers' queue in front of the replicas:
+    beyond it Serve refuses at once (``BackPressureError``)."""
     return Baseline.options(
         name="baseline",
-        num_replicas=1,
+        num_replicas=num_replicas,
         max_ongoing_requests=max_ongoing_requests,
         max_queued_requests=max_queued_requests,
         ray_actor_options={"num_cpus": 1},

@@ -1,12 +1,15 @@
 """raysrv against plain Ray Serve ``@serve.batch`` on the digits MLP, over HTTP and handles, in
 one of Serve's two modes, and raysrv's inputs per second with many inputs per request.
 
-    python -m bench.fast_path [--serve-proxy] [--seconds 10] [--rounds 3] [--out JSON]
+    python -m bench.fast_path [--serve-proxy] [--replicas 1] [--seconds 10] [--rounds 3]
+                              [--out JSON]
 
 One Ray instance, started with ``raysrv run``'s environment (:data:`raysrv.cli.FAST_PATH`:
 HAProxy ingress, gRPC handles, user code on the replica's main thread), or with Serve's
 defaults under ``--serve-proxy``. Three applications serve the digits example's MLP (ONNX, one
-replica, one intra-op thread, batches of up to 32, no cache, every input distinct):
+intra-op thread, batches of up to 32, no cache, every input distinct), each in ``--replicas``
+replicas (raysrv's: ingress replicas, each with its own worker or worker thread; Ray counts
+four logical CPUs a replica):
 
 * ``baseline``: ``@serve.batch(max_batch_size=32, batch_wait_timeout_s=0.001)``, the pattern of
   Serve's batching guide (``bench.baseline``);
@@ -23,8 +26,9 @@ raw float32 tensor (``application/octet-stream``), and as the Open Inference Pro
 tensor (``POST /v2/models/mlp/infer``, the model's route, the outputs asked as bytes too). An
 input counts when its answer holds an output (wrk counts them in each 200 answer,
 ``wrk_saturation(count=...)``; an infer request answers all its rows or fails), so inputs
-answered with an error do not count. Prints a table of the medians over the rounds and each
-system's ratios to the baseline; writes every point to ``--out``.
+answered with an error do not count. Each point also records the machine's CPU time (every
+process's, the client's too) per input answered. Prints a table of the medians over the rounds
+and each system's ratios to the baseline; writes every point to ``--out``.
 """
 
 from __future__ import annotations
@@ -55,8 +59,9 @@ MAX_BATCH = 32
 MANY = ("http-32-many", "http-32-raw", "http-32-oip")  # the points of many inputs a request
 
 
-def spec(path: Path, placement: str) -> dict[str, Any]:
-    """raysrv serving the MLP alone: ``fixed`` batches of up to 32, no cache."""
+def spec(path: Path, placement: str, replicas: int = 1) -> dict[str, Any]:
+    """raysrv serving the MLP alone, in ``replicas`` ingress replicas: ``fixed`` batches of up
+    to 32, no cache."""
     model = {
         "name": "mlp",
         "runtime": "onnx",
@@ -70,7 +75,7 @@ def spec(path: Path, placement: str) -> dict[str, Any]:
     return {
         "models": [model],
         "apps": [{"name": APP, "models": ["mlp"], "cache_size": 0}],
-        "ingress": {"num_cpus": 0},
+        "ingress": {"num_cpus": 0, "replicas": replicas},
     }
 
 
@@ -112,8 +117,9 @@ def raw_headers(per_request: int) -> dict[str, str]:
     }
 
 
-def start(serve_proxy: bool) -> tuple[int, Path]:
-    """Ray and Serve in the chosen mode, the three applications; the HTTP port and model."""
+def start(serve_proxy: bool, replicas: int = 1) -> tuple[int, Path]:
+    """Ray and Serve in the chosen mode, the three applications in ``replicas`` replicas each;
+    the HTTP port and model."""
     if not serve_proxy:
         os.environ.update(FAST_PATH)  # read as Serve is imported and as Ray starts
     os.environ["RAY_worker_niceness"] = "0"  # noqa: SIM112 - Ray's name; client and servers alike
@@ -126,12 +132,12 @@ def start(serve_proxy: bool) -> tuple[int, Path]:
     from raysrv.app import build_app
 
     path = build_all(Path("examples/digits/models"))["mlp"]
-    port = start_ray()
+    port = start_ray(num_cpus=4 * replicas)
     quiet = LoggingConfig(enable_access_log=False, log_level="WARNING")
-    base = build_baseline(str(path), (64,), MAX_BATCH, 0.001)
+    base = build_baseline(str(path), (64,), MAX_BATCH, 0.001, num_replicas=replicas)
     serve.run(base, name="baseline", route_prefix="/baseline", logging_config=quiet)
     for name, placement in (("raysrv", "workers"), ("raysrv-colocated", "colocated")):
-        app = build_app(spec(path, placement))
+        app = build_app(spec(path, placement, replicas))
         serve.run(app, name=name, route_prefix=f"/{name}", logging_config=quiet)
     return port, path
 
@@ -151,7 +157,18 @@ def targets(port: int) -> dict[str, tuple[str, Callable[[Any], Any]]]:
     return out
 
 
-def _row(system: str, kind: str, k: int, result: RunResult, per_request: int = 1) -> dict:
+def _busy_s() -> float:
+    """CPU seconds the machine's cores have been busy since it started, all processes': user,
+    nice, system, irq and softirq of ``/proc/stat`` (a guest's time is within user; time the
+    host stole is not this machine's work)."""
+    ticks = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]
+    busy = sum(int(ticks[i]) for i in (0, 1, 2, 5, 6))
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def _row(
+    system: str, kind: str, k: int, result: RunResult, busy_s: float, per_request: int = 1
+) -> dict:
     counted = result.extra.get("counted")
     inputs = counted if counted is not None else result.ok * per_request
     row = {
@@ -164,11 +181,13 @@ def _row(system: str, kind: str, k: int, result: RunResult, per_request: int = 1
         "p99_ms": result.p99_ms,
         "refused": result.rejected,
         "errors": result.errors,
+        "machine_cpu_us": busy_s / inputs * 1e6 if inputs else float("nan"),
     }
     print(
         f"  round {k} {system:<17} {kind:<12} {row['inputs_per_s']:7.0f} inputs/s  "
         f"p50 {row['p50_ms']:6.2f} ms  p99 {row['p99_ms']:6.1f} ms  "
-        f"refused {row['refused']}  errors {row['errors']}",
+        f"refused {row['refused']}  errors {row['errors']}  "
+        f"machine CPU {row['machine_cpu_us']:.0f} us an input",
         file=sys.stderr,
         flush=True,
     )
@@ -223,7 +242,10 @@ class Rounds:
             for system in order:
                 for kind, point in self.points(system).items():
                     per_request = self.args.per_request if kind in MANY else 1
-                    rows.append(_row(system, kind, k, await point(), per_request))
+                    before = _busy_s()
+                    result = await point()
+                    busy = _busy_s() - before
+                    rows.append(_row(system, kind, k, result, busy, per_request))
                     await asyncio.sleep(0.5)
         return rows
 
@@ -243,8 +265,9 @@ def table(rows: list[dict[str, Any]], per_request: int) -> str:
         "| system | HTTP, 32 connections, inputs/s | HTTP, 1 connection, p50 ms | handles, 32 "
         f"in flight, inputs/s | handles, 1 in flight, p50 ms | HTTP, {per_request} inputs a "
         "request, inputs/s | the same, raw float32, inputs/s | the same, Open Inference "
-        "Protocol binary, inputs/s | HTTP, 32 connections, the model's route, inputs/s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "Protocol binary, inputs/s | HTTP, 32 connections, the model's route, inputs/s | "
+        "HTTP, 32 connections, the machine's CPU an input, us |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for system in SYSTEMS:
         cells = [
@@ -256,18 +279,21 @@ def table(rows: list[dict[str, Any]], per_request: int) -> str:
             _median(rows, system, "http-32-raw", "inputs_per_s"),
             _median(rows, system, "http-32-oip", "inputs_per_s"),
             _median(rows, system, "http-32-model", "inputs_per_s"),
+            _median(rows, system, "http-32", "machine_cpu_us"),
         ]
-        shown = [f"{c:.0f}" if i in (0, 2, 4, 5, 6, 7) else f"{c:.2f}" for i, c in enumerate(cells)]
+        shown = [f"{c:.2f}" if i in (1, 3) else f"{c:.0f}" for i, c in enumerate(cells)]
         lines.append(f"| {system} | " + " | ".join(s.replace("nan", "") for s in shown) + " |")
     lines.append("")
     for system in SYSTEMS[1:]:
         ratios = {
-            point: _median(rows, system, point, field) / _median(rows, "baseline", point, field)
+            (point, field): _median(rows, system, point, field)
+            / _median(rows, "baseline", point, field)
             for point, field in (
                 ("http-32", "inputs_per_s"),
                 ("http-1", "p50_ms"),
                 ("handle-32", "inputs_per_s"),
                 ("handle-1", "p50_ms"),
+                ("http-32", "machine_cpu_us"),
             )
         }
         single = _median(rows, system, "http-32", "inputs_per_s")
@@ -278,11 +304,13 @@ def table(rows: list[dict[str, Any]], per_request: int) -> str:
             rows, system, "http-32-model", "inputs_per_s"
         )
         lines.append(
-            f"{system} over baseline: HTTP inputs/s {ratios['http-32']:.2f}x, HTTP p50 "
-            f"{ratios['http-1']:.2f}x, handle inputs/s {ratios['handle-32']:.2f}x, handle p50 "
-            f"{ratios['handle-1']:.2f}x; {per_request} inputs a request over 1: {many:.1f}x, "
-            f"raw float32 {raw:.1f}x, binary infer {oip:.1f}x ({model:.1f}x single inputs to "
-            "the model's route)"
+            f"{system} over baseline: HTTP inputs/s {ratios['http-32', 'inputs_per_s']:.2f}x, "
+            f"HTTP p50 {ratios['http-1', 'p50_ms']:.2f}x, handle inputs/s "
+            f"{ratios['handle-32', 'inputs_per_s']:.2f}x, handle p50 "
+            f"{ratios['handle-1', 'p50_ms']:.2f}x, the machine's CPU an HTTP input "
+            f"{ratios['http-32', 'machine_cpu_us']:.2f}x; {per_request} inputs a request over "
+            f"1: {many:.1f}x, raw float32 {raw:.1f}x, binary infer {oip:.1f}x ({model:.1f}x "
+            "single inputs to the model's route)"
         )
     return "\n".join(lines)
 
@@ -290,13 +318,14 @@ def table(rows: list[dict[str, Any]], per_request: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--serve-proxy", action="store_true", help="Serve's default mode")
+    parser.add_argument("--replicas", type=int, default=1, help="each system's replicas")
     parser.add_argument("--seconds", type=float, default=10.0, help="per point")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--per-request", type=int, default=32, help="inputs in a many-body")
     parser.add_argument("--out", type=Path, default=Path("bench/out/fast_path.json"))
     args = parser.parse_args(argv)
     started = time.time()
-    port, _ = start(args.serve_proxy)
+    port, _ = start(args.serve_proxy, args.replicas)
     try:
         rows = asyncio.run(_measure(args, port))
     finally:
@@ -308,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "command": ["python", "-m", "bench.fast_path", *(argv or sys.argv[1:])],
         "mode": "serve-proxy" if args.serve_proxy else "fast-path",
+        "replicas": args.replicas,
         "wall_s": round(time.time() - started, 1),
         "rows": rows,
     }

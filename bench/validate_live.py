@@ -46,8 +46,9 @@ CASES = (  # (B, T seconds, rate /s)
 CALIBRATION_RATE = 10.0
 
 
-def start_ray() -> int:
-    """Ray and Serve on this machine; the port Serve's HTTP ingress listens on."""
+def start_ray(num_cpus: int = 4) -> int:
+    """Ray and Serve on this machine, with ``num_cpus`` logical CPUs; the port Serve's HTTP
+    ingress listens on."""
     import logging
 
     import ray
@@ -55,7 +56,7 @@ def start_ray() -> int:
     from ray.serve.schema import LoggingConfig
 
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
-    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="WARNING")
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, logging_level="WARNING")
     quiet = LoggingConfig(enable_access_log=False, log_level="WARNING")
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config=quiet)

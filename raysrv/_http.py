@@ -30,7 +30,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from raysrv._docs import docs_page
 from raysrv._model_spec import NUMERIC
 from raysrv._oip import HEADER as INFER_HEADER
-from raysrv._oip import add_oip_routes
+from raysrv._oip import INFER_BODY, add_oip_routes, answer_infer, oip_error
+from raysrv._oip import WHERE as INFER_WHERE
 from raysrv._server import (
     DESCRIBE_CHUNK,
     Server,
@@ -214,6 +215,28 @@ def _predict_operation(
     }
 
 
+def _infer_operation() -> dict[str, Any]:
+    """The Open Inference Protocol's infer request, as :class:`PredictRoutes` answers it: a
+    new dict each time, as a schema's operations are added to."""
+    return {
+        "summary": "Infer",
+        "operationId": "infer_v2_models__model__infer_post",
+        "parameters": [{"name": "model", "in": "path", "required": True, "schema": STRING}],
+        **INFER_BODY,
+        "responses": {
+            "200": {
+                "description": "The output tensors; with outputs asked as bytes, the JSON header "
+                "(Inference-Header-Content-Length bytes long) and then their bytes",
+                "content": {
+                    "application/json": {"schema": {"type": "object"}},
+                    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+                },
+            },
+            "408": SERVE_TIMED_OUT,
+        },
+    }
+
+
 KEYED = (  # the operations that need an API key where the ingress has any
     ("/v1/{app}/predict", "post"),
     ("/v1/models/{model}/predict", "post"),
@@ -244,6 +267,7 @@ def _document_predict_routes(api: FastAPI, keyed: bool) -> None:
                     "Predict Model", "model", ModelPredictRequest, ModelPredictResponse
                 )
             }
+            schema["paths"]["/v2/models/{model}/infer"] = {"post": _infer_operation()}
             components = schema.setdefault("components", {})
             components.setdefault("schemas", {})["ErrorBody"] = ErrorBody.model_json_schema()
             for path, operations in schema["paths"].items():
@@ -260,16 +284,15 @@ def _document_predict_routes(api: FastAPI, keyed: bool) -> None:
     api.openapi = openapi  # type: ignore[method-assign]
 
 
-async def _read_body(request: Request, limit: int, infer: bool = False) -> bytes:
+async def _read_body(scope: dict[str, Any], receive: Any, limit: int, infer: bool = False) -> bytes:
     """The body, at most ``limit`` bytes, of a JSON content type; with ``infer`` (an Open
     Inference Protocol infer request) also :data:`BINARY`, none (Triton's own client sends its
     JSON requests without one) or any with ``Inference-Header-Content-Length``, a header no
     page sends without asking."""
-    scope = request.scope
     untyped = not _header(scope, b"content-type")
     if not (infer and (untyped or _header(scope, INFER_HEADER.encode()))):
         _body_type(scope, infer)
-    body = await _receive_body(request.scope, request.receive, limit)
+    body = await _receive_body(scope, receive, limit)
     if body is None:
         raise BadRequest("the client left before its body arrived")
     return body
@@ -414,14 +437,17 @@ def _error_response(exc: RaysrvError) -> JSONResponse:
 
 
 class PredictRoutes:
-    """The REST API of a :class:`Server` as an ASGI app: the two predict routes answered here,
-    every other request passed to the FastAPI app ``api`` (which documents all of them).
+    """The REST API of a :class:`Server` as an ASGI app: the two predict routes and the Open
+    Inference Protocol's infer route answered here, every other request passed to the FastAPI
+    app ``api`` (which documents all of them).
 
     A prediction is the one request a client sends at rate, and FastAPI's routing, dependency
     resolution and middleware, with Starlette's, took 16% of the busy ingress's time under
-    load, near raysrv's own work on the predictions (``bench/RESULTS.md``, "The fast path");
-    here a prediction costs one path split, the body read with its size limit and one JSON
-    parse, or none for a raw tensor body (``application/octet-stream``).
+    load, near raysrv's own work on the predictions (``bench/RESULTS_ARCHIVE.md``, "where the
+    fast path's time went, fp1 to fp4"), and 11% of it under binary infer requests (the day of
+    fp14, ``bench/RESULTS.md``, "The fast path"); here a prediction costs one path split, the
+    body read with its size limit and one JSON parse, or none for a raw tensor body
+    (``application/octet-stream``).
     """
 
     def __init__(
@@ -440,6 +466,9 @@ class PredictRoutes:
             return
         start = time.monotonic()
         kind, name = route
+        if kind == "infer":
+            await self._infer(scope, receive, send, name, start)
+            return
         where = self._server.metric_tag(name) if kind == "app" else MODELS
         try:
             if scope["method"] != "POST":
@@ -482,6 +511,38 @@ class PredictRoutes:
             error = unexpected(exc, f"{scope.get('method')} {scope.get('path', '')[:100]}")
             if not begun:
                 await _send_json(send, error.status, error)
+
+    async def _infer(
+        self, scope: dict[str, Any], receive: Any, send: Any, model: str, start: float
+    ) -> None:
+        """An Open Inference Protocol infer request, answered as the protocol answers, errors
+        included (``raysrv._oip``)."""
+        if scope["method"] != "POST":
+            error = MethodNotAllowed(f"{scope['method']} {shown(scope['path'])}: use POST")
+            await _error_response(error)(scope, receive, send)
+            return
+        try:
+            self._keys.check(scope)
+            if _sent_header(scope, b"content-encoding") not in (None, b"identity"):
+                raise BadRequest("a compressed body (Content-Encoding) is not accepted")
+            body = await _read_body(scope, receive, self._limit, infer=True)
+            length = _sent_header(scope, INFER_HEADER.encode())
+            response = await answer_infer(
+                self._server,
+                self._metrics,
+                model,
+                body,
+                None if length is None else length.decode(errors="replace"),
+                start,
+            )
+        except RaysrvError as exc:
+            self._metrics.error(INFER_WHERE, exc)
+            response = oip_error(exc)
+        except Exception as exc:  # a defect: the documented error all the same
+            error = unexpected(exc, "POST infer")
+            self._metrics.error(INFER_WHERE, error)
+            response = oip_error(error)
+        await response(scope, receive, send)
 
     def _binary(self, scope: dict[str, Any], body: bytes, kind: str, name: str) -> dict[str, Any]:
         """A raw body (:data:`BINARY`) as the fields of a JSON one: for a model of bytes inputs
@@ -589,7 +650,12 @@ class Keys:
 
 def _header(scope: dict[str, Any], name: bytes) -> bytes:
     """The value of the request's header ``name`` (lower case), empty if absent."""
-    return next((value for key, value in scope["headers"] if key == name), b"")
+    return _sent_header(scope, name) or b""
+
+
+def _sent_header(scope: dict[str, Any], name: bytes) -> bytes | None:
+    """The value of the request's header ``name`` (lower case), None if absent."""
+    return next((value for key, value in scope["headers"] if key == name), None)
 
 
 def _shape(value: bytes) -> tuple[int, ...]:
@@ -629,15 +695,19 @@ def _number(value: str) -> float | str:
 
 def _predict_route(scope: dict[str, Any]) -> tuple[str, str] | None:
     """``("app", name)`` for ``/v1/{app}/predict``, ``("model", name)`` for
-    ``/v1/models/{model}/predict`` (below the app's route prefix), else None."""
+    ``/v1/models/{model}/predict``, ``("infer", model)`` for ``/v2/models/{model}/infer``
+    (below the app's route prefix), else None."""
     path, root = scope["path"], scope.get("root_path", "")
     if root and path.startswith(root):
         path = path[len(root) :]
     parts = path.split("/")
     if len(parts) == 4 and parts[:2] == ["", "v1"] and parts[3] == "predict" and parts[2]:
         return "app", parts[2]
-    if len(parts) == 5 and parts[:3] == ["", "v1", "models"] and parts[4] == "predict":
-        return ("model", parts[3]) if parts[3] else None
+    if len(parts) == 5 and parts[2] == "models" and parts[3]:
+        if parts[:2] == ["", "v1"] and parts[4] == "predict":
+            return "model", parts[3]
+        if parts[:2] == ["", "v2"] and parts[4] == "infer":
+            return "infer", parts[3]
     return None
 
 
@@ -732,7 +802,7 @@ def create_http_app(
         keys.check(request.scope)
         if app in feedback_keys:
             feedback_keys[app].check(request.scope)
-        data = json_object(await _read_body(request, max_body_bytes))
+        data = json_object(await _read_body(request.scope, request.receive, max_body_bytes))
         try:
             parsed = FeedbackRequest.model_validate(data)
         except ValueError as exc:
@@ -749,11 +819,7 @@ def create_http_app(
 
     _model_routes(api, server, max_body_bytes, metrics)
 
-    async def read_infer(request: Request) -> bytes:
-        keys.check(request.scope)
-        return await _read_body(request, max_body_bytes, True)
-
-    add_oip_routes(api, server, read_infer, metrics)
+    add_oip_routes(api, server)
 
     @api.get("/healthz")
     async def healthz() -> JSONResponse:

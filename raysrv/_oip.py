@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 import numpy as np
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
 from raysrv._model_spec import InputSpec
@@ -36,7 +36,9 @@ from raysrv.metrics import Metrics
 
 __all__ = [
     "add_oip_routes",
+    "answer_infer",
     "encode_infer",
+    "oip_error",
     "read_infer",
     "split_body",
     "wanted_outputs",
@@ -337,8 +339,9 @@ INFER_BODY = {  # the infer request, for the OpenAPI schema
 }
 
 
-def add_oip_routes(api: FastAPI, server: Server, read_body: Any, metrics: Metrics) -> None:
-    """The protocol's routes on ``api``; ``read_body(request)`` reads a body within the limit."""
+def add_oip_routes(api: FastAPI, server: Server) -> None:
+    """The protocol's health and metadata routes on ``api``; its infer requests are answered by
+    :func:`answer_infer`, before FastAPI (``raysrv._http.PredictRoutes``)."""
 
     @api.get("/v2/health/live")
     @api.get("/v2/health/ready")
@@ -357,25 +360,32 @@ def add_oip_routes(api: FastAPI, server: Server, read_body: Any, metrics: Metric
         tensor = {"name": "input", "datatype": _datatype_of(spec), "shape": shape}
         return JSONResponse({"name": model, "platform": "raysrv", "inputs": [tensor]})
 
-    @api.post("/v2/models/{model}/infer", openapi_extra=INFER_BODY)
-    async def infer(model: str, request: Request) -> Response:
-        start = time.monotonic()
-        try:
-            if request.headers.get("content-encoding", "identity") != "identity":
-                raise BadRequest("a compressed body (Content-Encoding) is not accepted")
-            body, data = split_body(await read_body(request), request.headers.get(HEADER))
-            rows, options = read_infer(body, server.input_spec("model", model), data)
-            wanted = wanted_outputs(body)
-            entries = await server.predict_model_many(model, rows, **options)
-        except RaysrvError as exc:
-            metrics.error(WHERE, exc)
-            return _error(exc)
-        counted_bodies(entries, metrics, WHERE, time.monotonic() - start)  # each row a query
-        try:
-            return encode_infer(*write_infer(model, body.get("id"), entries, wanted))
-        except RaysrvError as exc:  # a row's, counted with it; or an output it does not have
-            return _error(exc)
+
+async def answer_infer(
+    server: Server,
+    metrics: Metrics,
+    model: str,
+    body: bytes,
+    header_length: str | None,
+    start: float,
+) -> Response:
+    """The answer to the infer request ``body`` for ``model`` that arrived at ``start``
+    (``time.monotonic()``); ``header_length``: its ``Inference-Header-Content-Length``."""
+    try:
+        header, data = split_body(body, header_length)
+        rows, options = read_infer(header, server.input_spec("model", model), data)
+        wanted = wanted_outputs(header)
+        entries = await server.predict_model_many(model, rows, **options)
+    except RaysrvError as exc:
+        metrics.error(WHERE, exc)
+        return oip_error(exc)
+    counted_bodies(entries, metrics, WHERE, time.monotonic() - start)  # each row a query
+    try:
+        return encode_infer(*write_infer(model, header.get("id"), entries, wanted))
+    except RaysrvError as exc:  # a row's, counted with it; or an output it does not have
+        return oip_error(exc)
 
 
-def _error(exc: RaysrvError) -> JSONResponse:
+def oip_error(exc: RaysrvError) -> JSONResponse:
+    """``exc`` as the protocol answers an error: ``{"error": message}``, with its status."""
     return JSONResponse({"error": exc.message}, status_code=exc.status, headers=exc.headers())

@@ -272,6 +272,32 @@ def test_a_compressed_body_is_refused_with_a_400() -> None:
     assert "compressed" in answer.json()["error"]
 
 
+def test_an_identity_encoding_is_read_and_another_method_than_post_is_a_405() -> None:
+    raw = json.dumps(_tensor([1, 4], "FP32", [1, 2, 3, 4])).encode()
+    answer = _post("/v2/models/a/infer", None, raw, **{"Content-Encoding": "identity"})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["outputs"][0] == {
+        "name": "sum",
+        "shape": [1],
+        "datatype": "FP64",
+        "data": [10.0],
+    }
+    refused = _post("/v2/models/a/infer", None)  # a GET
+    assert (refused.status_code, refused.headers["allow"]) == (405, "POST")
+    assert refused.json()["error"] == "method_not_allowed"
+
+
+def test_the_infer_route_answered_before_fastapi_is_in_the_openapi_schema() -> None:
+    operation = _post("/openapi.json", None).json()["paths"]["/v2/models/{model}/infer"]["post"]
+    assert operation["requestBody"]["content"].keys() == {
+        "application/json",
+        "application/octet-stream",
+    }
+    assert operation["responses"]["default"]["content"]["application/json"]["schema"][
+        "required"
+    ] == ["error"]  # the protocol's error body
+
+
 def test_the_fast_path_benchmarks_binary_infer_bodies_read_back_as_their_inputs() -> None:
     from bench.fast_path import oip_bodies
 

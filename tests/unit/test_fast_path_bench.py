@@ -1,0 +1,53 @@
+"""bench.fast_path's summary: medians over the rounds, ratios to the baseline, CPU per input."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from bench.fast_path import MANY, SYSTEMS, _busy_s, table
+
+POINTS = ("http-32", "http-1", "handle-32", "handle-1", "http-32-model", *MANY)
+
+
+def _rows(system: str, rate: float, cpu_us: list[float]) -> list[dict]:
+    rows = []
+    for k, cpu in enumerate(cpu_us):
+        for point in POINTS if system != "baseline" else POINTS[:4]:
+            many = point in MANY
+            rows.append(
+                {
+                    "round": k,
+                    "system": system,
+                    "point": point,
+                    "inputs_per_s": rate * (8 if many else 1) + k,
+                    "p50_ms": 2.0,
+                    "machine_cpu_us": cpu,
+                }
+            )
+    return rows
+
+
+def test_the_table_gives_the_median_cpu_an_input_and_its_ratio_to_the_baseline() -> None:
+    rows = _rows("baseline", 1000.0, [200.0, 250.0, 900.0])  # one slow round: the median holds
+    rows += _rows("raysrv", 500.0, [400.0, 500.0, 450.0])
+    rows += _rows("raysrv-colocated", 800.0, [300.0, 375.0, 1.0])
+    text = table(rows, 32)
+    lines = {line.split(" | ")[0]: line for line in text.splitlines() if line.startswith("| ")}
+    assert lines["| baseline"].endswith("| 250 |")
+    assert lines["| raysrv"].endswith("| 450 |")
+    assert "| 1001 |" in lines["| baseline"]  # inputs/s: the median of 1000, 1001, 1002
+    summary = {line.split(" over ")[0]: line for line in text.splitlines() if " over " in line}
+    assert set(summary) == set(SYSTEMS[1:])
+    assert "the machine's CPU an HTTP input 1.80x" in summary["raysrv"]  # 450 / 250
+    assert "the machine's CPU an HTTP input 1.20x" in summary["raysrv-colocated"]  # 300 / 250
+    assert "HTTP inputs/s 0.50x" in summary["raysrv"]  # 501 / 1001
+
+
+def test_the_machine_busy_time_is_in_seconds_and_counts_this_process_spinning() -> None:
+    before, wall = _busy_s(), time.monotonic()
+    start = time.process_time()
+    while time.process_time() - start < 0.3:
+        pass
+    busy, elapsed = _busy_s() - before, time.monotonic() - wall
+    assert 0.25 <= busy <= elapsed * (os.cpu_count() or 1) + 0.05
