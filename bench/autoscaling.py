@@ -105,12 +105,15 @@ def arrivals(scale: float, rng: np.random.Generator) -> np.ndarray:
 
 @serve.deployment
 class EmulatedServe:
-    """The emulated model behind ``@serve.batch``, as a Serve user writes it."""
+    """The emulated model behind ``@serve.batch``, as a Serve user writes it; young objects
+    collected at the threshold ``RAYSRV_GC_YOUNG_OBJECTS`` sets (``raysrv._heap``), as raysrv's."""
 
     def __init__(self) -> None:
+        from raysrv._heap import set_young_threshold
         from raysrv.testing import EchoModel
 
         self._model = EchoModel(**EMULATED)
+        set_young_threshold()
 
     @serve.batch(max_batch_size=MAX_BATCH, batch_wait_timeout_s=0.005)
     async def _batch(self, inputs: list[Any]) -> list[Any]:

@@ -6,6 +6,10 @@ that runs the session inline (the pattern of Serve's batching guide). ``POST /ba
 the body raysrv takes, ``{"input": <nested list>}``, and answers ``{"output": [...]}``; Python
 callers use ``await handle.predict.remote(input)``.
 
+Each replica collects its young objects at the threshold ``RAYSRV_GC_YOUNG_OBJECTS`` sets, as
+raysrv's processes do (``raysrv._heap``), a setting any Serve user could make: the baseline
+gains from it about as much as raysrv does (bench/RESULTS.md, "The fast path").
+
 ``max_ongoing_requests`` must be well above ``max_batch_size``, or Serve never lets enough
 requests into the replica for ``@serve.batch`` to form full batches.
 """
@@ -21,6 +25,7 @@ from ray.serve import Application
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from raysrv._heap import set_young_threshold  # raysrv's collector setting, so both get it
 from raysrv.runtimes import rows  # the same row split raysrv answers with, so both pay it
 
 __all__ = ["Baseline", "admitted", "build_baseline"]
@@ -50,6 +55,7 @@ class Baseline:
         self._batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
         self._batches = 0
         self._items = 0
+        set_young_threshold()
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.001)
     async def _batch(self, inputs: list[np.ndarray]) -> list[Any]:

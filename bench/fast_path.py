@@ -117,9 +117,14 @@ def raw_headers(per_request: int) -> dict[str, str]:
     }
 
 
-def start(serve_proxy: bool, replicas: int = 1) -> tuple[int, Path]:
-    """Ray and Serve in the chosen mode, the three applications in ``replicas`` replicas each;
-    the HTTP port and model."""
+PLACEMENTS = {"raysrv": "workers", "raysrv-colocated": "colocated"}  # raysrv's systems
+
+
+def start(
+    serve_proxy: bool, replicas: int = 1, systems: tuple[str, ...] = tuple(PLACEMENTS)
+) -> tuple[int, Path]:
+    """Ray and Serve in the chosen mode, the baseline and raysrv's ``systems`` in ``replicas``
+    replicas each; the HTTP port and model."""
     if not serve_proxy:
         os.environ.update(FAST_PATH)  # read as Serve is imported and as Ray starts
     os.environ["RAY_worker_niceness"] = "0"  # noqa: SIM112 - Ray's name; client and servers alike
@@ -136,8 +141,8 @@ def start(serve_proxy: bool, replicas: int = 1) -> tuple[int, Path]:
     quiet = LoggingConfig(enable_access_log=False, log_level="WARNING")
     base = build_baseline(str(path), (64,), MAX_BATCH, 0.001, num_replicas=replicas)
     serve.run(base, name="baseline", route_prefix="/baseline", logging_config=quiet)
-    for name, placement in (("raysrv", "workers"), ("raysrv-colocated", "colocated")):
-        app = build_app(spec(path, placement, replicas))
+    for name in systems:
+        app = build_app(spec(path, PLACEMENTS[name], replicas))
         serve.run(app, name=name, route_prefix=f"/{name}", logging_config=quiet)
     return port, path
 

@@ -49,6 +49,7 @@ from starlette.requests import Request
 from bench.models import _session
 from bench.traces import zipf_arrivals
 from bench.zoo import DEFAULT_DIR, INPUT_DIM, build_zoo, digits_like, model_name
+from raysrv._heap import set_young_threshold
 
 __all__ = ["Multiplexed", "build_multiplexed", "main", "replica_stats"]
 
@@ -104,7 +105,8 @@ class _Model:
 
 @serve.deployment
 class Multiplexed:
-    """Many ONNX models behind ``@serve.multiplexed`` and ``@serve.batch``, by handle or HTTP."""
+    """Many ONNX models behind ``@serve.multiplexed`` and ``@serve.batch``, by handle or HTTP;
+    young objects collected at the threshold ``RAYSRV_GC_YOUNG_OBJECTS`` sets, as raysrv's."""
 
     def __init__(
         self,
@@ -115,6 +117,7 @@ class Multiplexed:
     ) -> None:
         self._directory = Path(directory)
         self._tally = _Tally()
+        set_young_threshold()
         self._replica = serve.get_replica_context().replica_id.unique_id
 
         @serve.multiplexed(max_num_models_per_replica=models_per_replica)
