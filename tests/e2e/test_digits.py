@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -184,6 +185,8 @@ def test_the_readmes_quickstart_queries_answer_as_it_shows(server: str) -> None:
     )
     assert done.returncode == 0, done.stderr.decode()
     answer, feedback = (json.loads(line) for line in done.stdout.decode().splitlines())
+    shown = set(re.findall(r'"(\w+)":', block.split('echo "$answer"')[1].split("id=")[0]))
+    assert set(answer) <= shown, f"the README's answer lacks {sorted(set(answer) - shown)}"
     assert answer["output"]["label"] == 0  # the README's digit is a 0
     assert answer["models"][0] in digits.MODEL_NAMES
     assert feedback == {
