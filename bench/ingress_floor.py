@@ -1,0 +1,255 @@
+"""The least a colocated ingress can cost on Serve's fast path: raysrv against a floor of its
+own design with none of its per-query work.
+
+    python -m bench.ingress_floor [--rounds 5] [--seconds 10] [--out JSON]
+
+:mod:`bench.fast_path`'s Ray (Serve's fast path), its baseline (plain Serve
+``@serve.batch(32, 1 ms)``) and raysrv with the digits MLP in its ingress (``colocated``), and
+two floors beside them: each an ASGI app in a Serve ingress replica, as raysrv's is, that
+reads the body (orjson, as raysrv reads it), queues the input, cuts batches of up to 32 as the
+model frees (``fixed`` with no wait, as raysrv's config here) and writes each output as JSON.
+``floor-thread`` runs each batch on a thread of its own, off the event loop, as raysrv must;
+``floor-inline`` runs it on the event loop, as the baseline does. A floor checks nothing, keeps
+no deadline, selects nothing, records nothing for feedback and counts no metrics: it is not a
+server, only the cost of the path every raysrv prediction shares with it. raysrv is measured
+on its model's route (``/v1/models/mlp/predict``, no app's selection) and on its app's.
+
+Each round measures every system in turn, in an order that alternates from round to round:
+``wrk`` with 32 connections, one JSON input a request, every input distinct. Prints each
+system's median inputs per second, its ratio to the baseline, and CPU an input: the machine's
+(every process's, the client's too), the serving replica process's, and that of the process's
+busiest thread, the one that runs the event loop (Serve's, uvicorn's and the app's Python; the
+model's thread is the next).
+
+Results: bench/RESULTS.md, "The fast path".
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+from ray import serve
+
+from bench import fast_path
+from bench.loadgen import make_inputs, wrk_saturation
+from raysrv.runtimes import rows
+
+__all__ = ["FloorApp", "main", "summary", "thread_cpu_s"]
+
+SYSTEMS = ("baseline", "floor-inline", "floor-thread", "raysrv-model", "raysrv-colocated")
+FLOORS = {"floor-inline": True, "floor-thread": False}  # name: runs its batches inline
+FIELDS = ("inputs_per_s", "p50_ms", "machine_cpu_us", "process_cpu_us", "loop_cpu_us")
+CONNECTIONS = 32
+WARM_S = 3.0
+
+
+class FloorApp:
+    """An ASGI app that answers ``POST {"input": [...]}`` with ``{"output": ...}``, batching
+    queued inputs as the model frees; every other request and any bad body is a bare 400."""
+
+    def __init__(self, path: str, inline: bool, max_batch_size: int = fast_path.MAX_BATCH):
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        self._session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        self._input = self._session.get_inputs()[0].name
+        self._outputs = [o.name for o in self._session.get_outputs()]
+        self._inline = inline
+        self._max = max_batch_size
+        self._queue: list[tuple[np.ndarray, asyncio.Future[Any]]] = []
+        self._draining = False
+        self._thread = ThreadPoolExecutor(1, "floor")
+        self.batches = 0
+
+    def _run(self, inputs: list[np.ndarray]) -> list[Any]:
+        return rows(self._outputs, self._session.run(None, {self._input: np.stack(inputs)}))
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._queue:
+                batch, self._queue = self._queue[: self._max], self._queue[self._max :]
+                inputs = [x for x, _ in batch]
+                if self._inline:
+                    outputs = self._run(inputs)
+                else:
+                    outputs = await loop.run_in_executor(self._thread, self._run, inputs)
+                self.batches += 1
+                for (_, answer), output in zip(batch, outputs, strict=True):
+                    if not answer.done():
+                        answer.set_result(output)
+        finally:
+            self._draining = False
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        more = True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        try:
+            x = np.asarray(orjson.loads(body)["input"], dtype=np.float32)
+        except (ValueError, KeyError, TypeError):
+            await _send(send, 400, b"{}")
+            return
+        answer = asyncio.get_running_loop().create_future()
+        self._queue.append((x, answer))
+        if not self._draining:
+            self._draining = True
+            asyncio.ensure_future(self._drain())
+        await _send(send, 200, orjson.dumps({"output": await answer}))
+
+
+async def _send(send: Any, status: int, body: bytes) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+@serve.deployment(max_ongoing_requests=128, ray_actor_options={"num_cpus": 1})
+@serve.ingress()
+class Floor:
+    """A :class:`FloorApp` as a Serve ingress replica."""
+
+    def __init__(self, path: str, inline: bool) -> None:
+        self._floor = FloorApp(path, inline)
+
+    def __serve_build_asgi_app__(self) -> FloorApp:
+        return self._floor
+
+
+REPLICAS = {  # each system's Serve replica, as its process names it
+    "baseline": "baseline:baseline",
+    **{name: f"{name}:{name}" for name in FLOORS},
+    "raysrv-model": "raysrv-colocated:ingress",
+    "raysrv-colocated": "raysrv-colocated:ingress",
+}
+
+
+def _replica_pid(replica: str) -> int:
+    found = subprocess.run(["pgrep", "-f", f"ServeReplica:{replica}"], capture_output=True)
+    return int(found.stdout.split()[0])
+
+
+def thread_cpu_s(pid: int) -> dict[int, float]:
+    """CPU seconds (user and system) each thread of the process ``pid`` has used so far."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rpartition(")")[2].split()
+        except FileNotFoundError:  # the thread ended
+            continue
+        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
+def _urls(port: int) -> dict[str, str]:
+    base = f"http://{fast_path.HOST}:{port}"
+    raysrv = f"{base}/raysrv-colocated"
+    return {
+        "baseline": f"{base}/baseline",
+        **{name: f"{base}/{name}" for name in FLOORS},
+        "raysrv-model": f"{raysrv}/v1/models/mlp/predict",
+        "raysrv-colocated": f"{raysrv}/v1/{fast_path.APP}/predict",
+    }
+
+
+async def _points(port: int, rounds: int, seconds: float) -> list[dict[str, Any]]:
+    bodies = fast_path.bodies(make_inputs(2048, (64,), seed=1), 1)
+    urls = _urls(port)
+    pids = {system: _replica_pid(replica) for system, replica in REPLICAS.items()}
+    for url in urls.values():
+        await wrk_saturation(url, bodies, CONNECTIONS, WARM_S)
+    points = []
+    for k in range(rounds):
+        for system in SYSTEMS if k % 2 == 0 else SYSTEMS[::-1]:
+            before, threads = fast_path._busy_s(), thread_cpu_s(pids[system])
+            result = await wrk_saturation(
+                urls[system], bodies, CONNECTIONS, seconds, count=fast_path.OUTPUT
+            )
+            busy = fast_path._busy_s() - before
+            used = [s - threads.get(t, 0.0) for t, s in thread_cpu_s(pids[system]).items()]
+            inputs = result.extra["counted"]
+            point = {
+                "round": k,
+                "system": system,
+                "inputs_per_s": inputs / result.duration_s,
+                "p50_ms": result.p50_ms,
+                "errors": result.rejected + result.errors + result.ok - inputs,  # without an output
+                "machine_cpu_us": busy / inputs * 1e6 if inputs else float("nan"),
+                "process_cpu_us": sum(used) / inputs * 1e6 if inputs else float("nan"),
+                "loop_cpu_us": max(used) / inputs * 1e6 if inputs else float("nan"),
+            }
+            print(
+                f"  round {k} {system:<17} {point['inputs_per_s']:7.0f} inputs/s  "
+                f"p50 {point['p50_ms']:6.2f} ms  errors {point['errors']}  CPU an input: "
+                f"machine {point['machine_cpu_us']:.0f} us, process "
+                f"{point['process_cpu_us']:.0f}, busiest thread {point['loop_cpu_us']:.0f}",
+                file=sys.stderr,
+                flush=True,
+            )
+            points.append(point)
+    return points
+
+
+def summary(points: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per system, the medians of each of :data:`FIELDS`, and its inputs per second over the
+    baseline's (``ratio``)."""
+    out: dict[str, dict[str, float]] = {}
+    for system in SYSTEMS:
+        mine = [p for p in points if p["system"] == system]
+        out[system] = {field: statistics.median(p[field] for p in mine) for field in FIELDS}
+    for row in out.values():
+        row["ratio"] = row["inputs_per_s"] / out["baseline"]["inputs_per_s"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=10.0, help="per point")
+    parser.add_argument("--out", type=Path, help="every point, as JSON")
+    args = parser.parse_args(argv)
+    from ray.serve.schema import LoggingConfig
+
+    port, path = fast_path.start(False, systems=("raysrv-colocated",))
+    quiet = LoggingConfig(enable_access_log=False, log_level="WARNING")
+    for name, inline in FLOORS.items():
+        app = Floor.options(name=name).bind(str(path), inline)
+        serve.run(app, name=name, route_prefix=f"/{name}", logging_config=quiet)
+    points = asyncio.run(_points(port, args.rounds, args.seconds))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(points, indent=1))
+    print(
+        "| system | inputs/s | over the baseline | p50 ms | CPU an input, us: the machine's | "
+        "the replica process's | its busiest thread's |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for system, row in summary(points).items():
+        print(
+            f"| {system} | {row['inputs_per_s']:,.0f} | {row['ratio']:.2f}x | "
+            f"{row['p50_ms']:.2f} | {row['machine_cpu_us']:.0f} | {row['process_cpu_us']:.0f} | "
+            f"{row['loop_cpu_us']:.0f} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

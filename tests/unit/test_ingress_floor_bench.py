@@ -1,0 +1,115 @@
+"""bench.ingress_floor: the floor app answers each request with its own row, in batches cut
+at the limit, inline or on its thread; each thread's CPU; the summary's medians and ratios."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from bench.ingress_floor import FIELDS, SYSTEMS, FloorApp, summary, thread_cpu_s
+
+WEIGHTS = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
+
+
+def _matmul(path: Path) -> str:
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "matmul",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 3])],
+        [numpy_helper.from_array(WEIGHTS, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, path)
+    return str(path)
+
+
+async def _post(app: FloorApp, body: bytes) -> tuple[int, Any]:
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await app({"type": "http", "method": "POST", "path": "/"}, receive, send)
+    start, answer = sent
+    return start["status"], json.loads(answer["body"])
+
+
+@pytest.mark.parametrize("inline", [True, False], ids=["inline", "thread"])
+def test_each_request_gets_its_own_row_in_batches_cut_at_the_limit(
+    tmp_path: Path, inline: bool
+) -> None:
+    app = FloorApp(_matmul(tmp_path / "m.onnx"), inline, max_batch_size=32)
+    inputs = [np.full(4, k, dtype=np.float32) for k in range(40)]
+
+    async def main() -> list[tuple[int, Any]]:
+        bodies = [json.dumps({"input": x.tolist()}).encode() for x in inputs]
+        return await asyncio.gather(*(_post(app, b) for b in bodies))
+
+    answers = asyncio.run(main())
+    for x, (status, answer) in zip(inputs, answers, strict=True):
+        assert status == 200
+        np.testing.assert_allclose(answer["output"], x @ WEIGHTS, rtol=1e-6)
+    assert app.batches == 2  # 40 queued at once: 32, then the 8 left
+
+
+def test_a_body_without_an_input_is_a_400(tmp_path: Path) -> None:
+    app = FloorApp(_matmul(tmp_path / "m.onnx"), inline=True)
+    assert asyncio.run(_post(app, b'{"inputs": [[1, 2, 3, 4]]}')) == (400, {})
+    assert asyncio.run(_post(app, b"not json")) == (400, {})
+    assert app.batches == 0
+
+
+def test_the_summary_takes_medians_and_ratios_to_the_baseline() -> None:
+    rates = {system: [1000.0 * (k + 1), 1100.0 * (k + 1), 5.0] for k, system in enumerate(SYSTEMS)}
+    points = [
+        {"system": s, **{field: r * (k + 1) for k, field in enumerate(FIELDS)}}
+        for s, rs in rates.items()
+        for r in rs
+    ]
+    rows = summary(points)
+    assert list(rows) == list(SYSTEMS)
+    assert rows["baseline"]["inputs_per_s"] == 1000.0  # the median holds against one odd point
+    assert rows["baseline"]["ratio"] == 1.0
+    assert rows["floor-thread"]["inputs_per_s"] == 3000.0
+    assert rows["floor-thread"]["ratio"] == pytest.approx(3.0)
+    assert rows["floor-thread"]["loop_cpu_us"] == 3000.0 * (FIELDS.index("loop_cpu_us") + 1)
+
+
+def test_thread_cpu_counts_each_thread_apart() -> None:
+    spun: dict[str, float] = {}
+    started, go, done = threading.Event(), threading.Event(), threading.Event()
+
+    def spin() -> None:
+        spun["tid"] = threading.get_native_id()
+        started.set()
+        go.wait()
+        start = time.thread_time()
+        while time.thread_time() - start < 0.3:  # CPU time, however busy the machine
+            pass
+        done.set()
+        time.sleep(0.5)  # alive while it is read
+
+    thread = threading.Thread(target=spin)
+    thread.start()
+    started.wait()
+    before = thread_cpu_s(os.getpid())
+    go.set()
+    done.wait()
+    used = {t: s - before.get(t, 0.0) for t, s in thread_cpu_s(os.getpid()).items()}
+    thread.join()
+    assert used[spun["tid"]] >= 0.28  # the spinning thread's own CPU, to the clock's tick
+    assert used[threading.get_native_id()] < used[spun["tid"]]  # this one only waited
