@@ -56,7 +56,8 @@ WARM_S = 3.0
 
 class FloorApp:
     """An ASGI app that answers ``POST {"input": [...]}`` with ``{"output": ...}``, batching
-    queued inputs as the model frees; every other request and any bad body is a bare 400."""
+    queued inputs as the model frees; any other body is a bare 400, and a batch that fails
+    fails its requests (Serve's 500)."""
 
     def __init__(self, path: str, inline: bool, max_batch_size: int = fast_path.MAX_BATCH):
         import onnxruntime as ort
@@ -70,7 +71,7 @@ class FloorApp:
         self._inline = inline
         self._max = max_batch_size
         self._queue: list[tuple[np.ndarray, asyncio.Future[Any]]] = []
-        self._draining = False
+        self._drainer: asyncio.Task[None] | None = None
         self._thread = ThreadPoolExecutor(1, "floor")
         self.batches = 0
 
@@ -79,20 +80,21 @@ class FloorApp:
 
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()
-        try:
-            while self._queue:
-                batch, self._queue = self._queue[: self._max], self._queue[self._max :]
-                inputs = [x for x, _ in batch]
+        while self._queue:
+            batch, self._queue = self._queue[: self._max], self._queue[self._max :]
+            inputs = [x for x, _ in batch]
+            try:
                 if self._inline:
                     outputs = self._run(inputs)
                 else:
                     outputs = await loop.run_in_executor(self._thread, self._run, inputs)
-                self.batches += 1
-                for (_, answer), output in zip(batch, outputs, strict=True):
-                    if not answer.done():
-                        answer.set_result(output)
-        finally:
-            self._draining = False
+            except Exception as exc:
+                for _, answer in batch:
+                    answer.set_exception(exc)
+                continue
+            self.batches += 1
+            for (_, answer), output in zip(batch, outputs, strict=True):
+                answer.set_result(output)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -110,9 +112,8 @@ class FloorApp:
             return
         answer = asyncio.get_running_loop().create_future()
         self._queue.append((x, answer))
-        if not self._draining:
-            self._draining = True
-            asyncio.ensure_future(self._drain())
+        if self._drainer is None or self._drainer.done():
+            self._drainer = asyncio.create_task(self._drain())
         await _send(send, 200, orjson.dumps({"output": await answer}))
 
 
@@ -191,7 +192,8 @@ async def _points(port: int, rounds: int, seconds: float) -> list[dict[str, Any]
                 "system": system,
                 "inputs_per_s": inputs / result.duration_s,
                 "p50_ms": result.p50_ms,
-                "errors": result.rejected + result.errors + result.ok - inputs,  # without an output
+                # not 2xx, broken, or answered without an output
+                "errors": result.rejected + result.errors + result.ok - inputs,
                 "machine_cpu_us": busy / inputs * 1e6 if inputs else float("nan"),
                 "process_cpu_us": sum(used) / inputs * 1e6 if inputs else float("nan"),
                 "loop_cpu_us": max(used) / inputs * 1e6 if inputs else float("nan"),
@@ -229,11 +231,16 @@ def main(argv: list[str] | None = None) -> int:
     from ray.serve.schema import LoggingConfig
 
     port, path = fast_path.start(False, systems=("raysrv-colocated",))
-    quiet = LoggingConfig(enable_access_log=False, log_level="WARNING")
-    for name, inline in FLOORS.items():
-        app = Floor.options(name=name).bind(str(path), inline)
-        serve.run(app, name=name, route_prefix=f"/{name}", logging_config=quiet)
-    points = asyncio.run(_points(port, args.rounds, args.seconds))
+    try:
+        quiet = LoggingConfig(enable_access_log=False, log_level="WARNING")
+        for name, inline in FLOORS.items():
+            app = Floor.options(name=name).bind(str(path), inline)
+            serve.run(app, name=name, route_prefix=f"/{name}", logging_config=quiet)
+        points = asyncio.run(_points(port, args.rounds, args.seconds))
+    finally:
+        import ray
+
+        ray.shutdown()  # a local cluster: its Serve goes with it
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(points, indent=1))

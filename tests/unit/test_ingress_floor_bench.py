@@ -66,6 +66,25 @@ def test_each_request_gets_its_own_row_in_batches_cut_at_the_limit(
     assert app.batches == 2  # 40 queued at once: 32, then the 8 left
 
 
+def test_a_failed_batch_fails_its_requests_and_the_next_batch_runs(tmp_path: Path) -> None:
+    app = FloorApp(_matmul(tmp_path / "m.onnx"), inline=True, max_batch_size=2)
+
+    async def main() -> list[Any]:
+        bad = json.dumps({"input": [1.0, 2.0, 3.0]}).encode()  # not the model's width
+        good = json.dumps({"input": [1.0, 1.0, 1.0, 1.0]}).encode()
+        posts = (_post(app, body) for body in (bad, good, good, good))
+        gathered = asyncio.gather(*posts, return_exceptions=True)
+        return await asyncio.wait_for(gathered, 30)  # a batch left unanswered fails, not hangs
+
+    first, second, third, fourth = asyncio.run(main())
+    assert isinstance(first, ValueError)  # the batch of both could not be stacked
+    assert isinstance(second, ValueError)
+    for status, answer in (third, fourth):
+        assert status == 200
+        np.testing.assert_allclose(answer["output"], np.ones(4) @ WEIGHTS, rtol=1e-6)
+    assert app.batches == 1
+
+
 def test_a_body_without_an_input_is_a_400(tmp_path: Path) -> None:
     app = FloorApp(_matmul(tmp_path / "m.onnx"), inline=True)
     assert asyncio.run(_post(app, b'{"inputs": [[1, 2, 3, 4]]}')) == (400, {})
