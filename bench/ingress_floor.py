@@ -7,7 +7,8 @@ own design with none of its per-query work.
 ``@serve.batch(32, 1 ms)``) and raysrv with the digits MLP in its ingress (``colocated``), and
 two floors beside them: each an ASGI app in a Serve ingress replica, as raysrv's is, that
 reads the body (orjson, as raysrv reads it), queues the input, cuts batches of up to 32 as the
-model frees (``fixed`` with no wait, as raysrv's config here) and writes each output as JSON.
+model frees (``fixed`` with no wait, as raysrv's config here), runs them on raysrv's ONNX
+runtime and writes each output as JSON.
 ``floor-thread`` runs each batch on a thread of its own, off the event loop, as raysrv must;
 ``floor-inline`` runs it on the event loop, as the baseline does. A floor checks nothing, keeps
 no deadline, selects nothing, records nothing for feedback and counts no metrics: it is not a
@@ -43,7 +44,7 @@ from ray import serve
 
 from bench import fast_path
 from bench.loadgen import make_inputs, wrk_saturation
-from raysrv.runtimes import rows
+from raysrv.runtimes import OnnxRuntime
 
 __all__ = ["FloorApp", "main", "summary", "thread_cpu_s"]
 
@@ -60,23 +61,13 @@ class FloorApp:
     fails its requests (Serve's 500)."""
 
     def __init__(self, path: str, inline: bool, max_batch_size: int = fast_path.MAX_BATCH):
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
-        self._session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-        self._input = self._session.get_inputs()[0].name
-        self._outputs = [o.name for o in self._session.get_outputs()]
+        self._runtime = OnnxRuntime(path)  # raysrv's, one thread: the same runs as raysrv's
         self._inline = inline
         self._max = max_batch_size
         self._queue: list[tuple[np.ndarray, asyncio.Future[Any]]] = []
         self._drainer: asyncio.Task[None] | None = None
         self._thread = ThreadPoolExecutor(1, "floor")
         self.batches = 0
-
-    def _run(self, inputs: list[np.ndarray]) -> list[Any]:
-        return rows(self._outputs, self._session.run(None, {self._input: np.stack(inputs)}))
 
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()
@@ -85,9 +76,10 @@ class FloorApp:
             inputs = [x for x, _ in batch]
             try:
                 if self._inline:
-                    outputs = self._run(inputs)
+                    outputs = self._runtime.predict_batch(inputs)
                 else:
-                    outputs = await loop.run_in_executor(self._thread, self._run, inputs)
+                    run = self._runtime.predict_batch
+                    outputs = await loop.run_in_executor(self._thread, run, inputs)
             except Exception as exc:
                 for _, answer in batch:
                     answer.set_exception(exc)

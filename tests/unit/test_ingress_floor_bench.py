@@ -77,7 +77,7 @@ def test_a_failed_batch_fails_its_requests_and_the_next_batch_runs(tmp_path: Pat
         return await asyncio.wait_for(gathered, 30)  # a batch left unanswered fails, not hangs
 
     first, second, third, fourth = asyncio.run(main())
-    assert isinstance(first, ValueError)  # the batch of both could not be stacked
+    assert isinstance(first, ValueError)  # the batch of both is not one array
     assert isinstance(second, ValueError)
     for status, answer in (third, fourth):
         assert status == 200
@@ -109,7 +109,7 @@ def test_the_summary_takes_medians_and_ratios_to_the_baseline() -> None:
 
 
 def test_thread_cpu_counts_each_thread_apart() -> None:
-    spun: dict[str, float] = {}
+    spun: dict[str, int] = {}
     started, go, done = threading.Event(), threading.Event(), threading.Event()
 
     def spin() -> None:
