@@ -8,12 +8,12 @@ own design with none of its per-query work.
 two floors beside them: each an ASGI app in a Serve ingress replica, as raysrv's is, that
 reads the body (orjson, as raysrv reads it), queues the input, cuts batches of up to 32 as the
 model frees (``fixed`` with no wait, as raysrv's config here), runs them on raysrv's ONNX
-runtime and writes each output as JSON.
-``floor-thread`` runs each batch on a thread of its own, off the event loop, as raysrv must;
-``floor-inline`` runs it on the event loop, as the baseline does. A floor checks nothing, keeps
-no deadline, selects nothing, records nothing for feedback and counts no metrics: it is not a
-server, only the cost of the path every raysrv prediction shares with it. raysrv is measured
-on its model's route (``/v1/models/mlp/predict``, no app's selection) and on its app's.
+runtime and writes each output as JSON. ``floor-thread`` runs each batch on a thread of its
+own, off the event loop, as raysrv must; ``floor-inline`` runs it on the event loop, as the
+baseline does. A floor checks nothing, keeps no deadline, selects nothing, records nothing for
+feedback and counts no metrics: it is not a server, only the cost of the path every raysrv
+prediction shares with it. raysrv is measured on its model's route (``/v1/models/mlp/predict``,
+no app's selection) and on its app's.
 
 Each round measures every system in turn, in an order that alternates from round to round:
 ``wrk`` with 32 connections, one JSON input a request, every input distinct. Prints each
@@ -58,7 +58,7 @@ WARM_S = 3.0
 class FloorApp:
     """An ASGI app that answers ``POST {"input": [...]}`` with ``{"output": ...}``, batching
     queued inputs as the model frees; any other body is a bare 400, and a batch that fails
-    fails its requests (Serve's 500)."""
+    raises its exception in each of its requests."""
 
     def __init__(self, path: str, inline: bool, max_batch_size: int = fast_path.MAX_BATCH):
         self._runtime = OnnxRuntime(path)  # raysrv's, one thread: the same runs as raysrv's
@@ -82,11 +82,13 @@ class FloorApp:
                     outputs = await loop.run_in_executor(self._thread, run, inputs)
             except Exception as exc:
                 for _, answer in batch:
-                    answer.set_exception(exc)
+                    if not answer.done():  # not cancelled by a client that left
+                        answer.set_exception(exc)
                 continue
             self.batches += 1
             for (_, answer), output in zip(batch, outputs, strict=True):
-                answer.set_result(output)
+                if not answer.done():
+                    answer.set_result(output)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
