@@ -85,6 +85,22 @@ def test_a_failed_batch_fails_its_requests_and_the_next_batch_runs(tmp_path: Pat
     assert app.batches == 1
 
 
+def test_a_client_that_leaves_does_not_stop_the_batch_it_was_in(tmp_path: Path) -> None:
+    app = FloorApp(_matmul(tmp_path / "m.onnx"), inline=True)
+    good = json.dumps({"input": [1.0, 1.0, 1.0, 1.0]}).encode()
+
+    async def main() -> list[tuple[int, Any]]:
+        posts = [asyncio.create_task(_post(app, good)) for _ in range(3)]
+        await asyncio.sleep(0)  # each queued, waiting for its answer; the batch not yet run
+        posts[0].cancel()
+        return await asyncio.wait_for(asyncio.gather(*posts[1:]), 30)
+
+    for status, answer in asyncio.run(main()):
+        assert status == 200
+        np.testing.assert_allclose(answer["output"], np.ones(4) @ WEIGHTS, rtol=1e-6)
+    assert app.batches == 1
+
+
 def test_a_body_without_an_input_is_a_400(tmp_path: Path) -> None:
     app = FloorApp(_matmul(tmp_path / "m.onnx"), inline=True)
     assert asyncio.run(_post(app, b'{"inputs": [[1, 2, 3, 4]]}')) == (400, {})
