@@ -396,19 +396,29 @@ def _encoded(status: int, payload: Any) -> tuple[int, bytes]:
 
 def _all_finite(value: Any) -> bool:
     """False if ``value`` holds a float that is NaN or infinite (or, rarely, floats whose sum
-    overflows: a list of floats is summed in C, and a sum is finite only where each term is)."""
+    overflows: a list of floats is summed in C, and a sum is finite only where each term is).
+    A container's scalars are checked in its own loop, not one call each."""
     kind = type(value)
     if kind is float:
         return math.isfinite(value)
-    if kind is list or kind is tuple:
+    if kind is dict:
+        items: Any = value.values()
+    elif kind is list or kind is tuple:
         if value and type(value[0]) is float:
             try:
                 return math.isfinite(sum(value))
             except TypeError:  # not numbers alone
                 pass
-        return all(map(_all_finite, value))
-    if kind is dict:
-        return all(map(_all_finite, value.values()))
+        items = value
+    else:
+        return True
+    for item in items:
+        kind = type(item)
+        if kind is float:
+            if not math.isfinite(item):
+                return False
+        elif (kind is dict or kind is list or kind is tuple) and not _all_finite(item):
+            return False
     return True
 
 

@@ -680,7 +680,12 @@ class Server:
         start = self._clock()
         target = self._app(app)
         origin, ask = self._ask(start, slo_ms, best_effort, priority, sent_at, http)
-        return await self._predict(target, input, context, start, origin, ask)
+        with _transit_told(ask):
+            x = coerce_input(input, target.input)
+            context = self._context(context)
+            self._arrived(ask)
+            state = await self._state(target, context)
+        return await self._answer(target, x, context, state, start, origin, ask)
 
     async def predict_many(
         self,
@@ -724,22 +729,6 @@ class Server:
         if len(inputs) > limit:
             raise PayloadTooLarge(f"{len(inputs)} inputs exceed the limit of {limit} a request")
         return inputs
-
-    async def _predict(
-        self,
-        target: _App,
-        input: Any,
-        context: str | None,
-        start: float,
-        origin: float,
-        ask: _Ask,
-    ) -> dict[str, Any]:
-        with _transit_told(ask):
-            x = coerce_input(input, target.input)
-            context = self._context(context)
-            self._arrived(ask)
-            state = await self._state(target, context)
-        return await self._answer(target, x, context, state, start, origin, ask)
 
     async def _state(self, target: _App, context: str) -> Any:
         """The app's selection state for ``context`` (the policy's initial one if none)."""
@@ -953,10 +942,9 @@ class Server:
         deadline = origin + slo_s - ask.trip_back_s
         pool = self.pool_of(model)
 
-        async def compute() -> Any:
-            return await self._by_deadline(
-                pool.submit(model, x, deadline, ask.priority, self._trip(ask)), deadline, model
-            )
+        def compute() -> Awaitable[Any]:  # the wait itself, not a coroutine around it
+            answer = pool.submit(model, x, deadline, ask.priority, self._trip(ask))
+            return self._by_deadline(answer, deadline, model)
 
         if not app.cache.capacity:  # no cache: no key to build, nothing to coalesce
             return await compute(), False
@@ -1009,7 +997,11 @@ class Server:
         """
         if not math.isfinite(deadline):
             return await answer
-        await self._wait_until(deadline, [answer], model)
+        try:  # _wait_until's, for one answer with one call less
+            await _until_done(answer, max(0.0, deadline - self._clock()))
+        except asyncio.CancelledError:
+            self._left(model, [answer])
+            raise
         return self._settled(answer, deadline, model, self._clock())
 
     async def _wait_until(
@@ -1023,11 +1015,15 @@ class Server:
                 await _until_done(answers[0], timeout)
             else:
                 await asyncio.wait(answers, timeout=timeout)
-        except asyncio.CancelledError:  # the caller left: out of the queue, or dropped
-            for answer in answers:
-                self._withdraw(model, answer)
-                answer.cancel()
+        except asyncio.CancelledError:
+            self._left(model, answers)
             raise
+
+    def _left(self, model: str, answers: list[asyncio.Future[Any]]) -> None:
+        """The caller left: each of ``answers`` out of its queue, or dropped from its batch."""
+        for answer in answers:
+            self._withdraw(model, answer)
+            answer.cancel()
 
     def _settled(self, answer: asyncio.Future[Any], deadline: float, model: str, at: float) -> Any:
         """``answer``'s result, taken up at ``at`` (or, not in, when the wait for it ended),

@@ -248,6 +248,9 @@ class PoolWorker:
         """Hand ``calls`` to their executors now, in the order given (on the running loop),
         INFERs to ``lane``'s; the returned future holds their reports, in order."""
         loop = asyncio.get_running_loop()
+        if len(calls) == 1 and calls[0].kind == "infer":  # most calls: one batch, no gather
+            after = self._pending.get(calls[0].model)
+            return loop.run_in_executor(self._infers[lane], self._infer_alone, after, calls[0])
         done: list[Awaitable[Report]] = []
         for call in calls:
             if call.kind == "infer":
@@ -275,6 +278,9 @@ class PoolWorker:
     def _loaded(self, name: str, future: Future[Report]) -> None:
         if self._pending.get(name) is future:
             del self._pending[name]
+
+    def _infer_alone(self, load: Future[Report] | None, call: Call) -> list[Report]:
+        return [self._infer_after(load, call)]
 
     def _infer_after(self, load: Future[Report] | None, call: Call) -> Report:
         """On the INFER executor: wait for the model's LOAD if one was sent before, then run."""

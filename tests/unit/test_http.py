@@ -301,6 +301,7 @@ def test_an_answer_of_finite_values_is_encoded_as_the_standard_encoder_reads_it(
         {"output": [2, -float("inf")]},
         {"output": [np.float64("nan")]},
         {"output": 1.0, "confidence": float("nan")},
+        {"output": [{"label": 1, "p": [0.5]}, {"label": 2, "p": float("inf")}]},
     ],
 )
 def test_an_answer_holding_a_non_finite_float_is_the_documented_500(
@@ -764,6 +765,34 @@ def test_a_query_whose_batch_outruns_its_deadline_gets_504_at_the_deadline() -> 
         assert waited.json()["latency_ms"] > 20
         assert after.status_code == 200  # and the server keeps serving
         assert sum(logs["a"]) == 3  # the work was spent: the expired query did run
+
+    run(scenario())
+
+
+def test_a_caller_that_leaves_takes_its_queued_query_out_of_the_queue() -> None:
+    """Without a cache a query is its caller's alone: once the caller stops waiting, the query
+    leaves the queue and never runs, and the query ahead of it is answered as usual."""
+    uncached = RaysrvSpec.model_validate(
+        spec([model_spec("a")], [{"name": "one", "models": ["a"], "cache_size": 0}])
+    )
+
+    async def scenario() -> None:
+        log: list[int] = []
+        server = Server(uncached, {"a": fake_workers(EchoModel(), 0.05, log)})
+        pool = server.pool_of("a")
+        running = asyncio.create_task(server.predict("one", [1, 0, 0, 0], slo_ms=5000))
+        await asyncio.sleep(0.01)  # in a batch now, which takes 50 ms
+        queued = asyncio.create_task(server.predict("one", [2, 0, 0, 0], slo_ms=5000))
+        await asyncio.sleep(0.01)
+        assert pool.queue_length("a") == 1
+        queued.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        assert pool.queue_length("a") == 0
+        assert (await running)["output"]["sum"] == 1
+        await asyncio.sleep(0.1)
+        assert log == [1]  # the batch that ran; the query that left was in none
+        await server.close()
 
     run(scenario())
 
