@@ -733,11 +733,12 @@ async def _receive_body(scope: dict[str, Any], receive: Any, limit: int) -> byte
         message = await receive()
         if message["type"] == "http.disconnect":
             return None
-        body += message.get("body", b"")
-        if len(body) > limit:
+        chunk = message.get("body", b"")
+        if len(body) + len(chunk) > limit:
             raise PayloadTooLarge(f"body exceeds the limit of {limit} bytes")
-        if not message.get("more_body", False):
-            return bytes(body)
+        if not message.get("more_body", False):  # a body in one message is kept as it came
+            return bytes(body + chunk) if body else bytes(chunk)
+        body += chunk
 
 
 async def _send_json(send: Any, status: int, payload: Any) -> None:

@@ -748,7 +748,11 @@ class Server:
         app = target.spec.name
         with _transit_told(ask):
             chosen = target.selection.select(state, x)
-            predictions, cache_hit = await self._ask_models(target, chosen, x, origin, ask)
+            if len(chosen) == 1:  # one model: its answer or its error
+                value, cache_hit = await self._predict_one(target, chosen[0], x, origin, ask)
+                predictions = {chosen[0]: value}
+            else:
+                predictions, cache_hit = await self._ask_models(target, chosen, x, origin, ask)
             output, confidence = target.selection.combine(state, x, predictions)
             default = confidence < target.spec.confidence_threshold
             if default:
@@ -905,19 +909,15 @@ class Server:
     async def _ask_models(
         self, app: _App, chosen: list[str], x: Input, origin: float, ask: _Ask
     ) -> tuple[dict[str, Any], bool]:
-        """The predictions of the chosen models that arrive by the deadline, and whether all
-        came from the cache.
+        """The predictions of an ensemble's chosen models that arrive by the deadline, and
+        whether all came from the cache (one model's is its answer or its error, :meth:`_answer`).
 
-        One model: its answer or its error. Several (an ensemble): straggler mitigation, clipper
-        §5.2.2. Each model's wait ends at the query's deadline less the app's
-        ``ensemble_reserve_ms`` (``_by_deadline``), so the ensemble is combined then from the
-        predictions that arrived and answered in time; a model that is late, refused or failed
-        is left out and lowers the confidence. Only when none arrived does the query fail, with
-        the first model's error.
+        Straggler mitigation, clipper §5.2.2: each model's wait ends at the query's deadline
+        less the app's ``ensemble_reserve_ms`` (``_by_deadline``), so the ensemble is combined
+        then from the predictions that arrived and answered in time; a model that is late,
+        refused or failed is left out and lowers the confidence. Only when none arrived does
+        the query fail, with the first model's error.
         """
-        if len(chosen) == 1:
-            value, hit = await self._predict_one(app, chosen[0], x, origin, ask)
-            return {chosen[0]: value}, hit
         reserve = app.spec.ensemble_reserve_ms / 1000.0
         ask = replace(ask, trip_back_s=ask.trip_back_s + reserve)
         answers = await asyncio.gather(

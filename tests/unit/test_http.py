@@ -459,6 +459,35 @@ def test_a_client_that_leaves_before_its_body_arrives_gets_no_answer_and_costs_n
     assert logs["a"] == []
 
 
+@pytest.mark.parametrize(("limit", "status"), [(4096, 200), (20, 413)])
+def test_a_body_sent_in_pieces_is_read_whole_and_held_to_the_limit_over_all_of_them(
+    limit: int, status: int
+) -> None:
+    """Three messages, 38 bytes in all, none of them over a limit of 20 alone."""
+    pieces = [b'{"input": ', b"[1, 2, 3, 4]", b', "slo_ms": 1e4}']
+    messages = iter(
+        [{"type": "http.request", "body": p, "more_body": p is not pieces[-1]} for p in pieces]
+    )
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return next(messages, {"type": "http.disconnect"})
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/one/predict",
+        "headers": [(b"content-type", b"application/json")],
+    }
+    run(create_http_app(_server(), limit)(scope, receive, send))
+    assert sent[0]["status"] == status, sent[1]["body"]
+    if status == 200:
+        assert json.loads(sent[1]["body"])["output"]["sum"] == 10
+
+
 def test_one_model_is_described_on_its_own_and_an_unknown_one_is_a_404() -> None:
     async def scenario() -> None:
         async with await _client(_server()) as c:
