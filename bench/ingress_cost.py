@@ -1,17 +1,18 @@
 """CPU time per request of raysrv's own HTTP predict path, in one process, without Ray or Serve.
 
-    python -m bench.ingress_cost [--requests 20000] [--rounds 3] [--refused]
+    python -m bench.ingress_cost [--requests 20000] [--rounds 3] [--clients 32] [--refused]
 
 The digits example's MLP (:mod:`bench.fast_path`'s config, every input distinct) behind a
 :class:`raysrv._server.Server` whose pool runs on threads of this process, its ASGI app
-(:func:`raysrv._http.create_http_app`) called directly by 32 clients in one event loop, each
-sending one single-input JSON request after another. Prints, per round, the requests answered
-per second and this process's CPU microseconds per request: what raysrv's parsing, selection,
-deadline, scheduler, feedback record and answer cost on top of what Serve and uvicorn cost in
-front of them (``bench.ingress_profile`` measures those, live). ``--refused``: the model
-batched by ``deadline`` and every request with an SLO (``REFUSED_SLO_MS``) shorter than a
-batch of one, so that each is refused (429, "cannot meet deadline") as it would be under
-overload: what a refusal costs the ingress.
+(:func:`raysrv._http.create_http_app`) called directly by 32 clients (``--clients``) in one
+event loop, each sending one single-input JSON request after another: as many in flight, and
+the model's batches that size. Prints, per round, the requests answered per second and this
+process's CPU microseconds per request: what raysrv's parsing, selection, deadline, scheduler,
+feedback record and answer cost on top of what Serve and uvicorn cost in front of them
+(``bench.ingress_profile`` measures those, live). ``--refused``: the model batched by
+``deadline`` and every request with an SLO (``REFUSED_SLO_MS``) shorter than a batch of one,
+so that each is refused (429, "cannot meet deadline") as it would be under overload: what a
+refusal costs the ingress.
 
 Results: bench/RESULTS.md, "The fast path" (answers) and "Overload" (refusals).
 """
@@ -35,9 +36,11 @@ REFUSED_SLO_MS = 0.001
 ROUTE = f"/v1/{fast_path.APP}/predict"
 
 
-async def measure(requests: int, rounds: int, refused: bool = False) -> list[tuple[float, float]]:
-    """(requests per second, CPU microseconds per request) of each round; with ``refused``,
-    of requests all refused."""
+async def measure(
+    requests: int, rounds: int, refused: bool = False, clients: int = CLIENTS
+) -> list[tuple[float, float]]:
+    """(requests per second, CPU microseconds per request) of each round, ``clients`` sending;
+    with ``refused``, of requests all refused."""
     from examples.digits.build import build_all
     from raysrv._http import create_http_app
     from raysrv._server import Server
@@ -79,15 +82,15 @@ async def measure(requests: int, rounds: int, refused: bool = False) -> list[tup
         for i in range(n):
             await one(bodies[(k + i) % len(bodies)])
 
-    each = requests // CLIENTS
+    each = requests // clients
     out = []
     try:
         await server.profile()
         for _ in range(rounds):
             wall, cpu = time.perf_counter(), time.process_time()
-            await asyncio.gather(*(client(k, each) for k in range(CLIENTS)))
+            await asyncio.gather(*(client(k, each) for k in range(clients)))
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-            out.append((CLIENTS * each / wall, 1e6 * cpu / (CLIENTS * each)))
+            out.append((clients * each / wall, 1e6 * cpu / (clients * each)))
     finally:
         await server.close()
     return out
@@ -97,9 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=20_000, help="a round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--clients", type=int, default=CLIENTS, help="requests in flight")
     parser.add_argument("--refused", action="store_true", help="every request refused")
     args = parser.parse_args(argv)
-    rounds = asyncio.run(measure(args.requests, args.rounds, args.refused))
+    if args.clients < 1:
+        parser.error(f"--clients must be at least 1, got {args.clients}")
+    rounds = asyncio.run(measure(args.requests, args.rounds, args.refused, args.clients))
     for k, (rate, cpu_us) in enumerate(rounds):
         print(f"round {k}: {rate:7.0f} requests/s, {cpu_us:6.1f} us of CPU a request")
     return 0
