@@ -436,37 +436,13 @@ def test_the_predict_routes_answer_below_a_route_prefix_post_only_and_are_docume
     assert r["get"].headers["allow"] == "POST"
 
 
-def test_a_client_that_leaves_before_its_body_arrives_gets_no_answer_and_costs_no_work() -> None:
-    logs: dict[str, list[int]] = {"a": [], "b": []}
-    app = create_http_app(_server(logs=logs), 4096)
-    sent: list[dict[str, Any]] = []
-    messages = iter([{"type": "http.request", "body": b'{"input": [1,', "more_body": True}])
-
-    async def receive() -> dict[str, Any]:
-        return next(messages, {"type": "http.disconnect"})
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    scope = {
-        "type": "http",
-        "method": "POST",
-        "path": "/v1/one/predict",
-        "headers": [(b"content-type", b"application/json")],
-    }
-    run(app(scope, receive, send))
-    assert sent == []
-    assert logs["a"] == []
-
-
-@pytest.mark.parametrize(("limit", "status"), [(4096, 200), (20, 413)])
-def test_a_body_sent_in_pieces_is_read_whole_and_held_to_the_limit_over_all_of_them(
-    limit: int, status: int
-) -> None:
-    """Three messages, 38 bytes in all, none of them over a limit of 20 alone."""
-    pieces = [b'{"input": ', b"[1, 2, 3, 4]", b', "slo_ms": 1e4}']
+def _answered(app: Any, pieces: list[bytes], whole: bool = True) -> list[dict[str, Any]]:
+    """What ``app`` sends for a predict request of app ``one`` whose body arrives in
+    ``pieces``, one message each; then the client leaves (without ``whole``, before the last
+    piece said it was the last)."""
+    last = pieces[-1] if whole else None
     messages = iter(
-        [{"type": "http.request", "body": p, "more_body": p is not pieces[-1]} for p in pieces]
+        [{"type": "http.request", "body": p, "more_body": p is not last} for p in pieces]
     )
     sent: list[dict[str, Any]] = []
 
@@ -482,7 +458,24 @@ def test_a_body_sent_in_pieces_is_read_whole_and_held_to_the_limit_over_all_of_t
         "path": "/v1/one/predict",
         "headers": [(b"content-type", b"application/json")],
     }
-    run(create_http_app(_server(), limit)(scope, receive, send))
+    run(app(scope, receive, send))
+    return sent
+
+
+def test_a_client_that_leaves_before_its_body_arrives_gets_no_answer_and_costs_no_work() -> None:
+    logs: dict[str, list[int]] = {"a": [], "b": []}
+    app = create_http_app(_server(logs=logs), 4096)
+    assert _answered(app, [b'{"input": [1,'], whole=False) == []
+    assert logs["a"] == []
+
+
+@pytest.mark.parametrize(("limit", "status"), [(4096, 200), (20, 413)])
+def test_a_body_sent_in_pieces_is_read_whole_and_held_to_the_limit_over_all_of_them(
+    limit: int, status: int
+) -> None:
+    """Three messages, 38 bytes in all, none of them over a limit of 20 alone."""
+    pieces = [b'{"input": ', b"[1, 2, 3, 4]", b', "slo_ms": 1e4}']
+    sent = _answered(create_http_app(_server(), limit), pieces)
     assert sent[0]["status"] == status, sent[1]["body"]
     if status == 200:
         assert json.loads(sent[1]["body"])["output"]["sum"] == 10
