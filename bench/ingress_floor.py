@@ -13,7 +13,11 @@ own, off the event loop, as raysrv must; ``floor-inline`` runs it on the event l
 baseline does. A floor checks nothing, keeps no deadline, selects nothing, records nothing for
 feedback and counts no metrics: it is not a server, only the cost of the path every raysrv
 prediction shares with it. raysrv is measured on its model's route (``/v1/models/mlp/predict``,
-no app's selection) and on its app's.
+no app's selection) and on its app's, and so is ``pool-floor``: the same raysrv with
+``floor-thread``'s batching in place of its pool (:func:`floor_pools`), all its per-query work
+kept. Its gain over raysrv is the most any cut to the pool (queue, scheduler, the worker's
+calls and reports, the timeline) could buy; its gap to ``floor-thread`` is raysrv's per-query
+work alone.
 
 Each round measures every system in turn, in an order that alternates from round to round:
 ``wrk`` with 32 connections, one JSON input a request, every input distinct. Prints each
@@ -41,33 +45,63 @@ from typing import Any
 import numpy as np
 import orjson
 from ray import serve
+from ray.serve import Application
 
 from bench import fast_path
 from bench.loadgen import make_inputs, wrk_saturation
+from raysrv._deployments import Ingress
+from raysrv._server import Server
+from raysrv.app import ingress_options, prepare_spec
+from raysrv.config import RaysrvSpec
 from raysrv.runtimes import OnnxRuntime
 
-__all__ = ["FloorApp", "main", "summary", "thread_cpu_s"]
+__all__ = [
+    "FloorApp",
+    "FloorBatcher",
+    "PoolFloorIngress",
+    "floor_pools",
+    "main",
+    "summary",
+    "thread_cpu_s",
+]
 
-SYSTEMS = ("baseline", "floor-inline", "floor-thread", "raysrv-model", "raysrv-colocated")
+SYSTEMS = (
+    "baseline",
+    "floor-inline",
+    "floor-thread",
+    "raysrv-model",
+    "raysrv-colocated",
+    "pool-floor-model",
+    "pool-floor",
+)
 FLOORS = {"floor-inline": True, "floor-thread": False}  # name: runs its batches inline
 FIELDS = ("inputs_per_s", "p50_ms", "machine_cpu_us", "process_cpu_us", "loop_cpu_us")
 CONNECTIONS = 32
 WARM_S = 3.0
 
 
-class FloorApp:
-    """An ASGI app that answers ``POST {"input": [...]}`` with ``{"output": ...}``, batching
-    queued inputs as the model frees; any other body is a bare 400, and a batch that fails
-    raises its exception in each of its requests."""
+class FloorBatcher:
+    """Inputs queued and cut into batches of up to ``max_batch_size`` as the model frees, run by
+    raysrv's ONNX runtime (one thread: the same runs as raysrv's) on the event loop
+    (``inline``) or on a thread of their own; a batch that fails raises its exception in each
+    of its answers, and one whose callers all left still runs."""
 
     def __init__(self, path: str, inline: bool, max_batch_size: int = fast_path.MAX_BATCH):
-        self._runtime = OnnxRuntime(path)  # raysrv's, one thread: the same runs as raysrv's
+        self._runtime = OnnxRuntime(path)
         self._inline = inline
         self._max = max_batch_size
-        self._queue: list[tuple[np.ndarray, asyncio.Future[Any]]] = []
+        self._queue: list[tuple[Any, asyncio.Future[Any]]] = []
         self._drainer: asyncio.Task[None] | None = None
         self._thread = ThreadPoolExecutor(1, "floor")
         self.batches = 0
+
+    def put(self, x: Any) -> asyncio.Future[Any]:
+        """Queue ``x``; the future holds its output."""
+        answer = asyncio.get_running_loop().create_future()
+        self._queue.append((x, answer))
+        if self._drainer is None or self._drainer.done():
+            self._drainer = asyncio.create_task(self._drain())
+        return answer
 
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()
@@ -90,6 +124,18 @@ class FloorApp:
                 if not answer.done():
                     answer.set_result(output)
 
+
+class FloorApp:
+    """An ASGI app that answers ``POST {"input": [...]}`` with ``{"output": ...}``, its inputs
+    batched by a :class:`FloorBatcher`; any other body is a bare 400."""
+
+    def __init__(self, path: str, inline: bool, max_batch_size: int = fast_path.MAX_BATCH):
+        self._batcher = FloorBatcher(path, inline, max_batch_size)
+
+    @property
+    def batches(self) -> int:
+        return self._batcher.batches
+
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
@@ -104,11 +150,37 @@ class FloorApp:
         except (ValueError, KeyError, TypeError):
             await _send(send, 400, b"{}")
             return
-        answer = asyncio.get_running_loop().create_future()
-        self._queue.append((x, answer))
-        if self._drainer is None or self._drainer.done():
-            self._drainer = asyncio.create_task(self._drain())
-        await _send(send, 200, orjson.dumps({"output": await answer}))
+        output = await self._batcher.put(x)
+        await _send(send, 200, orjson.dumps({"output": output}))
+
+
+def floor_pools(server: Server) -> dict[str, FloorBatcher]:
+    """Each model of ``server`` answered by a :class:`FloorBatcher` on a thread, in place of
+    its pool's queue, scheduler and worker: what raysrv would cost if its pools cost no more
+    than the floor's batching, all its per-query work kept (parsing, checks, selection, the
+    wait to the deadline, the feedback record, the answer). The pools take no query and plan
+    nothing; a query whose caller leaves stays queued, and its batch runs without it. The
+    batchers, by model."""
+    sources = {m.name: m.source for m in server.spec.models}
+    batchers = {}
+    for pool in server.pools.values():
+        mine = {m: FloorBatcher(sources[m], False) for m in pool.models()}
+
+        def submit(model: str, x: Any, *_: Any, mine: dict[str, FloorBatcher] = mine) -> Any:
+            return mine[model].put(x)
+
+        pool.submit = submit  # type: ignore[method-assign]
+        pool.withdraw = lambda model, future: False  # type: ignore[method-assign]
+        batchers.update(mine)
+    return batchers
+
+
+class PoolFloorIngress(Ingress.func_or_class):  # type: ignore[name-defined,misc]
+    """raysrv's ingress with :func:`floor_pools` in place of its pools."""
+
+    async def __init__(self, spec: dict[str, Any], root: str | None = None) -> None:
+        await super().__init__(spec, root)
+        floor_pools(self._server)
 
 
 async def _send(send: Any, status: int, body: bytes) -> None:
@@ -134,6 +206,8 @@ REPLICAS = {  # each system's Serve replica, as its process names it
     **{name: f"{name}:{name}" for name in FLOORS},
     "raysrv-model": "raysrv-colocated:ingress",
     "raysrv-colocated": "raysrv-colocated:ingress",
+    "pool-floor-model": "pool-floor:ingress",
+    "pool-floor": "pool-floor:ingress",
 }
 
 
@@ -156,12 +230,14 @@ def thread_cpu_s(pid: int) -> dict[int, float]:
 
 def _urls(port: int) -> dict[str, str]:
     base = f"http://{fast_path.HOST}:{port}"
-    raysrv = f"{base}/raysrv-colocated"
+    raysrv, pool_floor = f"{base}/raysrv-colocated", f"{base}/pool-floor"
     return {
         "baseline": f"{base}/baseline",
         **{name: f"{base}/{name}" for name in FLOORS},
         "raysrv-model": f"{raysrv}/v1/models/mlp/predict",
         "raysrv-colocated": f"{raysrv}/v1/{fast_path.APP}/predict",
+        "pool-floor-model": f"{pool_floor}/v1/models/mlp/predict",
+        "pool-floor": f"{pool_floor}/v1/{fast_path.APP}/predict",
     }
 
 
@@ -216,6 +292,16 @@ def summary(points: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return out
 
 
+def _pool_floor(path: Path) -> Application:
+    """raysrv colocated, as ``bench.fast_path`` serves it, in a :class:`PoolFloorIngress`."""
+    spec = prepare_spec(RaysrvSpec.model_validate(fast_path.spec(path, "colocated")))
+    options = ingress_options(spec)
+    # Ray's logical CPUs are the other systems' already: this one's are on the same cores
+    options["ray_actor_options"] = {**options["ray_actor_options"], "num_cpus": 0}
+    deployment = Ingress.options(func_or_class=PoolFloorIngress, **options)
+    return deployment.bind(spec.model_dump(mode="json"), str(spec.base_dir()))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -230,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, inline in FLOORS.items():
             app = Floor.options(name=name).bind(str(path), inline)
             serve.run(app, name=name, route_prefix=f"/{name}", logging_config=quiet)
+        serve.run(
+            _pool_floor(path), name="pool-floor", route_prefix="/pool-floor", logging_config=quiet
+        )
         points = asyncio.run(_points(port, args.rounds, args.seconds))
     finally:
         import ray

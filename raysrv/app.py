@@ -16,6 +16,7 @@ when its source file does not exist yet.
 # as a class to validate ``args`` with it.
 
 from pathlib import Path
+from typing import Any
 
 from ray.serve import Application
 
@@ -24,7 +25,7 @@ from raysrv._deployments import Ingress
 from raysrv._plugins import import_object
 from raysrv.config import ModelSpec, RaysrvSpec
 
-__all__ = ["build_app", "prepare_spec"]
+__all__ = ["build_app", "ingress_options", "prepare_spec"]
 
 
 def _prepare_model(model: ModelSpec, root: Path) -> ModelSpec:
@@ -51,25 +52,32 @@ def prepare_spec(spec: RaysrvSpec, root: Path | None = None) -> RaysrvSpec:
 
 def build_app(args: RaysrvSpec) -> Application:
     """The Serve application of one raysrv spec: the ingress, owning the workers of every pool,
-    Serve's bound on its requests in flight timed here if ``auto`` (:mod:`raysrv._admission`).
+    with :func:`ingress_options`.
 
     Serve passes ``args`` already validated; Python callers may pass the plain dict.
     """
     given = args if isinstance(args, RaysrvSpec) else RaysrvSpec.model_validate(args)
     root = given.base_dir()
     spec = prepare_spec(given, root)
+    return Ingress.options(**ingress_options(spec)).bind(spec.model_dump(mode="json"), str(root))
+
+
+def ingress_options(spec: RaysrvSpec) -> dict[str, Any]:
+    """Serve's options of the ingress deployment of ``spec`` (prepared): its replicas and
+    resources, and Serve's bound on its requests in flight, timed here if ``auto``
+    (:mod:`raysrv._admission`)."""
     ongoing = spec.ingress.max_ongoing_requests
     if ongoing == "auto":
         slo_ms = longest_slo_ms(spec.models, spec.apps)
         ongoing = auto_bound(spec.resolved_pools(), slo_ms)
     per_node = spec.ingress.max_replicas_per_node
-    return Ingress.options(
-        name="ingress",
-        num_replicas=spec.ingress.replicas,
+    return {
+        "name": "ingress",
+        "num_replicas": spec.ingress.replicas,
         **({} if per_node is None else {"max_replicas_per_node": per_node}),
-        ray_actor_options=spec.ingress_resources(),
-        max_ongoing_requests=ongoing,
-        max_queued_requests=spec.ingress.max_queued_requests,
-        health_check_period_s=spec.ingress.health_check_period_s,
-        user_config={},  # no knob overridden: every model and app as declared
-    ).bind(spec.model_dump(mode="json"), str(root))
+        "ray_actor_options": spec.ingress_resources(),
+        "max_ongoing_requests": ongoing,
+        "max_queued_requests": spec.ingress.max_queued_requests,
+        "health_check_period_s": spec.ingress.health_check_period_s,
+        "user_config": {},  # no knob overridden: every model and app as declared
+    }

@@ -1,5 +1,6 @@
 """bench.ingress_floor: the floor app answers each request with its own row, in batches cut
-at the limit, inline or on its thread; each thread's CPU; the summary's medians and ratios."""
+at the limit, inline or on its thread; raysrv with the floor's batching for its pools answers
+through it; each thread's CPU; the summary's medians and ratios."""
 
 from __future__ import annotations
 
@@ -16,7 +17,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from bench.ingress_floor import FIELDS, SYSTEMS, FloorApp, summary, thread_cpu_s
+from bench.ingress_floor import FIELDS, SYSTEMS, FloorApp, floor_pools, summary, thread_cpu_s
+from raysrv._http import create_http_app
+from raysrv._server import Server
+from raysrv._workers import ColocatedWorkers
+from raysrv.app import prepare_spec
+from raysrv.config import RaysrvSpec
 
 WEIGHTS = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
 
@@ -106,6 +112,62 @@ def test_a_body_without_an_input_is_a_400(tmp_path: Path) -> None:
     assert asyncio.run(_post(app, b'{"inputs": [[1, 2, 3, 4]]}')) == (400, {})
     assert asyncio.run(_post(app, b"not json")) == (400, {})
     assert app.batches == 0
+
+
+def _colocated(source: str) -> Server:
+    model = {
+        "name": "m",
+        "runtime": "onnx",
+        "source": source,
+        "placement": "colocated",
+        "batching": {"policy": "fixed", "params": {"max_batch_size": 32}},
+        "input": {"shape": [4], "dtype": "float32"},
+    }
+    raw = {"models": [model], "apps": [{"name": "a", "models": ["m"], "cache_size": 0}]}
+    spec = prepare_spec(RaysrvSpec.model_validate(raw))
+    return Server(spec, {p.name: ColocatedWorkers(p, metrics=False) for p in spec.resolved_pools()})
+
+
+async def _predict(app: Any, path: str, x: np.ndarray) -> tuple[int, Any]:
+    body = json.dumps({"input": x.tolist()}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    scope = {"type": "http", "method": "POST", "path": path, "headers": headers}
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    start, answer = sent
+    return start["status"], json.loads(answer["body"])
+
+
+def test_floor_pools_answer_raysrv_queries_with_the_floor_batching_and_not_the_pool(
+    tmp_path: Path,
+) -> None:
+    server = _colocated(_matmul(tmp_path / "m.onnx"))
+    batchers = floor_pools(server)
+    app = create_http_app(server, 1 << 20)
+    inputs = [np.full(4, k, dtype=np.float32) for k in range(40)]
+
+    async def main() -> list[tuple[int, Any]]:
+        try:
+            paths = ["/v1/a/predict", "/v1/models/m/predict"] * 20
+            return await asyncio.gather(
+                *(_predict(app, p, x) for p, x in zip(paths, inputs, strict=True))
+            )
+        finally:
+            await server.close()
+
+    answers = asyncio.run(main())
+    for x, (status, answer) in zip(inputs, answers, strict=True):
+        assert status == 200
+        np.testing.assert_allclose(answer["output"], x @ WEIGHTS, rtol=1e-6)
+    assert batchers["m"].batches == 2  # 40 queued at once: 32, then the 8 left
+    assert not any(server.timeline("m").values())  # the pool itself ran nothing
 
 
 def test_the_summary_takes_medians_and_ratios_to_the_baseline() -> None:
