@@ -30,6 +30,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -137,7 +138,7 @@ class Pool:
         self._timer: asyncio.TimerHandle | None = None  # the step at the last one's wake time
         self._poked: float | None = None  # when the step due was first asked for
         self._closed = False
-        self._running: set[asyncio.Task[Any]] = set()
+        self._running: set[asyncio.Future[Any]] = set()
         # a call's round trip beyond its actions' run times: the hop to the worker and back
         self._overheads = SortedWindow(OVERHEAD_WINDOW)
         # of each batch: how much later it started than the scheduler expected (how long its
@@ -409,26 +410,32 @@ class Pool:
         if not calls:
             self._poke()
             return
-        pending = self._workers.run(worker, calls)
-        self._track(self._finish(worker, now, earliest - now, decided, sent, pending))
+        # its reports taken up by a callback, with no task of its own (a colocated worker's
+        # call is a future already; a worker actor's call gets a task to await it)
+        pending = asyncio.ensure_future(self._workers.run(worker, calls))
+        self._running.add(pending)
+        pending.add_done_callback(partial(self._finish, worker, now, earliest - now, decided, sent))
 
     def _track(self, coroutine: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coroutine)
         self._running.add(task)
         task.add_done_callback(self._running.discard)
 
-    async def _finish(
+    def _finish(
         self,
         worker: int,
         now: float,
         offset: float,
         decided: float,
         sent: list[tuple[Action, list[_Entry]]],
-        pending: Awaitable[list[Report]],
+        pending: asyncio.Future[list[Report]],
     ) -> None:
         """Take up a call's reports; ``offset`` is the wall clock less the clock at ``now``."""
+        self._running.discard(pending)
+        if pending.cancelled():  # the loop is closing
+            return
         try:
-            reports = await pending
+            reports = pending.result()
         except Exception as exc:
             logger.warning("%d actions for pool %s failed: %s", len(sent), self.name, exc)
             failed = Report("failed", error=f"{type(exc).__name__}: {exc}")

@@ -4,6 +4,7 @@ its own batches; and SERF's configurations over them (workers, threads, lanes)."
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,32 @@ def test_two_lanes_of_a_worker_run_their_batches_at_once_and_one_lane_in_turn() 
     assert _overlap(*apart)  # two lanes: side by side
     assert not _overlap(*together)  # one lane: one after the other, in order
     assert _span(together[0])[1] <= _span(together[1])[0]
+
+
+def test_a_lane_runs_its_calls_in_order_passes_on_what_one_raised_and_outlives_a_caller() -> None:
+    ran: list[int] = []
+    lane = workers_module._Lane("infer-test", lambda: None)
+
+    def step(k: int) -> int:
+        time.sleep(0.01)
+        ran.append(k)
+        if k == 2:
+            raise ValueError("batch 2")
+        return k * 10
+
+    async def scenario() -> list[Any]:
+        futures = [lane.submit(step, k) for k in range(5)]
+        futures[3].cancel()  # its caller left: the lane still runs it, and those after it
+        return await asyncio.gather(*futures, return_exceptions=True)
+
+    outcomes = asyncio.run(scenario())
+    lane.shutdown(wait=True)
+    assert ran == [0, 1, 2, 3, 4]
+    assert outcomes[:2] == [0, 10]
+    assert outcomes[4] == 40
+    assert isinstance(outcomes[2], ValueError)
+    assert str(outcomes[2]) == "batch 2"
+    assert isinstance(outcomes[3], asyncio.CancelledError)
 
 
 def test_lanes_pack_workers_into_processes_of_their_shape_and_free_a_process_last() -> None:
