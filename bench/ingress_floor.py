@@ -24,7 +24,9 @@ Each round measures every system in turn, in an order that alternates from round
 system's median inputs per second, its ratio to the baseline, and CPU an input: the machine's
 (every process's, the client's too), the serving replica process's, and that of the process's
 busiest thread, the one that runs the event loop (Serve's, uvicorn's and the app's Python; the
-model's thread is the next).
+model's thread is the next). For raysrv's own two rows also the mean size of the model's
+batches, read from its pool's timeline: at saturation the loop, not the model, is busy, so
+batches stay small and what the pool pays a batch is paid often.
 
 Results: bench/RESULTS.md, "The fast path".
 """
@@ -34,14 +36,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import statistics
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import numpy as np
 import orjson
 from ray import serve
@@ -61,6 +66,7 @@ __all__ = [
     "PoolFloorIngress",
     "floor_pools",
     "main",
+    "mean_batch",
     "summary",
     "thread_cpu_s",
 ]
@@ -75,7 +81,16 @@ SYSTEMS = (
     "pool-floor",
 )
 FLOORS = {"floor-inline": True, "floor-thread": False}  # name: runs its batches inline
-FIELDS = ("inputs_per_s", "p50_ms", "machine_cpu_us", "process_cpu_us", "loop_cpu_us")
+FIELDS = (
+    "inputs_per_s",
+    "p50_ms",
+    "machine_cpu_us",
+    "process_cpu_us",
+    "loop_cpu_us",
+    "mean_batch",
+)
+POOLED = ("raysrv-model", "raysrv-colocated")  # their batches in the pool's timeline
+MODEL = "mlp"  # bench.fast_path's model, and its pool's name
 CONNECTIONS = 32
 WARM_S = 3.0
 
@@ -228,15 +243,34 @@ def thread_cpu_s(pid: int) -> dict[int, float]:
     return out
 
 
+def mean_batch(columns: dict[str, list[Any]]) -> float:
+    """The mean number of queries in the INFERs of a pool's timeline (NaN if it has none)."""
+    kinds, sizes = columns["kind"], columns["size"]
+    batches = [size for kind, size in zip(kinds, sizes, strict=True) if kind == "infer"]
+    return statistics.fmean(batches) if batches else math.nan
+
+
+async def _mean_batch(port: int, since: float) -> float:
+    """:func:`mean_batch` of the INFERs raysrv's model's pool sent from the wall time
+    ``since``."""
+    url = f"http://{fast_path.HOST}:{port}/raysrv-colocated/v1/pools/{MODEL}/timeline"
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(url, params={"since": str(since)}) as answer,
+    ):
+        answer.raise_for_status()
+        return mean_batch(await answer.json())
+
+
 def _urls(port: int) -> dict[str, str]:
     base = f"http://{fast_path.HOST}:{port}"
     raysrv, pool_floor = f"{base}/raysrv-colocated", f"{base}/pool-floor"
     return {
         "baseline": f"{base}/baseline",
         **{name: f"{base}/{name}" for name in FLOORS},
-        "raysrv-model": f"{raysrv}/v1/models/mlp/predict",
+        "raysrv-model": f"{raysrv}/v1/models/{MODEL}/predict",
         "raysrv-colocated": f"{raysrv}/v1/{fast_path.APP}/predict",
-        "pool-floor-model": f"{pool_floor}/v1/models/mlp/predict",
+        "pool-floor-model": f"{pool_floor}/v1/models/{MODEL}/predict",
         "pool-floor": f"{pool_floor}/v1/{fast_path.APP}/predict",
     }
 
@@ -251,12 +285,14 @@ async def _points(port: int, rounds: int, seconds: float) -> list[dict[str, Any]
     for k in range(rounds):
         for system in SYSTEMS if k % 2 == 0 else SYSTEMS[::-1]:
             before, threads = fast_path._busy_s(), thread_cpu_s(pids[system])
+            since = time.time()
             result = await wrk_saturation(
                 urls[system], bodies, CONNECTIONS, seconds, count=fast_path.OUTPUT
             )
             busy = fast_path._busy_s() - before
             used = [s - threads.get(t, 0.0) for t, s in thread_cpu_s(pids[system]).items()]
             inputs = result.extra["counted"]
+            batch = await _mean_batch(port, since) if system in POOLED else math.nan
             point = {
                 "round": k,
                 "system": system,
@@ -267,12 +303,14 @@ async def _points(port: int, rounds: int, seconds: float) -> list[dict[str, Any]
                 "machine_cpu_us": busy / inputs * 1e6 if inputs else float("nan"),
                 "process_cpu_us": sum(used) / inputs * 1e6 if inputs else float("nan"),
                 "loop_cpu_us": max(used) / inputs * 1e6 if inputs else float("nan"),
+                "mean_batch": batch,
             }
             print(
                 f"  round {k} {system:<17} {point['inputs_per_s']:7.0f} inputs/s  "
                 f"p50 {point['p50_ms']:6.2f} ms  errors {point['errors']}  CPU an input: "
                 f"machine {point['machine_cpu_us']:.0f} us, process "
-                f"{point['process_cpu_us']:.0f}, busiest thread {point['loop_cpu_us']:.0f}",
+                f"{point['process_cpu_us']:.0f}, busiest thread {point['loop_cpu_us']:.0f}, "
+                f"mean batch {batch:.1f}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -329,16 +367,20 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(points, indent=1))
     print(
         "| system | inputs/s | over the baseline | p50 ms | CPU an input, us: the machine's | "
-        "the replica process's | its busiest thread's |"
+        "the replica process's | its busiest thread's | mean batch |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for system, row in summary(points).items():
         print(
             f"| {system} | {row['inputs_per_s']:,.0f} | {row['ratio']:.2f}x | "
             f"{row['p50_ms']:.2f} | {row['machine_cpu_us']:.0f} | {row['process_cpu_us']:.0f} | "
-            f"{row['loop_cpu_us']:.0f} |"
+            f"{row['loop_cpu_us']:.0f} | {_shown(row['mean_batch'])} |"
         )
     return 0
+
+
+def _shown(batch: float) -> str:
+    return "" if math.isnan(batch) else f"{batch:.1f}"
 
 
 if __name__ == "__main__":

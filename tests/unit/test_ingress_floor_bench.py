@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import threading
 import time
@@ -17,7 +18,15 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from bench.ingress_floor import FIELDS, SYSTEMS, FloorApp, floor_pools, summary, thread_cpu_s
+from bench.ingress_floor import (
+    FIELDS,
+    SYSTEMS,
+    FloorApp,
+    floor_pools,
+    mean_batch,
+    summary,
+    thread_cpu_s,
+)
 from raysrv._http import create_http_app
 from raysrv._server import Server
 from raysrv._workers import ColocatedWorkers
@@ -184,6 +193,12 @@ def test_the_summary_takes_medians_and_ratios_to_the_baseline() -> None:
     assert rows["floor-thread"]["inputs_per_s"] == 3000.0
     assert rows["floor-thread"]["ratio"] == pytest.approx(3.0)
     assert rows["floor-thread"]["loop_cpu_us"] == 3000.0 * (FIELDS.index("loop_cpu_us") + 1)
+
+
+def test_the_mean_batch_counts_the_infers_of_a_timeline_alone() -> None:
+    columns = {"kind": ["load", "infer", "infer", "unload", "infer"], "size": [0, 9, 4, 0, 11]}
+    assert mean_batch(columns) == 8.0
+    assert math.isnan(mean_batch({"kind": ["load"], "size": [0]}))
 
 
 def test_thread_cpu_counts_each_thread_apart() -> None:
