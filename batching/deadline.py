@@ -76,7 +76,8 @@ hand-set ``margin_ms``. Each source of lateness is learned once, by what forgets
     those come back together: answers back within ``TOGETHER_S`` of the first of them count as
     one overrun, the largest. Each alone, the 3-4 batches in flight of a hot model put a
     127 ms stall of the ingress into the 99th percentile of the next 200 batches, beyond a
-    100 ms SLO (``bench/RESULTS.md``, "Where the targets stand").
+    100 ms SLO (``bench/RESULTS_ARCHIVE.md``, "the first rule for the way back, run 7 through
+    the simulator").
   - the hops are the pool's, not one model's: every overrun also goes into a window its
     group shares (the models one bulk entry declares, :meth:`RunTimes.shared`), and a model
     with fewer than ``OWN_OVERRUNS`` of its own (one just loaded, or rarely asked for) plans

@@ -58,14 +58,14 @@ the median at the machine's present speed: the model's median for the size times
 runs over their medians, 1 at the least). A burst of requests takes the CPU from the batches
 within 100 ms, while a model's median moves only after several of its own runs; a batch refused
 this way gets a 429 before any work, where it would have been dropped at its deadline after it
-(``bench/RESULTS.md``, "Spikes on a faster machine"). A probe, sent to measure a model whose
-estimates refuse every query, plans no run time, or its window would be shut by the very
-estimate it is sent to test. A LOAD's ``latest`` is the last moment it still helps a waiting
-query. Each result carries the duration the worker measured, recorded in the model's
-:class:`~raysrv.batching.profile.RunTimes` after the policy has seen it. No worker is ever sent
-a LOAD that would take its models' weights past ``capacity_bytes``; the worker checks again with
-the bytes it measures, and one that refuses a LOAD for want of room takes no LOAD for
-``load_backoff_s``.
+(``bench/RESULTS_ARCHIVE.md``, "spikes on a faster machine, as summarized on run 25's day"). A
+probe, sent to measure a model whose estimates refuse every query, plans no run time, or its
+window would be shut by the very estimate it is sent to test. A LOAD's ``latest`` is the last
+moment it still helps a waiting query. Each result carries the duration the worker measured,
+recorded in the model's :class:`~raysrv.batching.profile.RunTimes` after the policy has seen it.
+No worker is ever sent a LOAD that would take its models' weights past ``capacity_bytes``; the
+worker checks again with the bytes it measures, and one that refuses a LOAD for want of room
+takes no LOAD for ``load_backoff_s``.
 
 Cost of a step: O(q log q) over the queued queries of the models consulted (those with a new
 event, a due wait, or an offered worker), plus O(workers x loaded models) for evictions.

@@ -11,7 +11,7 @@ ingress's CPU (the same spec's server in this process, on in-process workers, no
 
     python -m bench.listing [--models 1000] [--every 1] [--seconds 20] [--repeats 4]
 
-Results: bench/RESULTS.md, "Listing the models while serving".
+Results: bench/RESULTS_ARCHIVE.md, "listing the models while serving, as summarized on c14's day".
 """
 
 from __future__ import annotations

@@ -442,8 +442,8 @@ class TripBack:
       on the many-model trace at 105.9 queries a second they kept back 19.6 ms at the median
       while the client's answers came back in 6.7 ms at the p99. Kept back less, more queries
       are answered within the SLO, but a few answers arrive late, as the client's own delays
-      in reading them are not seen here: hence not the default (``bench/RESULTS.md``, "The
-      time kept back for an answer over HTTP").
+      in reading them are not seen here: hence not the default (``bench/RESULTS_ARCHIVE.md``,
+      "the time kept back for an answer over HTTP, with worker actors").
 
     Nothing is kept back until ``TRIPS_KNOWN`` trips are seen, and the trips alone count until
     ``TRIPS_KNOWN`` replies are; the third counts once ``TRIPS_KNOWN`` lags are. The simulator
@@ -1174,8 +1174,8 @@ class Server:
     async def describe_models(self) -> list[dict[str, Any]]:
         """Every model (:meth:`describe_model`), handing the event loop back after each
         ``DESCRIBE_CHUNK``: a thousand models take tens of milliseconds to describe, and the
-        queries in flight would wait that long (``bench/RESULTS.md``, "Listing the models while
-        serving")."""
+        queries in flight would wait that long (``bench/RESULTS_ARCHIVE.md``, "listing the models
+        while serving, as summarized on c14's day")."""
         shown = []
         for i, name in enumerate(list(self._models)):
             if i and i % DESCRIBE_CHUNK == 0:
