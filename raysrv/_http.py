@@ -454,10 +454,9 @@ class PredictRoutes:
     A prediction is the one request a client sends at rate, and FastAPI's routing, dependency
     resolution and middleware, with Starlette's, took 16% of the busy ingress's time under
     load, near raysrv's own work on the predictions (``bench/RESULTS_ARCHIVE.md``, "where the
-    fast path's time went, fp1 to fp4"), and 11% of it under binary infer requests (the day of
-    fp14, ``bench/RESULTS.md``, "The fast path"); here a prediction costs one path split, the
-    body read with its size limit and one JSON parse, or none for a raw tensor body
-    (``application/octet-stream``).
+    fast path's time went, fp1 to fp4"), and 11% of it under binary infer requests (its day:
+    "fp12 and fp13"); here a prediction costs one path split, the body read with its size limit
+    and one JSON parse, or none for a raw tensor body (``application/octet-stream``).
     """
 
     def __init__(
