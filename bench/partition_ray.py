@@ -31,7 +31,7 @@ its verdict is the median of its plans' ratios (:func:`verdict`). One plan's pre
 its measure are each one draw of a shared machine's speed: here the same plan's rounds, seconds
 apart, differ by 5-8% at the median, and a model's batch varies by 4-11% (the coefficient of
 variation, by the day) from one planning to the next, the prediction following it in part
-(bench/RESULTS.md, "On Ray").
+(bench/RESULTS_ARCHIVE.md, "Partitioned models: the detail as summarized on fl7's day").
 
 Results: bench/RESULTS.md, "Partitioned models".
 """

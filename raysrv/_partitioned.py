@@ -25,7 +25,8 @@ actor never sees the rest of the model, and loads its weights once. A batch runs
 stages in turn: each stage's worker shards get their input rows at once, the leader runs its
 own shard meanwhile, and the outputs are joined in order. Arrays travel to and from a shard
 actor as plain bytes behind a short header (:func:`to_bytes`): Ray's own serialization of a
-NumPy array costs about 0.1 ms more each way (bench/RESULTS.md, "On Ray").
+NumPy array costs about 0.1 ms more each way (bench/RESULTS_ARCHIVE.md, "Partitioned models:
+the detail as summarized on fl7's day").
 
 Lifecycle: the group lives as long as its leader. Ray restarts a crashed leader in its bundle
 with the same plan; the shard actors it owned die with it and it starts new ones in the same
@@ -381,7 +382,8 @@ def cold_runs(rounds: int = HOP_ROUNDS // 2) -> tuple[float, float]:
     since its last run, as the other stages of a plan do. Runs of two matrix products here, of
     ``SMALL_BYTES`` and ``OVERLAP_BYTES``, one after another and each after reading
     ``FLUSH_BYTES``: the line through the medians' differences. A shard runs 0.05-0.12 ms
-    slower so here, and up to 0.018 ms more a MiB of its weights (bench/RESULTS.md, "On Ray")."""
+    slower so here, and up to 0.018 ms more a MiB of its weights (bench/RESULTS_ARCHIVE.md,
+    "Partitioned models: the detail as summarized on fl7's day")."""
     flush = np.ones(FLUSH_BYTES // 4, np.float32)
 
     def excess(shard: _MatMul) -> float:

@@ -521,7 +521,7 @@ def concurrent_rates(
     contend for the cores and caches as i workers on one host do. ``size``: the batch one
     query stands for. ``seconds``: each of the i runs more than ``queries`` where that many
     would take less, by the median of three runs alone (short runs are noisy:
-    bench/RESULTS.md, "SERF's configurations")."""
+    bench/RESULTS_ARCHIVE.md, "Elastic capacity: the detail as summarized on fl7's day")."""
     spec = with_threads(pool.worker_model(model), threads)
     runtimes = [load_runtime(spec) for _ in range(-(-most // lanes))]
     batch = model.input.batch(size)
