@@ -36,6 +36,9 @@ class CapParams(PolicyParams):
 
     max_batch_size: int = Field(256, ge=1, le=4096, description="Upper bound of the cap.")
     timeout_ms: float = Field(0.0, ge=0.0, le=60_000.0, description="Wait for a fuller batch.")
+    busy_timeout_ms: float = Field(
+        0.0, ge=0.0, le=60_000.0, description="Wait for the ingress's concurrency (as ``fixed``)."
+    )
     slo_ms: float | None = Field(
         None, gt=0.0, description="Batch latency objective; default: the model's SLO."
     )
@@ -57,7 +60,10 @@ class CappedFifoPolicy(BatchingPolicy):
         return self._cap
 
     def decide(self, view: BatcherView) -> Decision:
-        return fifo_step(view, self._cap, self.params.timeout_ms / 1000.0)
+        params = self.params
+        return fifo_step(
+            view, self._cap, params.timeout_ms / 1000.0, params.busy_timeout_ms / 1000.0
+        )
 
 
 class AIMDParams(CapParams):

@@ -83,11 +83,17 @@ class ReplicaSlot:
 
 @dataclass(frozen=True, slots=True)
 class BatcherView:
-    """A snapshot of one model's batcher: the queue in arrival order, the replicas and the time."""
+    """A snapshot of one model's batcher: the queue in arrival order, the replicas and the time.
+
+    ``concurrency``: the most requests that were inside the ingress at once lately, queued
+    or not (0 where unknown, as in simulation). Each batch costs the ingress's event loop work
+    whatever its size, and a policy may hold a batch until about that many wait
+    (``busy_timeout_ms``)."""
 
     now: float
     queue: Sequence[QueuedQuery]
     replicas: Sequence[ReplicaSlot]
+    concurrency: int = 0
 
     def free_replica(self) -> int | None:
         """Index of the first free replica, or None when all are busy."""

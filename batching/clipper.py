@@ -12,7 +12,8 @@ them.
 ``delayed`` (§4.3.2): AIMD's cap, and when fewer queries wait than the cap, hold the batch up to
 ``delay_ms`` past the oldest arrival for more to arrive, "similar to the motivation for Nagle's
 algorithm" — but never so long that the batch, at its measured p99 run time, would finish after
-the oldest query's deadline.
+the oldest query's deadline. While fewer wait than the ingress lately held requests at once,
+the hold is ``busy_timeout_ms`` if that is longer (as ``fixed`` holds), within the same bound.
 
 Batches are cut FIFO for a free replica, as ``fixed`` and ``aimd`` do, and queries already past
 their deadline are refused first. Cost: O(1) per step; a refit is one small LP (window <= 1000).
@@ -32,7 +33,7 @@ from raysrv.batching.base import (
     BatchOutcome,
     Decision,
 )
-from raysrv.batching.fixed import fifo_step
+from raysrv.batching.fixed import expects_more, fifo_step
 
 __all__ = [
     "DelayedParams",
@@ -131,6 +132,8 @@ class DelayedPolicy(AIMDPolicy):
 
     def decide(self, view: BatcherView) -> Decision:
         hold = self.params.delay_ms / 1000.0
+        if expects_more(view, self.max_batch_size):
+            hold = max(hold, self.params.busy_timeout_ms / 1000.0)
         if view.queue and math.isfinite(view.queue[0].deadline):
             oldest = view.queue[0]
             run = self.runs.estimate(self.max_batch_size, 0.99, 10) or 0.0

@@ -153,6 +153,7 @@ class PoolScheduler(Placement):
         self._backoff = load_backoff_s
         self._ahead = ahead_s
         self._calls = 0
+        self._concurrency = 0  # the last step's
         # of each INFER that ran: from its end on the worker to its report here
         self._returns = SortedWindow(RETURN_WINDOW)
         # of the last INFERs that ran: their run over the median of their model's size
@@ -318,9 +319,11 @@ class PoolScheduler(Placement):
 
     # -- one step --------------------------------------------------------------------------
 
-    def step(self, now: float) -> Step:
-        """Everything to do at ``now``: actions for workers, refusals and planning jobs."""
+    def step(self, now: float, concurrency: int = 0) -> Step:
+        """Everything to do at ``now``: actions for workers, refusals and planning jobs.
+        ``concurrency``: what the policies see as :attr:`BatcherView.concurrency`."""
         self._calls += 1
+        self._concurrency = concurrency
         offered = [w for w in self.workers if w.infers.can_take(now)]
         loadable = {w.index for w in self.workers if w.loads.can_take(now) and w.full_until <= now}
         out = _Out(self._calls, {w.index: now + self._ahead for w in offered}, loadable)
@@ -414,7 +417,7 @@ class PoolScheduler(Placement):
                 if out.open_for(w, model.name) and w.loading.get(model.name, now) <= soon
             }
             slots = [w.slot(model.name, now, w.index in offer) for w in holders]
-            view = BatcherView(now, model.queue, slots)
+            view = BatcherView(now, model.queue, slots, self._concurrency)
             try:
                 decision = model.policy.decide(view)
                 if isinstance(decision, Dispatch):

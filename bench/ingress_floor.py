@@ -7,17 +7,19 @@ own design with none of its per-query work.
 ``@serve.batch(32, 1 ms)``) and raysrv with the digits MLP in its ingress (``colocated``), and
 two floors beside them: each an ASGI app in a Serve ingress replica, as raysrv's is, that
 reads the body (orjson, as raysrv reads it), queues the input, cuts batches of up to 32 as the
-model frees (``fixed`` with no wait, as raysrv's config here), runs them on raysrv's ONNX
-runtime and writes each output as JSON. ``floor-thread`` runs each batch on a thread of its
+model frees (``fixed`` with no wait), runs them on raysrv's ONNX runtime and writes each output
+as JSON. raysrv itself batches as :mod:`bench.fast_path` has it (:data:`bench.fast_path.BATCHING`:
+a batch held for the ingress's concurrency), so at saturation its batches are larger than the
+floors' and ``pool-floor``'s. ``floor-thread`` runs each batch on a thread of its
 own, off the event loop, as raysrv must; ``floor-inline`` runs it on the event loop, as the
 baseline does. A floor checks nothing, keeps no deadline, selects nothing, records nothing for
 feedback and counts no metrics: it is not a server, only the cost of the path every raysrv
 prediction shares with it. raysrv is measured on its model's route (``/v1/models/mlp/predict``,
 no app's selection) and on its app's, and so is ``pool-floor``: the same raysrv with
 ``floor-thread``'s batching in place of its pool (:func:`floor_pools`), all its per-query work
-kept. Its gain over raysrv is the most any cut to the pool (queue, scheduler, the worker's
-calls and reports, the timeline) could buy; its gap to ``floor-thread`` is raysrv's per-query
-work alone.
+kept. With batches cut alike, its gain over raysrv was the most any cut to the pool (queue,
+scheduler, the worker's calls and reports, the timeline) could buy, and its gap to
+``floor-thread`` raysrv's per-query work alone.
 
 Each round measures every system in turn, in an order that alternates from round to round:
 ``wrk`` with 32 connections, one JSON input a request, every input distinct. Prints each

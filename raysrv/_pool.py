@@ -115,10 +115,13 @@ class Pool:
         metrics: Metrics | None = None,
         replies: Callable[[float], None] | None = None,
         lags: Callable[[float], None] | None = None,
+        concurrency: Callable[[], int] | None = None,
     ) -> None:
         """``replies``: told, of each batch, the seconds its answer took from the worker's end
         of it to this loop's taking it up; ``lags``: of each step, how long it waited for the
-        loop after an event asked for it (the ingress's trip-back rule reads both)."""
+        loop after an event asked for it (the ingress's trip-back rule reads both);
+        ``concurrency``: the most requests inside the ingress at once lately, which the
+        policies see as ``BatcherView.concurrency``."""
         self.spec = pool
         self.name = pool.name
         self.scheduler = PoolScheduler(
@@ -146,6 +149,7 @@ class Pool:
         self._late_starts = SortedWindow(OVERHEAD_WINDOW)
         self._replies = replies
         self._lags = lags
+        self._concurrency = concurrency
         # from an arrival, result or plan to the step that acts on it: the loop's other work
         self._step_lags = SortedWindow(OVERHEAD_WINDOW)
         # of each query that said when it was sent: its trip to the ingress, and the time kept
@@ -301,7 +305,8 @@ class Pool:
             self._poked = None
         wake_at: float | None = None
         try:
-            step = self.scheduler.step(now)
+            concurrency = 0 if self._concurrency is None else self._concurrency()
+            step = self.scheduler.step(now, concurrency)
             wake_at = step.wake_at
             self._start_plans(step.plans)
             for refusal in step.refusals:

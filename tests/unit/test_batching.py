@@ -69,6 +69,37 @@ def test_fixed_never_cuts_for_a_busy_replica() -> None:
     assert _fixed(4).decide(BatcherView(clock(), queue, two)) == Dispatch((0, 1, 2, 3), 1)
 
 
+def test_fixed_holds_for_busy_timeout_while_fewer_wait_than_the_ingress_held() -> None:
+    clock = FakeClock()
+    policy = batching.make_policy(
+        "fixed", {"max_batch_size": 4, "timeout_ms": 1, "busy_timeout_ms": 5}, slo_s=0.1
+    )
+    two = _queue([clock(), clock()])
+    alone = BatcherView(clock(), two, _free(), concurrency=2)
+    assert policy.decide(alone) == Wait(pytest.approx(clock() + 0.001))
+    busy = BatcherView(clock(), two, _free(), concurrency=3)
+    assert policy.decide(busy) == Wait(pytest.approx(clock() + 0.005))
+    clock.advance(0.002)  # past timeout_ms: cut at once unless a third is expected
+    assert policy.decide(BatcherView(clock(), two, _free(), concurrency=2)) == Dispatch((0, 1), 0)
+    assert isinstance(policy.decide(BatcherView(clock(), two, _free(), concurrency=3)), Wait)
+    three = _queue([clock() - 0.002] * 2 + [clock()])
+    assert policy.decide(BatcherView(clock(), three, _free(), 3)) == Dispatch((0, 1, 2), 0)
+    clock.advance(0.003)  # busy_timeout_ms passed: cut what is there
+    assert policy.decide(BatcherView(clock(), two, _free(), 9)) == Dispatch((0, 1), 0)
+    full = _queue([clock()] * 4)  # a full batch never waits, whatever the concurrency
+    assert policy.decide(BatcherView(clock(), full, _free(), 9)) == Dispatch((0, 1, 2, 3), 0)
+
+
+@pytest.mark.parametrize("name", ["fixed", "aimd"])
+def test_a_busy_timeout_shorter_than_the_timeout_changes_nothing(name: str) -> None:
+    params = {"max_batch_size": 4, "timeout_ms": 5, "busy_timeout_ms": 1}
+    if name == "aimd":
+        params["initial_batch_size"] = 4
+    policy = batching.make_policy(name, params, slo_s=0.1)
+    queue = _queue([0.0])
+    assert policy.decide(BatcherView(0.0, queue, _free(), concurrency=8)) == Wait(0.005)
+
+
 def _outcome(size: int, duration: float) -> BatchOutcome:
     return BatchOutcome(size, 0, 0.0, duration, duration)
 

@@ -59,6 +59,17 @@ def test_delayed_never_holds_past_what_the_deadline_allows() -> None:
     assert decision == Wait(pytest.approx(0.01))
 
 
+def test_delayed_holds_for_busy_timeout_for_the_ingress_concurrency_within_the_deadline() -> None:
+    params = DelayedParams(initial_batch_size=8, max_batch_size=8, delay_ms=2.0, busy_timeout_ms=6)
+    policy = DelayedPolicy(params, slo_s=1.0)
+    free = [ReplicaSlot(0)]
+    assert policy.decide(BatcherView(0.0, _queue(0.0, 3), free, concurrency=3)) == Wait(0.002)
+    assert policy.decide(BatcherView(0.0, _queue(0.0, 3), free, concurrency=4)) == Wait(0.006)
+    teach(policy, BatchOutcome(8, 0, 0.0, 0.02, 0.02))  # a batch of 8 takes 20 ms
+    late = BatcherView(0.0, _queue(0.0, 3, deadline=0.024), free, concurrency=4)
+    assert policy.decide(late) == Wait(pytest.approx(0.004))
+
+
 def test_delayed_takes_its_hold_from_delay_ms_only() -> None:
     with pytest.raises(ValueError, match="delay_ms, not timeout_ms"):
         DelayedParams(timeout_ms=5.0)

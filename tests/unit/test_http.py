@@ -151,6 +151,7 @@ def test_feedback_joins_an_answered_query() -> None:
         ("/v1/one/predict", b'{"input": [[1, 2], [3]]}', 400, "rectangular"),
         ("/v1/one/predict", b'{"input": ["a", "b", "c", "d"]}', 400, "must hold numbers"),
         ("/v1/one/predict", b'{"input": [1, 2, 3, NaN]}', 400, "NaN"),
+        ("/v1/one/predict", b'{"input": [1, 2, 3, 1e39]}', 400, "beyond the range of float32"),
         ("/v1/one/predict", b'{"input": [1, 2, 3, 4], "slo_ms": -1}', 400, "slo_ms"),
         ("/v1/one/predict", b'{"input": [1, 2, 3, 4], "slo_ms": "fast"}', 400, "slo_ms"),
         ("/v1/one/predict", b'{"input": [1, 2, 3, 4], "best_effort": 1}', 400, "best_effort"),
@@ -1096,25 +1097,54 @@ def test_query_ids_are_distinct_hex_across_reads_of_the_random_source() -> None:
 
 
 def test_the_wait_for_one_answer_ends_at_its_answer_or_its_timeout_and_leaves_it_be() -> None:
-    from raysrv._server import _until_done
+    from raysrv._server import Alarms
+
+    alarms = Alarms()
 
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
         slow = loop.create_future()
         started = loop.time()
-        await _until_done(slow, 0.05)
+        await alarms.until_done(slow, 0.05)
         assert loop.time() - started >= 0.04
         assert not slow.done()
         loop.call_later(0.01, slow.set_result, 3)
-        await _until_done(slow, 5.0)
+        await alarms.until_done(slow, 5.0)
         assert slow.result() == 3
         never = loop.create_future()
-        waiting = asyncio.create_task(_until_done(never, None))
+        waiting = asyncio.create_task(alarms.until_done(never, None))
         await asyncio.sleep(0.01)
         waiting.cancel()  # the caller left: its wait ends, the answer is still its owner's
         with pytest.raises(asyncio.CancelledError):
             await waiting
         assert not never.done()
         assert not never._callbacks  # nothing of the finished wait stays on the answer
+
+    run(scenario())
+    run(scenario())  # on a new loop, as on the first
+
+
+def test_waits_end_each_at_its_own_time_and_answered_ones_do_not_pile_up() -> None:
+    from raysrv._server import ALARMS_COMPACTED, Alarms
+
+    alarms = Alarms()
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        ended: list[float] = []
+
+        async def wait(timeout: float) -> None:
+            await alarms.until_done(loop.create_future(), timeout)
+            ended.append(timeout)
+
+        # set out of order: each rings at its own time, the earliest first
+        await asyncio.gather(*(wait(t) for t in (0.06, 0.02, 0.04)))
+        assert ended == [0.02, 0.04, 0.06]
+        for _ in range(3 * ALARMS_COMPACTED):  # each left long before its time
+            waiting = asyncio.ensure_future(alarms.until_done(loop.create_future(), 60.0))
+            await asyncio.sleep(0)
+            waiting.cancel()
+        await asyncio.sleep(0)
+        assert len(alarms._heap) < 2 * ALARMS_COMPACTED
 
     run(scenario())

@@ -361,11 +361,11 @@ def test_a_scheduler_fault_fails_the_queries_queued_and_the_pool_steps_on() -> N
         pool = _echo_pool([])
         step, calls = pool.scheduler.step, []
 
-        def faulty(now: float) -> Any:
+        def faulty(now: float, busy: bool = False) -> Any:
             calls.append(now)
             if len(calls) == 1:
                 raise RuntimeError("boom")
-            return step(now)
+            return step(now, busy)
 
         pool.scheduler.step = faulty  # type: ignore[method-assign]
         with pytest.raises(ModelFailed, match="scheduling failed: boom"):
@@ -390,9 +390,9 @@ def test_closing_stops_a_pool_whose_step_is_due() -> None:
         pool = one_model_pool(policy, fake_workers(EchoModel()))
         step, steps = pool.scheduler.step, []
 
-        def counted(now: float) -> Any:
+        def counted(now: float, busy: bool = False) -> Any:
             steps.append(now)
-            return step(now)
+            return step(now, busy)
 
         pool.scheduler.step = counted  # type: ignore[method-assign]
         first = pool.submit("echo", _x(1))

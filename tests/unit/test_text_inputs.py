@@ -116,6 +116,19 @@ def test_many_strings_each_get_their_input_or_their_own_error() -> None:
     assert read[2].status == 413
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")
+def test_numbers_past_the_model_dtype_range_are_refused_each_alone() -> None:
+    spec_ = InputSpec(shape=[2], dtype="float32")
+    with pytest.raises(BadRequest, match="beyond the range of float32"):
+        coerce_input([1.0, 1e39], spec_)
+    read = coerce_inputs([[1.0, 2.0], [1e39, 0.0], [float("nan"), 0.0]], spec_)
+    assert read[0].tolist() == [1.0, 2.0]  # type: ignore[union-attr]
+    assert [type(r) for r in read[1:]] == [BadRequest, BadRequest]
+    half = InputSpec(shape=[1], dtype="float16")
+    with pytest.raises(BadRequest, match="float16"):
+        coerce_input([70_000], half)  # an integer past float16's largest
+
+
 def test_a_string_or_bytes_cache_key_is_a_digest_of_its_bytes_of_one_size() -> None:
     short, long = cache_key("m", "1", "abc"), cache_key("m", "1", "abc" * 10_000)
     assert short == cache_key("m", "1", "abc")
