@@ -30,10 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from bench import fast_path
-from bench.ingress_floor import mean_batch
+from bench.ingress_floor import pool_mean_batch
 from bench.loadgen import make_inputs, wrk_saturation
 
 __all__ = ["main", "summary", "table"]
@@ -57,16 +55,6 @@ def _deploy_unheld(path: Path) -> None:
     serve.run(app, name=APPS["raysrv-unheld"], route_prefix="/raysrv-unheld", logging_config=quiet)
 
 
-async def _mean_batch(base: str, app: str, since: float) -> float:
-    url = f"{base}/{app}/v1/pools/mlp/timeline"
-    async with (
-        aiohttp.ClientSession() as session,
-        session.get(url, params={"since": str(since)}) as answer,
-    ):
-        answer.raise_for_status()
-        return mean_batch(await answer.json())
-
-
 async def _points(
     port: int, connections: list[int], rounds: int, seconds: float
 ) -> list[dict[str, Any]]:
@@ -86,7 +74,7 @@ async def _points(
                 )
                 batch = math.nan
                 if system in APPS:
-                    batch = await _mean_batch(base, APPS[system], since)
+                    batch = await pool_mean_batch(f"{base}/{APPS[system]}", since)
                 point = {
                     "round": k,
                     "connections": n,

@@ -69,6 +69,7 @@ __all__ = [
     "floor_pools",
     "main",
     "mean_batch",
+    "pool_mean_batch",
     "summary",
     "thread_cpu_s",
 ]
@@ -252,16 +253,19 @@ def mean_batch(columns: dict[str, list[Any]]) -> float:
     return statistics.fmean(batches) if batches else math.nan
 
 
-async def _mean_batch(port: int, since: float) -> float:
-    """:func:`mean_batch` of the INFERs raysrv's model's pool sent from the wall time
-    ``since``."""
-    url = f"http://{fast_path.HOST}:{port}/raysrv-colocated/v1/pools/{MODEL}/timeline"
+async def pool_mean_batch(app_url: str, since: float) -> float:
+    """:func:`mean_batch` of the INFERs that the pool of :data:`MODEL` in the raysrv app at
+    ``app_url`` sent from the wall time ``since``."""
     async with (
         aiohttp.ClientSession() as session,
-        session.get(url, params={"since": str(since)}) as answer,
+        session.get(f"{app_url}/v1/pools/{MODEL}/timeline", params={"since": str(since)}) as got,
     ):
-        answer.raise_for_status()
-        return mean_batch(await answer.json())
+        got.raise_for_status()
+        return mean_batch(await got.json())
+
+
+async def _mean_batch(port: int, since: float) -> float:
+    return await pool_mean_batch(f"http://{fast_path.HOST}:{port}/raysrv-colocated", since)
 
 
 def _urls(port: int) -> dict[str, str]:
