@@ -79,8 +79,13 @@ class SelectionPolicy(ABC):
         return state
 
     @classmethod
+    def learns(cls) -> bool:
+        """Whether feedback changes the policy's state (it defines :meth:`observe`). One that
+        does not keeps its :meth:`init` state for every context, and the ingress asks no store
+        for it."""
+        return cls.observe is not SelectionPolicy.observe
+
+    @classmethod
     def can_unobserve(cls) -> bool:
         """Whether the policy can take a feedback back (see :meth:`unobserve`)."""
-        return cls.observe is SelectionPolicy.observe or (
-            cls.unobserve is not SelectionPolicy.unobserve
-        )
+        return not cls.learns() or cls.unobserve is not SelectionPolicy.unobserve

@@ -858,8 +858,12 @@ class Server:
         return inputs
 
     async def _state(self, target: _App, context: str) -> Any:
-        """The app's selection state for ``context`` (the policy's initial one if none)."""
-        return await self._store.get_state(target.spec.name, context) or target.selection.init()
+        """The app's selection state for ``context`` (the policy's initial one if none, or if
+        the policy never learns: then the store is not asked)."""
+        selection = target.selection
+        if not selection.learns():
+            return selection.init()
+        return await self._store.get_state(target.spec.name, context) or selection.init()
 
     async def _answer(
         self,

@@ -11,6 +11,7 @@ import pytest
 from raysrv._server import Server
 from raysrv.config import RaysrvSpec
 from raysrv.errors import BadRequest, DeadlineExpired
+from raysrv.state import MemoryStore
 from raysrv.testing import LabelModel, fake_workers, model_spec, spec
 
 LABELS = {"fast-a": 1, "fast-b": 1, "slow": 2}
@@ -131,3 +132,36 @@ def test_a_label_the_policy_cannot_read_is_a_400_and_learning_goes_on() -> None:
             await server.close()
 
     asyncio.run(scenario())
+
+
+class _CountingStore(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.state_reads = 0
+
+    async def get_state(self, app: str, context: str) -> Any:
+        self.state_reads += 1
+        return await super().get_state(app, context)
+
+
+def test_only_a_policy_that_learns_has_its_state_read_for_each_query() -> None:
+    models = [model_spec("x"), model_spec("y")]
+    apps = [
+        {"name": "one", "models": ["x"]},  # single: feedback changes nothing
+        {"name": "both", "models": ["x", "y"], "selection": {"policy": "exp4"}},
+    ]
+    store = _CountingStore()
+
+    async def scenario() -> None:
+        parsed = RaysrvSpec.model_validate(spec(models, apps))
+        server = Server(parsed, {m: fake_workers(LabelModel()) for m in ("x", "y")}, store)
+        try:
+            for app in ("one", "one", "both"):
+                await server.predict(app, [1, 0, 0, 0])
+            single = await server.predict("one", [1, 0, 0, 0])
+            await server.feedback("one", single["query_id"], {"label": 1})  # still taken
+        finally:
+            await server.close()
+
+    asyncio.run(scenario())
+    assert store.state_reads == 1
