@@ -132,8 +132,9 @@ class DelayedPolicy(AIMDPolicy):
 
     def decide(self, view: BatcherView) -> Decision:
         hold = self.params.delay_ms / 1000.0
-        if expects_more(view, self.max_batch_size):
-            hold = max(hold, self.params.busy_timeout_ms / 1000.0)
+        busy = self.params.busy_timeout_ms / 1000.0
+        if busy > hold and expects_more(view, self.max_batch_size):
+            hold = busy
         if view.queue and math.isfinite(view.queue[0].deadline):
             oldest = view.queue[0]
             run = self.runs.estimate(self.max_batch_size, 0.99, 10) or 0.0

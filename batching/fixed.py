@@ -66,8 +66,8 @@ def fifo_step(
     if replica is None or not view.queue:
         return Wait()
     n = min(len(view.queue), max_batch_size)
-    if expects_more(view, max_batch_size):
-        timeout_s = max(timeout_s, busy_timeout_s)
+    if busy_timeout_s > timeout_s and expects_more(view, max_batch_size):
+        timeout_s = busy_timeout_s
     release_at = view.queue[0].arrival + timeout_s
     if n < max_batch_size and view.now < release_at:
         return Wait(release_at)

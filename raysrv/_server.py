@@ -1205,7 +1205,8 @@ class Server:
             return selection.observe(state, x, label, predictions)
 
         try:  # atomic: concurrent feedback loses no update (§5.3)
-            await self._store.update_state(app, record["context"], selection.init, learn)
+            if selection.learns():  # else it has no state to change (``_state``)
+                await self._store.update_state(app, record["context"], selection.init, learn)
         except BaseException as exc:
             if relabelled:  # not used: the old label stands, as the policy still has it
                 await self._store.swap_feedback(query_id, old)
