@@ -17,6 +17,7 @@ import hmac
 import json
 import math
 import time
+from functools import cache
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -335,11 +336,9 @@ def _parse_predict(
     """The input (``input``) or inputs (``inputs``, with True) and the keyword arguments of
     :meth:`Server.predict` from a request body (of :meth:`Server.predict_model` without a
     ``context_field``)."""
-    allowed = {"input", "inputs", "slo_ms", "best_effort", "priority", "sent_at"}
-    if context_field is not None:
-        allowed.add(context_field)
-    unknown = sorted(set(data) - allowed)
-    if unknown:
+    allowed = _predict_fields(context_field)
+    if not allowed.issuperset(data):
+        unknown = sorted(set(data) - allowed)
         raise BadRequest(f"unknown fields {unknown}; expected {sorted(allowed)}")
     if ("input" in data) == ("inputs" in data):
         raise BadRequest("give one of the fields 'input' (one input) or 'inputs' (a list)")
@@ -357,6 +356,13 @@ def _parse_predict(
         options["context"] = None if context is None else str(context)
     many = "inputs" in data
     return data["inputs" if many else "input"], many, options
+
+
+@cache
+def _predict_fields(context_field: str | None) -> frozenset[str]:
+    """The fields of a predict request's body, with the app's ``context_field``."""
+    fields = {"input", "inputs", "slo_ms", "best_effort", "priority", "sent_at", context_field}
+    return frozenset(fields - {None})
 
 
 def _json(value: Any) -> str:

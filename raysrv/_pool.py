@@ -435,10 +435,13 @@ class Pool:
         sent: list[tuple[Action, list[_Entry]]],
         pending: asyncio.Future[list[Report]],
     ) -> None:
-        """Take up a call's reports; ``offset`` is the wall clock less the clock at ``now``."""
+        """Take up a call's reports; ``offset`` is the wall clock less the clock at ``now``.
+        The step that keeps them in the timeline and acts on them is due before any of their
+        callers resume: whoever asks for the timeline after an answer finds its batch there."""
         self._running.discard(pending)
         if pending.cancelled():  # the loop is closing
             return
+        self._poke()
         try:
             reports = pending.result()
         except Exception as exc:
@@ -473,7 +476,6 @@ class Pool:
                 self._load_done(action, report, finished)
             else:
                 self._unload_done(action, report, finished)
-        self._poke()
 
     def _infer_done(
         self, action: Infer, entries: list[_Entry], report: Report, finished: float
@@ -932,8 +934,8 @@ class Pool:
         """The actions kept (the last ``TIMELINE_ACTIONS``) sent at or after the wall time
         ``since`` and numbered past ``after``, in the order they were kept, as columns
         (``TIMELINE_COLUMNS``). An action is kept once the step that takes its report up begins,
-        so a caller that passes the last ``seq`` it has gets each action once, and only the new
-        ones are read."""
+        before the batch's callers resume, so a caller that passes the last ``seq`` it has gets
+        each action once, and only the new ones are read."""
         rows: list[tuple[Any, ...]] = []
         for row in reversed(self._timeline):
             if row[_SEQ] <= after:

@@ -408,53 +408,69 @@ NO_CONTEXT = _context_key("")  # most queries': hashed once
 
 
 class Alarms:
-    """Waits for an answer until a timeout, as every query waits for its model's: each waiter
-    is woken by its answer or at its time, whichever comes first, with one timer on the event
-    loop for the earliest time rather than one each. The times wait in a heap of tuples, which
-    compares in C, where asyncio's own loop compares its timers in Python; a query
-    answered before its time leaves its entry behind, dropped when that time comes, or
-    before, once the heap is twice the entries still waiting (:data:`ALARMS_COMPACTED`)."""
+    """Ends a query's wait for its model's answer at its time, if the answer is not in by then,
+    as every query waits: with one timer on the event loop for the earliest time rather than
+    one each, and no future or callback of its own between the answer and its caller. The
+    times wait in a heap of lists, which compares in C, where asyncio's own loop compares its
+    timers in Python; a query answered before its time leaves its entry behind, emptied, and
+    dropped when that time comes, or before, once the heap is twice the entries still waiting
+    (:data:`ALARMS_COMPACTED`)."""
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, asyncio.Future[None]]] = []  # (loop time, n, waiter)
+        self._heap: list[list[Any]] = []  # [loop time, n, the future it ends or None]
         self._numbers = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._at = math.inf  # the loop time the timer is set for
         self._compact_at = ALARMS_COMPACTED
 
+    async def result(self, answer: asyncio.Future[Any], timeout: float) -> Any:
+        """``answer``'s result (or its error), or :class:`TimedOut` once ``timeout`` seconds
+        pass first: the answer then holds that error, so whoever owes it sees it done."""
+        if answer.done():
+            return answer.result()
+        entry = self._add(timeout, answer)
+        try:
+            return await answer
+        finally:
+            entry[2] = None
+
     async def until_done(self, answer: asyncio.Future[Any], timeout: float | None) -> None:
         """Until ``answer`` is done or ``timeout`` seconds pass (None: no limit), leaving it
         be."""
         if answer.done():
             return
-        loop = asyncio.get_running_loop()
-        waiter = loop.create_future()
+        waiter = asyncio.get_running_loop().create_future()
 
         def wake(_: Any = None) -> None:
             if not waiter.done():
                 waiter.set_result(None)
 
-        if timeout is not None:
-            self._add(loop, loop.time() + timeout, waiter)
         answer.add_done_callback(wake)
         try:
-            await waiter
+            if timeout is None:
+                await waiter
+            else:
+                await self.result(waiter, timeout)
+        except TimedOut:
+            pass
         finally:
             answer.remove_done_callback(wake)
 
-    def _add(
-        self, loop: asyncio.AbstractEventLoop, when: float, waiter: asyncio.Future[None]
-    ) -> None:
+    def _add(self, timeout: float, future: asyncio.Future[Any]) -> list[Any]:
+        loop = asyncio.get_running_loop()
         if loop is not self._loop:  # a new loop: the old one's waiters wait no more
             self._heap, self._loop, self._timer, self._at = [], loop, None, math.inf
-        heapq.heappush(self._heap, (when, next(self._numbers), waiter))
+        when = loop.time() + timeout
+        entry = [when, next(self._numbers), future]
+        heapq.heappush(self._heap, entry)
         if when < self._at:
             self._set(when)
         if len(self._heap) >= self._compact_at:
-            self._heap = [entry for entry in self._heap if not entry[2].done()]
+            self._heap = [e for e in self._heap if e[2] is not None and not e[2].done()]
             heapq.heapify(self._heap)
             self._compact_at = max(ALARMS_COMPACTED, 2 * len(self._heap))
+        return entry
 
     def _set(self, when: float) -> None:
         assert self._loop is not None
@@ -467,22 +483,24 @@ class Alarms:
         self._timer, self._at = None, math.inf
         heap, now = self._heap, self._loop.time()
         while heap and heap[0][0] <= now:
-            waiter = heapq.heappop(heap)[2]
-            if not waiter.done():
-                waiter.set_result(None)
+            future = heapq.heappop(heap)[2]
+            if future is not None and not future.done():
+                future.set_exception(TimedOut())
         if heap:  # the timer may ring a hair early: the next is set again, however close
             self._set(heap[0][0])
+
+
+class TimedOut(Exception):
+    """A wait :class:`Alarms` ended before its answer came."""
 
 
 ALARMS_COMPACTED = 1024  # the fewest entries at which Alarms drops those answered
 
 
-def _in_transit(sent_at: float | None) -> float:
-    """Seconds since the caller sent the query (0 without ``sent_at``; never negative), or a
-    400 for a ``sent_at`` that is not a time, is more than ``SENT_AT_SKEW_S`` ahead of this
-    clock or more than ``SENT_AT_MAX_AGE_S`` behind it."""
-    if sent_at is None:
-        return 0.0
+def _in_transit(sent_at: Any) -> float:
+    """Seconds since the caller sent the query (never negative), or a 400 for a ``sent_at``
+    that is not a time, is more than ``SENT_AT_SKEW_S`` ahead of this clock or more than
+    ``SENT_AT_MAX_AGE_S`` behind it."""
     if isinstance(sent_at, bool) or not isinstance(sent_at, (int, float)):
         raise BadRequest(f"sent_at must be wall-clock seconds, got {shown(sent_at)}")
     trip = time.time() - float(sent_at)
@@ -611,6 +629,9 @@ class _Ask:
     priority: int
     trip_back_s: float = 0.0
     transit_s: float | None = None
+
+
+_PLAIN = _Ask(None, 0)  # what most queries ask: nothing beyond their input
 
 
 @dataclass(slots=True)
@@ -924,14 +945,12 @@ class Server:
             raise BadRequest(
                 f"priority must be 0 (latency-sensitive) or 1 (batch), got {priority!r}"
             )
-        trip = _in_transit(sent_at)
-        trip_back = 0.0
-        if sent_at is not None:
-            trip_back = self.trip_back(http)
         if best_effort:
             slo_ms = math.inf
-        transit = trip if sent_at is not None else None
-        return start - trip, _Ask(slo_ms, priority, trip_back, transit)
+        if sent_at is None:
+            return start, _PLAIN if slo_ms is None and priority == 0 else _Ask(slo_ms, priority)
+        trip = _in_transit(sent_at)
+        return start - trip, _Ask(slo_ms, priority, self.trip_back(http), trip)
 
     async def predict_model(
         self,
@@ -1136,12 +1155,16 @@ class Server:
         """
         if not math.isfinite(deadline):
             return await answer
-        try:  # _wait_until's, for one answer with one call less
-            await self._alarms.until_done(answer, max(0.0, deadline - self._clock()))
+        try:
+            output = await self._alarms.result(answer, max(0.0, deadline - self._clock()))
+        except TimedOut:
+            raise self._expired(model, self._withdraw(model, answer)) from None
         except asyncio.CancelledError:
             self._left(model, [answer])
             raise
-        return self._settled(answer, deadline, model, self._clock())
+        if self._clock() > deadline:  # taken up late: from here it would reach its caller late
+            raise self._expired(model, False)
+        return output
 
     async def _wait_until(
         self, deadline: float, answers: list[asyncio.Future[Any]], model: str
@@ -1172,12 +1195,17 @@ class Server:
         # an answer taken up late is in no queue: no need to look for it there
         queued = not answer.done() and self._withdraw(model, answer)
         answer.cancel()  # a running batch's answer for it is dropped
+        raise self._expired(model, queued)
+
+    def _expired(self, model: str, queued: bool) -> RaysrvError:
+        """The error of a query not answered by its deadline: refused if it was still
+        ``queued``, else dropped from the batch that ran it."""
         if queued:
             reason = "deadline passed while queued"
             self._metrics.rejection(model, reason)
-            raise Rejected(f"model {model!r}: {reason}")
+            return Rejected(f"model {model!r}: {reason}")
         self._metrics.rejection(model, "deadline_expired")
-        raise DeadlineExpired(
+        return DeadlineExpired(
             f"model {model!r} had no answer by the query's deadline; it was dropped "
             f"rather than answered late (pass best_effort to wait for it)"
         )

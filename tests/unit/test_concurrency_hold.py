@@ -46,13 +46,14 @@ def _server(busy_timeout_ms: float, log: list[int]) -> Server:
 
 
 async def _closed_loop(server: Server, clients: int, rounds: int) -> None:
-    """``clients`` callers, each sending its next query as its answer comes, the first of
-    each a millisecond after the one before."""
+    """``clients`` callers, each sending its next query a millisecond after its answer comes
+    (its trip back and forth), the first of each a millisecond after the one before."""
 
     async def client(k: int) -> None:
         await asyncio.sleep(0.001 * k)
         for _ in range(rounds):
             await server.predict_model("echo", np.full(4, k, dtype=np.float32))
+            await asyncio.sleep(0.001)
 
     await asyncio.gather(*(client(k) for k in range(clients)))
 

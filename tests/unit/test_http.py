@@ -1124,6 +1124,39 @@ def test_the_wait_for_one_answer_ends_at_its_answer_or_its_timeout_and_leaves_it
     run(scenario())  # on a new loop, as on the first
 
 
+def test_a_query_waits_on_its_answer_itself_until_its_time_and_then_the_answer_is_over() -> None:
+    from raysrv._server import Alarms, TimedOut
+
+    alarms = Alarms()
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        answer = loop.create_future()
+        loop.call_later(0.01, answer.set_result, 3)
+        assert await alarms.result(answer, 5.0) == 3
+        assert [entry[2] for entry in alarms._heap] == [None]  # the answer is not held
+        failing = loop.create_future()
+        loop.call_later(0.01, failing.set_exception, ValueError("the model's error"))
+        with pytest.raises(ValueError, match="the model's error"):
+            await alarms.result(failing, 5.0)
+        slow = loop.create_future()
+        started = loop.time()
+        with pytest.raises(TimedOut):
+            await alarms.result(slow, 0.05)
+        assert loop.time() - started >= 0.04
+        # whoever owed the answer finds it over, and a late result is not taken
+        assert isinstance(slow.exception(), TimedOut)
+        never = loop.create_future()
+        waiting = asyncio.ensure_future(alarms.result(never, 60.0))
+        await asyncio.sleep(0.01)
+        waiting.cancel()  # the caller left: the answer is cancelled with its wait
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert never.cancelled()
+
+    run(scenario())
+
+
 def test_waits_end_each_at_its_own_time_and_answered_ones_do_not_pile_up() -> None:
     from raysrv._server import ALARMS_COMPACTED, Alarms
 

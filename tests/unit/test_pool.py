@@ -839,7 +839,6 @@ def test_the_timeline_shows_each_action_as_it_ran_on_the_wall_clock(
             await pool.submit("a", _x(1))
         middle = time.time()
         await pool.submit("a", _x(1))
-        await asyncio.sleep(0)  # the step that takes the last report up
         timeline, later = pool.timeline(), pool.timeline(since=middle)
         past = pool.timeline(after=3)
         await pool.close()
@@ -865,22 +864,21 @@ def test_the_timeline_shows_each_action_as_it_ran_on_the_wall_clock(
 def test_the_timeline_says_which_step_made_each_action_and_which_took_its_report_up() -> None:
     """A worker's second batch waits for its first's report: the step that takes that report
     up, kept as the first's ``acted``, makes the second (its ``decided``), after the report was
-    back; each call leaves after its step began; the last report is kept once a step takes
-    it up."""
+    back; each call leaves after its step began; the step that keeps a report runs before the
+    batch's callers resume, so a caller that asks for the timeline finds its own batch."""
 
     async def scenario() -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
         pool = one_model_pool(_fixed(max_batch_size=1), fake_workers(EchoModel(), delay_s=0.005))
         first, second = pool.submit("echo", _x(1)), pool.submit("echo", _x(2))
         await first
+        after_first = pool.timeline()
         await second
-        answered = pool.timeline()
-        await asyncio.sleep(0)  # the step that takes the last report up
         timeline = pool.timeline()
         await pool.close()
-        return answered, timeline
+        return after_first, timeline
 
-    answered, timeline = asyncio.run(scenario())
-    assert answered["seq"] == [0]
+    after_first, timeline = asyncio.run(scenario())
+    assert after_first["seq"] == [0]
     assert timeline["seq"] == [0, 1]
     assert timeline["acted"][0] == timeline["decided"][1]
     for i in (0, 1):
@@ -893,7 +891,6 @@ def test_a_load_in_the_timeline_has_no_call_overhead() -> None:
         workers = LocalWorkers(1, {"a": EchoModel()}, weight_bytes=1, load_s=0.02, reply_s=0.0)
         pool = _shared(["a"], workers, capacity_mb=1)
         await pool.submit("a", _x(1))
-        await asyncio.sleep(0)  # the step that takes the last report up
         timeline = pool.timeline()
         await pool.close()
         return timeline
