@@ -535,8 +535,10 @@ class Inside:
         if self.now > self._high:
             self._high = self.now
 
-    def leave(self) -> None:
+    def leave(self, *_: object) -> None:
         self.now -= 1
+
+    __enter__, __exit__ = enter, leave  # ``with inside:`` for one request
 
     def peak(self) -> int:
         t = self._clock()
@@ -818,8 +820,7 @@ class Server:
         the answer's trip back is kept out of the time the scheduler may use (``trip_back``;
         ``http``: the query came over HTTP and its answer goes back that way)."""
         start = self._clock()
-        self._inside.enter()
-        try:
+        with self._inside:
             target = self._app(app)
             origin, ask = self._ask(start, slo_ms, best_effort, priority, sent_at, http)
             with _transit_told(ask):
@@ -828,8 +829,6 @@ class Server:
                 self._arrived(ask)
                 state = await self._state(target, context)
             return await self._answer(target, x, context, state, start, origin, ask)
-        finally:
-            self._inside.leave()
 
     async def predict_many(
         self,
@@ -848,8 +847,7 @@ class Server:
         The request as a whole fails only where every input would: an unknown app, a bad
         option, or not a list of 1 to ``ingress.max_inputs`` inputs."""
         start = self._clock()
-        self._inside.enter()
-        try:
+        with self._inside:
             target = self._app(app)
             batch = self._inputs(inputs)
             origin, ask = self._ask(start, slo_ms, best_effort, priority, sent_at, http)
@@ -864,8 +862,6 @@ class Server:
                 lambda x: self._answer(target, x, context, state, start, origin, ask),
                 ask,
             )
-        finally:
-            self._inside.leave()
 
     def _inputs(self, inputs: Any) -> list[Any] | np.ndarray:
         """``inputs`` if a list (or an array, one input a row) of 1 to ``ingress.max_inputs``
@@ -967,13 +963,10 @@ class Server:
         ``{"output", "model", "latency_ms"}``. Deadlines as :meth:`predict`'s, from the
         model's SLO, and ``http`` as there."""
         start = self._clock()
-        self._inside.enter()
-        try:
+        with self._inside:
             pool = self.pool_of(model)
             origin, ask = self._ask(start, slo_ms, best_effort, priority, sent_at, http)
             return await self._predict_model(model, pool, input, start, origin, ask)
-        finally:
-            self._inside.leave()
 
     async def predict_model_many(
         self,
@@ -988,16 +981,13 @@ class Server:
     ) -> list[dict[str, Any] | RaysrvError]:
         """:meth:`predict_model` for each of ``inputs``, as :meth:`predict_many`."""
         start = self._clock()
-        self._inside.enter()
-        try:
+        with self._inside:
             pool = self.pool_of(model)
             batch = self._inputs(inputs)
             origin, ask = self._ask(start, slo_ms, best_effort, priority, sent_at, http)
             inputs = coerce_inputs(batch, self._models[model].input)
             self._arrived(ask)
             return await self._run_model_many(model, pool, inputs, start, origin, ask)
-        finally:
-            self._inside.leave()
 
     async def _run_model_many(
         self,
