@@ -25,7 +25,8 @@ replicas makes queries wait while it is busy, and cutting that backlog at B woul
 throughput at the planned batch size (on a fixed-cost model, below the offered load).
 
 Until a plan exists (too few arrivals or no measured run time) B and T are
-``initial_batch_size`` and ``initial_timeout_ms``.
+``initial_batch_size`` and ``initial_timeout_ms``. ``busy_timeout_ms`` holds for the ingress's
+concurrency as ``deadline``'s does, before B and T are weighed.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from pydantic import Field, model_validator
 from raysrv.analytics.arrivals import fit_map2
 from raysrv.analytics.buffer import Pricing
 from raysrv.analytics.optimize import BatchingPlan, optimize_batching
-from raysrv.batching.base import BatcherView, Decision, QueuedQuery, ReplicaSlot, Wait
+from raysrv.batching.base import BatcherView, Decision, QueuedQuery, ReplicaSlot
 from raysrv.batching.deadline import DeadlineParams, DeadlinePolicy
 
 __all__ = ["CTMCParams", "CTMCPolicy", "PlanInputs"]
@@ -140,13 +141,8 @@ class CTMCPolicy(DeadlinePolicy):
     def _most_urgent(self, urgent: list[QueuedQuery], slot: ReplicaSlot, now: float) -> Decision:
         """BATCH's buffer: hold a short batch up to T after its oldest query (never past what
         the earliest deadline allows at B's run time), then dispatch as ``deadline`` does."""
-        if len(urgent) < self._cap and self._hold > 0:
-            oldest = min(q.arrival for q in urgent)
-            earliest = min(q.deadline for q in urgent)
-            until = min(oldest + self._hold, earliest - self.estimate(self._cap))
-            if until > now:
-                return Wait(until)
-        return super()._most_urgent(urgent, slot, now)
+        held = self._held(urgent, self._cap, self._hold, now)
+        return held or super()._most_urgent(urgent, slot, now)
 
     # -- planning --------------------------------------------------------------------------
 

@@ -47,6 +47,15 @@ time. One step:
       start behind them and make the model's SLO. They are not refused early, only when their
       deadline has passed.
 
+  (4) With ``busy_timeout_ms``, before step (2) cuts a batch: while fewer urgent queries wait
+      than the largest size and than the requests the ingress lately held at once
+      (:attr:`BatcherView.concurrency`), the oldest waits up to that long for the rest, but
+      never past the latest start at which a batch of that many still ends before the
+      earliest deadline queued. This is the hold ``fixed`` and ``delayed`` take (Clipper
+      §4.3.2's delayed batching where more queries are on their way), bounded by the
+      deadlines as ``delayed`` bounds it: clients that send their next query as an answer
+      arrives come back in groups, and unheld the policy cuts a batch per group.
+
 Run-time spread: the p99 of 10 runs is about their largest, so about one run in eleven exceeds
 it, and a batch planned to end just before its earliest deadline then ends after it. With
 ``learn_spread`` every run of a size measured ``window`` times records its excess over that
@@ -114,8 +123,9 @@ the answer's trip back and its own trip out, and at 150% overload goodput was 89
 capacity against 94-103% without it, while the 80% point did not improve. So the default (None)
 commits as soon as the batcher offers the replica.
 
-The policy is work-conserving: it dispatches as soon as a replica is free rather than holding
-queries back for a fuller batch; under load the queue, and with it the batch, grows on its own.
+Without ``busy_timeout_ms`` the policy is work-conserving: it dispatches as soon as a replica is
+free rather than holding queries back for a fuller batch; under load the queue, and with it the
+batch, grows on its own.
 Before the first query the model is profiled (clockwork §4, "a brief profiling step to produce a
 seed estimate"): batches of the smallest and largest size and the powers of two between run on
 every replica, and their run times seed the windows; a policy swapped in live is seeded with the
@@ -265,6 +275,14 @@ class DeadlineParams(PolicyParams):
         description="Refuse a query as soon as it could not finish behind the work predicted "
         "in flight on every replica; default: once it could not finish even on a replica free "
         "now (its required start passed), waiting meanwhile for a replica to free.",
+    )
+    busy_timeout_ms: float = Field(
+        0.0,
+        ge=0.0,
+        le=60_000.0,
+        description="How long the oldest query may wait for a fuller batch while fewer wait "
+        "than the ingress's concurrency, never past the time its batch must start to meet the "
+        "first deadline in it (0: off).",
     )
     schedule_ahead_ms: float | None = Field(
         None,
@@ -447,11 +465,34 @@ class DeadlinePolicy(BatchingPolicy):
             if ahead > view.now:
                 return Wait(ahead)  # no commitment yet behind the work in flight
         if urgent:
+            held = self._busy_hold(urgent, view)  # step (4)
+            if held is not None:
+                return held
             decision = self._most_urgent(urgent, slot, view.now)  # step (2)
             if isinstance(decision, Wait) and decision.until is None:
                 return self._wait(urgent, view.now)
             return decision
         return self._fill(view, slot)  # step (3)
+
+    def _busy_hold(self, urgent: Sequence[QueuedQuery], view: BatcherView) -> Wait | None:
+        """Step (4): hold for ``busy_timeout_ms`` (:meth:`_held`) while fewer urgent queries
+        wait than the largest size and than the requests the ingress lately held at once, less
+        the batch clients' queries queued (those are inside, not on their way)."""
+        batch_clients = len(view.queue) - len(urgent)
+        expected = min(self._largest, view.concurrency - batch_clients)
+        return self._held(urgent, expected, self.params.busy_timeout_ms / 1000.0, view.now)
+
+    def _held(
+        self, urgent: Sequence[QueuedQuery], size: int, hold_s: float, now: float
+    ) -> Wait | None:
+        """While fewer than ``size`` urgent queries wait, wait for the rest until ``hold_s``
+        past the oldest's arrival, but not past the latest start at which a batch of ``size``
+        still ends before the earliest deadline queued. None: cut now."""
+        if hold_s <= 0.0 or len(urgent) >= size:
+            return None
+        oldest = min(q.arrival for q in urgent)
+        until = min(oldest + hold_s, min(q.deadline for q in urgent) - self.estimate(size))
+        return Wait(until) if until > now else None
 
     def _wait(self, urgent: Sequence[QueuedQuery], now: float) -> Wait:
         """Wait for a replica to take the urgent queries, at the latest until just past the

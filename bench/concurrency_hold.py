@@ -2,15 +2,17 @@
 and plain Serve ``@serve.batch`` beside them, from one client to 32.
 
     python -m bench.concurrency_hold [--connections 1 2 4 8 16 32] [--rounds 2]
-                                     [--seconds 6] [--out JSON]
+                                     [--seconds 6] [--policy fixed] [--out JSON]
 
 :mod:`bench.fast_path`'s Ray (Serve's fast path), its baseline (``@serve.batch(32, 1 ms)``)
 and raysrv with the digits MLP in its ingress (``colocated``) twice: as ``bench.fast_path``
 serves it (``raysrv-held``: ``fixed`` with ``busy_timeout_ms`` 8,
 :data:`bench.fast_path.BATCHING`), and the same with ``busy_timeout_ms`` 0 (``raysrv-unheld``:
-a batch cut whenever the model frees). For each number of connections, each system in turn, in
-an order that alternates from round to round: ``wrk`` with that many connections, one JSON
-input a request, every input distinct, on raysrv's model route (``/v1/models/mlp/predict``).
+a batch cut whenever the model frees). ``--policy deadline``: both batched by ``deadline``
+instead, with the same largest batch and hold, within the model's SLO. For each number of
+connections, each system in turn, in an order that alternates from round to round: ``wrk``
+with that many connections, one JSON input a request, every input distinct, on raysrv's model
+route (``/v1/models/mlp/predict``).
 Prints, per number of connections and system, the medians over the rounds of the inputs
 answered per second, the p50 and p99 latency, and for raysrv the mean batch, read from its
 pool's timeline.
@@ -42,17 +44,24 @@ CONNECTIONS = (1, 2, 4, 8, 16, 32)
 FIELDS = ("inputs_per_s", "p50_ms", "p99_ms", "mean_batch")
 
 
-def _deploy_unheld(path: Path) -> None:
+def _deploy(path: Path, system: str, policy: str) -> None:
+    """raysrv's ``system`` with its model batched by ``policy``: :data:`fast_path.BATCHING`'s
+    batch size and hold (none for ``raysrv-unheld``), and for ``fixed`` its timeout."""
     from ray import serve
     from ray.serve.schema import LoggingConfig
 
     from raysrv.app import build_app
 
     raw = fast_path.spec(path, "colocated")
-    raw["models"][0]["batching"]["params"] = {**fast_path.BATCHING, "busy_timeout_ms": 0}
+    params = {**fast_path.BATCHING}
+    if system == "raysrv-unheld":
+        params["busy_timeout_ms"] = 0
+    if policy != "fixed":
+        del params["timeout_ms"]
+    raw["models"][0]["batching"] = {"policy": policy, "params": params}
     quiet = LoggingConfig(enable_access_log=False, log_level="WARNING")
-    app = build_app(raw)
-    serve.run(app, name=APPS["raysrv-unheld"], route_prefix="/raysrv-unheld", logging_config=quiet)
+    name = APPS[system]
+    serve.run(build_app(raw), name=name, route_prefix=f"/{name}", logging_config=quiet)
 
 
 async def _points(
@@ -129,13 +138,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, nargs="+", default=list(CONNECTIONS))
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=6.0, help="per point")
+    parser.add_argument(
+        "--policy", choices=("fixed", "deadline"), default="fixed", help="raysrv's batching"
+    )
     parser.add_argument("--out", type=Path, help="every point, as JSON")
     args = parser.parse_args(argv)
     if min(args.connections) < 1:
         parser.error(f"--connections must be at least 1, got {min(args.connections)}")
-    port, path = fast_path.start(False, systems=("raysrv-colocated",))
+    port, path = fast_path.start(False, systems=())
     try:
-        _deploy_unheld(path)
+        for system in APPS:
+            _deploy(path, system, args.policy)
         points = asyncio.run(_points(port, args.connections, args.rounds, args.seconds))
     finally:
         import ray

@@ -38,9 +38,11 @@ def test_inside_counts_requests_and_keeps_the_most_at_once_of_the_last_windows()
     assert (inside.now, inside.peak()) == (0, 0)
 
 
-def _server(busy_timeout_ms: float, log: list[int]) -> Server:
-    params = {"max_batch_size": 8, "timeout_ms": 0, "busy_timeout_ms": busy_timeout_ms}
-    model = model_spec("echo", batching={"policy": "fixed", "params": params})
+def _server(busy_timeout_ms: float, log: list[int], policy: str = "fixed") -> Server:
+    params = {"max_batch_size": 8, "busy_timeout_ms": busy_timeout_ms}
+    if policy == "fixed":
+        params["timeout_ms"] = 0
+    model = model_spec("echo", batching={"policy": policy, "params": params})
     parsed = RaysrvSpec.model_validate(spec([model], [{"name": "a", "models": ["echo"]}]))
     return Server(parsed, {"echo": fake_workers(EchoModel(), delay_s=0.02, log=log)})
 
@@ -58,12 +60,13 @@ async def _closed_loop(server: Server, clients: int, rounds: int) -> None:
     await asyncio.gather(*(client(k) for k in range(clients)))
 
 
+@pytest.mark.parametrize("policy", ["fixed", "deadline"])
 @pytest.mark.parametrize("hold_ms", [0, SHORT_HOLD_MS])
-def test_clients_that_came_together_batch_together_when_held(hold_ms: float) -> None:
+def test_clients_that_came_together_batch_together_when_held(hold_ms: float, policy: str) -> None:
     log: list[int] = []
 
     async def scenario() -> None:
-        server = _server(hold_ms, log)
+        server = _server(hold_ms, log, policy)
         await _closed_loop(server, clients=4, rounds=6)
         await server.close()
 

@@ -108,6 +108,26 @@ def test_a_query_the_plan_keeps_waits_for_a_real_moment_not_just_past_now() -> N
     assert decision.until == pytest.approx(now + 0.006)
 
 
+def test_holds_for_the_ingress_concurrency_no_later_than_the_deadlines_allow() -> None:
+    policy = _trained(max_batch_size=8, busy_timeout_ms=6)
+    free = [ReplicaSlot(0)]
+    three = _queue([0.05] * 3)
+    # as many wait as the ingress held: cut now; more were inside: wait 6 ms for them
+    assert policy.decide(BatcherView(0.0, three, free, concurrency=3)) == Dispatch((0, 1, 2), 0)
+    assert policy.decide(BatcherView(0.0, three, free, concurrency=5)) == Wait(0.006)
+    assert policy.decide(BatcherView(0.006, three, free, concurrency=5)) == Dispatch((0, 1, 2), 0)
+    # a batch of 5 takes 7 ms: due at 12 ms, it must start by 5 ms
+    tight = _queue([0.012] * 3)
+    assert policy.decide(BatcherView(0.0, tight, free, concurrency=5)) == Wait(pytest.approx(0.005))
+    # a batch client's query is not one the hold waits with, nor for
+    mixed = three + [QueuedQuery(3, 0.0, 0.05, 1)]
+    assert policy.decide(BatcherView(0.0, mixed, free, concurrency=4)) == Dispatch((0, 1, 2), 0)
+    # no count of the ingress (a pool outside one), or no hold: work-conserving
+    assert policy.decide(BatcherView(0.0, three, free)) == Dispatch((0, 1, 2), 0)
+    unheld = _trained(max_batch_size=8)
+    assert unheld.decide(BatcherView(0.0, three, free, concurrency=5)) == Dispatch((0, 1, 2), 0)
+
+
 def test_orders_by_deadline_not_by_arrival() -> None:
     policy = _trained()
     queue = _queue([0.5, 0.004, 0.5, 0.0045])
