@@ -80,9 +80,9 @@ def test_the_live_driver_plans_off_the_loop_and_adopts_the_plan() -> None:
     asyncio.run(scenario())
 
 
-def _planned(batch: int, timeout_s: float) -> CTMCPolicy:
+def _planned(batch: int, timeout_s: float, **params: object) -> CTMCPolicy:
     """A policy whose plan says B = ``batch``, T = ``timeout_s``, with run times measured."""
-    policy = CTMCPolicy(CTMCParams(max_batch_size=16), slo_s=0.5)
+    policy = CTMCPolicy(CTMCParams(max_batch_size=16, **params), slo_s=0.5)
     for size in (1, 2, 4, 8, 16):
         duration = 0.002 + 0.001 * size
         teach(policy, BatchOutcome(size, 0, 0.0, duration, duration))
@@ -105,6 +105,15 @@ def test_a_backlog_longer_than_b_is_served_in_larger_batches() -> None:
     decision = policy.decide(BatcherView(0.0, queue, [ReplicaSlot(0)]))
     assert isinstance(decision, Dispatch)
     assert len(decision.query_ids) == 12
+
+
+def test_it_holds_for_the_ingress_concurrency_as_deadline_does() -> None:
+    # the plan alone would cut the three at once (B = 2, no T); five were inside the ingress
+    policy = _planned(2, 0.0, busy_timeout_ms=30)
+    queue = [QueuedQuery(i, 0.0, 0.5) for i in range(3)]
+    free = [ReplicaSlot(0)]
+    assert policy.decide(BatcherView(0.0, queue, free, concurrency=5)) == Wait(0.030)
+    assert policy.decide(BatcherView(0.0, queue, free, concurrency=3)) == Dispatch((0, 1, 2), 0)
 
 
 def test_budget_objective_needs_a_budget() -> None:
