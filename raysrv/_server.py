@@ -196,17 +196,15 @@ def _castable(given: np.dtype[Any], target: np.dtype[Any]) -> bool:
 
 
 def _finite(array: np.ndarray) -> bool:
-    """Whether the float ``array`` holds no NaN or infinity: its dot product with zeros is 0
-    if so, else NaN (0 times an infinity is NaN), one call where ``isfinite(...).all()`` is
-    two, and about a quarter of their time on an input of 64 numbers."""
-    return math.isfinite(array.ravel().dot(_zeros(array.size, array.dtype)))
-
-
-@cache
-def _zeros(size: int, dtype: np.dtype[Any]) -> np.ndarray:
-    zeros = np.zeros(size, dtype)
-    zeros.flags.writeable = False
-    return zeros
+    """Whether the float ``array`` holds no NaN or infinity: its sum, in float64, is finite if
+    so (a float32 or float16 input's cannot overflow), else NaN or infinite; only where a
+    float64 input's sum overflows is each value looked at. The sum keeps the interpreter's
+    lock; a dot product with zeros, twice as fast alone, lets go of it for BLAS and must then
+    wait for any thread that took it: beside a thread running Python, 36 us a call against
+    the sum's 1.9 (``bench.gil_release``; bench/RESULTS.md, "The fast path")."""
+    return math.isfinite(np.add.reduce(array, axis=None, dtype=np.float64)) or bool(
+        np.isfinite(array).all()
+    )
 
 
 _NOT_FINITE = "input holds NaN or infinite values, or values beyond the range of {}"

@@ -12,16 +12,42 @@ tagged by pool and worker, never by model: a pool may hold thousands of models.
 from __future__ import annotations
 
 import asyncio
+import bisect
+import contextvars
+import itertools
 from typing import Any
 
 from raysrv.errors import ModelFailed, RaysrvError
 
-__all__ = ["LATENCY_BOUNDARIES_MS", "UNKNOWN_APP", "Metrics", "ServeMetrics"]
+__all__ = ["LATENCY_BOUNDARIES_MS", "UNKNOWN_APP", "Metrics", "ServeMetrics", "Summed"]
 
 LATENCY_BOUNDARIES_MS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000]
 BATCH_SIZE_BOUNDARIES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 UNKNOWN_APP = "unknown"  # the app tag of requests to a name that is not served
 FLUSH_S = 1.0  # counters and gauges reach Ray at most this long after they change
+LATENCY = "raysrv_request_latency_ms"  # the requests' latency histogram (ServeMetrics)
+LE_LABELS = [repr(float(b)) for b in LATENCY_BOUNDARIES_MS] + ["+Inf"]  # its buckets' tags
+
+
+class Summed:
+    """A histogram kept in this process, as Prometheus counts one: for each upper bound of
+    ``boundaries`` (ascending) and for infinity, the values observed at or below it
+    (:meth:`cumulative`), and their sum and count, since it began."""
+
+    def __init__(self, boundaries: list[float]) -> None:
+        self._bounds = boundaries
+        self._counts = [0] * (len(boundaries) + 1)  # by bucket, the last above every bound
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self._counts[bisect.bisect_left(self._bounds, value)] += 1
+        self.total += value
+        self.count += 1
+
+    def cumulative(self) -> list[int]:
+        """Each bucket's count of the values at or below its bound, infinity's last."""
+        return list(itertools.accumulate(self._counts))
 
 
 class Metrics:
@@ -82,7 +108,16 @@ class ServeMetrics(Metrics):
     Counters are summed and gauges kept at their last value in this process, and handed to Ray
     once every ``FLUSH_S`` from the event loop: each call into Ray's metrics costs tens of
     microseconds, and recorded one by one they took about a sixth of the ingress's throughput
-    on a many-model load (bench/RESULTS.md, "Many models"). Histograms are recorded as
+    on a many-model load (bench/RESULTS.md, "Many models").
+
+    The requests' latency, observed once a request, is summed here too (:class:`Summed`) and
+    handed over as Prometheus's histogram series under their usual names, as gauges of running
+    totals: ``ray_raysrv_request_latency_ms_bucket`` (tagged ``le``), ``..._sum`` and
+    ``..._count``, which ``histogram_quantile`` and ``rate`` read as they read a histogram's.
+    A Ray histogram's observation lets go of the interpreter's lock and must then wait for any
+    thread that took it (beside a thread running Python, 550 us a call, ``bench.gil_release``);
+    one a request cost the fast path about a tenth of its throughput (bench/RESULTS.md, "The
+    fast path"). The other histograms, observed once a batch or once a LOAD, are recorded as
     observed.
     """
 
@@ -96,11 +131,15 @@ class ServeMetrics(Metrics):
         self._requests = m.Counter(
             "raysrv_requests", "Requests answered.", tag_keys=("app", "status")
         )
-        self._latency = m.Histogram(
-            "raysrv_request_latency_ms",
-            "End-to-end latency inside raysrv.",
-            LATENCY_BOUNDARIES_MS,
-            ("app",),
+        self._latencies: dict[str, Summed] = {}  # by app
+        self._latency_changed: set[str] = set()
+        latency = "End-to-end latency inside raysrv, in ms"
+        self._latency_buckets = m.Gauge(
+            f"{LATENCY}_bucket", f"{latency}: requests at or below le.", tag_keys=("app", "le")
+        )
+        self._latency_sum = m.Gauge(f"{LATENCY}_sum", f"{latency}: their sum.", tag_keys=("app",))
+        self._latency_count = m.Gauge(
+            f"{LATENCY}_count", f"{latency}: requests.", tag_keys=("app",)
         )
         self._rejections = m.Counter(
             "raysrv_rejections", "Queries refused.", tag_keys=("where", "reason")
@@ -176,7 +215,10 @@ class ServeMetrics(Metrics):
         if self._flushing is not None:
             return
         try:
-            self._flushing = asyncio.get_running_loop().call_later(FLUSH_S, self.flush)
+            # outside any request's context, so that Serve tags no series with its route
+            self._flushing = asyncio.get_running_loop().call_later(
+                FLUSH_S, self.flush, context=contextvars.Context()
+            )
         except RuntimeError:  # no event loop in this thread: hand it over now
             self.flush()
 
@@ -189,11 +231,22 @@ class ServeMetrics(Metrics):
             counter.inc(value, tags=dict(tags))
         for (gauge, tags), value in levels.items():
             gauge.set(value, tags=dict(tags))
+        changed, self._latency_changed = self._latency_changed, set()
+        for app in changed:
+            summed = self._latencies[app]
+            for le, count in zip(LE_LABELS, summed.cumulative(), strict=True):
+                self._latency_buckets.set(count, tags={"app": app, "le": le})
+            self._latency_sum.set(summed.total, tags={"app": app})
+            self._latency_count.set(summed.count, tags={"app": app})
 
     def request(self, app: str, status: int, latency_s: float | None = None) -> None:
         self._add(self._requests, app=app, status=str(status))
         if latency_s is not None:
-            self._latency.observe(latency_s * 1000.0, tags={"app": app})
+            summed = self._latencies.get(app)
+            if summed is None:
+                summed = self._latencies[app] = Summed(LATENCY_BOUNDARIES_MS)
+            summed.observe(latency_s * 1000.0)
+            self._latency_changed.add(app)  # flushed with the count above
 
     def rejection(self, where: str, reason: str) -> None:
         self._add(self._rejections, where=where, reason=reason)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import time
 import urllib.request
@@ -16,6 +17,7 @@ from ray import serve
 
 from raysrv.app import build_app
 from raysrv.errors import BadRequest, raise_for_error
+from raysrv.metrics import LE_LABELS
 from raysrv.testing import model_spec, spec
 from tests.integration.conftest import RayCluster
 from tests.unit.test_runtimes import WEIGHTS, _onnx_matmul
@@ -207,12 +209,39 @@ def test_metrics_of_every_role_reach_the_ray_metrics_endpoint(
     }
     url = f"http://127.0.0.1:{serve_session.metrics_port}/metrics"
     found: set[str] = set()
+    latency: tuple[list[float], float | None] = ([], None)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and found != wanted:
+    while time.monotonic() < deadline and (found != wanted or not _a_histogram(*latency)):
         body = urllib.request.urlopen(url, timeout=10).read().decode()
         found = {w for w in wanted if f"\n{w}{{" in body}
+        latency = _latency_series(body, "echo")
         time.sleep(1)
     assert found == wanted, f"missing: {sorted(wanted - found)} (pid {os.getpid()})"
+    assert _a_histogram(*latency), latency
+
+
+def _latency_series(body: str, app: str) -> tuple[list[float], float | None]:
+    """The app's request latency in Ray's metrics text: its buckets' running totals in order
+    of their bounds (infinity's last), and its count."""
+    buckets: dict[float, float] = {}
+    count = None
+    for line in body.splitlines():
+        name, _, rest = line.partition("{")
+        if f'app="{app}"' not in rest:
+            continue
+        value = float(rest.rsplit(" ", 1)[1])
+        if name == "ray_raysrv_request_latency_ms_bucket":
+            buckets[float(rest.split('le="', 1)[1].split('"', 1)[0])] = value
+        elif name == "ray_raysrv_request_latency_ms_count":
+            count = value
+    return [buckets[le] for le in sorted(buckets)], count
+
+
+def _a_histogram(buckets: list[float], count: float | None) -> bool:
+    """Whether the series read as a histogram of the requests so far: a bucket for each bound
+    and infinity, each holding at least the one below, infinity's holding every request."""
+    steady = all(a <= b for a, b in itertools.pairwise(buckets))
+    return len(buckets) == len(LE_LABELS) and steady and buckets[-1] == count and count > 0
 
 
 def test_a_redeploy_with_the_same_models_keeps_answering(

@@ -25,7 +25,7 @@ from raysrv._server import (
     coerce_input,
     coerce_inputs,
 )
-from raysrv.config import LiveConfig, RaysrvSpec
+from raysrv.config import InputSpec, LiveConfig, RaysrvSpec
 from raysrv.errors import BadRequest, RaysrvError
 from raysrv.metrics import Metrics
 from raysrv.testing import EchoModel, LocalWorkers, fake_workers, model_spec, spec
@@ -225,6 +225,29 @@ def test_many_inputs_are_read_exactly_as_each_would_be_alone(inputs: list[Any]) 
             continue
         alone = coerce_input(value, shape)
         assert (got.dtype, got.shape, got.tolist()) == (alone.dtype, alone.shape, alone.tolist())
+
+
+@pytest.mark.parametrize(
+    ("dtype", "finite", "refused"),
+    [
+        ("float64", [1e308, 1e308, -1e308, 1e308], [1.0, 2.0, float("nan"), 4.0]),
+        ("float64", [1e308, 1e308, 1e308, 1e308], [1e308, 1e308, float("inf"), 1.0]),
+        ("float32", [3e38, 3e38, 3e38, 3e38], [1.0, 2.0, 3.0, 1e39]),  # past float32's range
+        ("float32", [0.0, -0.0, 1e-45, 3.4e38], [float("-inf"), 0.0, 0.0, 0.0]),
+        ("float16", [65000.0, 65000.0, 65000.0, 65000.0], [70000.0, 1.0, 1.0, 1.0]),
+    ],
+)
+def test_an_input_is_refused_only_where_it_holds_nan_or_an_infinity(
+    dtype: str, finite: list[float], refused: list[float]
+) -> None:
+    """Finite values whose sum overflows are still finite, as are float32's and float16's
+    largest; a value past the dtype's range becomes an infinity and is refused."""
+    spec = InputSpec(shape=(4,), dtype=dtype)
+    read = coerce_input(finite, spec)
+    assert read.dtype == np.dtype(dtype)
+    assert read.tolist() == np.asarray(finite, dtype=dtype).tolist()
+    with pytest.raises(BadRequest, match="NaN or infinite"):
+        coerce_input(refused, spec)
 
 
 def _raw(array: np.ndarray, shape: str | None = None) -> dict[str, Any]:
