@@ -18,6 +18,7 @@ import raysrv._http
 from raysrv._http import create_http_app
 from raysrv._server import (
     DESCRIBE_CHUNK,
+    DOT_FROM,
     TRIP_WINDOW,
     TRIPS_KNOWN,
     Server,
@@ -248,6 +249,20 @@ def test_an_input_is_refused_only_where_it_holds_nan_or_an_infinity(
     assert read.tolist() == np.asarray(finite, dtype=dtype).tolist()
     with pytest.raises(BadRequest, match="NaN or infinite"):
         coerce_input(refused, spec)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_large_input_is_checked_for_nan_and_infinities_too(dtype: str) -> None:
+    """From DOT_FROM values on, the check is a dot product's: the same answers."""
+    size = DOT_FROM + 3
+    spec = InputSpec(shape=(size,), dtype=dtype)
+    big = np.full(size, np.finfo(dtype).max / 2, dtype=dtype)
+    assert coerce_input(big, spec).tolist() == big.tolist()
+    for bad in (np.nan, np.inf, -np.inf):
+        values = big.copy()
+        values[-1] = bad
+        with pytest.raises(BadRequest, match="NaN or infinite"):
+            coerce_input(values, spec)
 
 
 def _raw(array: np.ndarray, shape: str | None = None) -> dict[str, Any]:
