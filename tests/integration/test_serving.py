@@ -209,39 +209,47 @@ def test_metrics_of_every_role_reach_the_ray_metrics_endpoint(
     }
     url = f"http://127.0.0.1:{serve_session.metrics_port}/metrics"
     found: set[str] = set()
-    latency: tuple[list[float], float | None] = ([], None)
+    latency: dict[str, tuple[list[float], float | None]] = {}
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and (found != wanted or not _a_histogram(*latency)):
+    while time.monotonic() < deadline and (found != wanted or not _a_histogram(latency)):
         body = urllib.request.urlopen(url, timeout=10).read().decode()
         found = {w for w in wanted if f"\n{w}{{" in body}
         latency = _latency_series(body, "echo")
         time.sleep(1)
     assert found == wanted, f"missing: {sorted(wanted - found)} (pid {os.getpid()})"
-    assert _a_histogram(*latency), latency
+    assert _a_histogram(latency), latency
 
 
-def _latency_series(body: str, app: str) -> tuple[list[float], float | None]:
-    """The app's request latency in Ray's metrics text: its buckets' running totals in order
-    of their bounds (infinity's last), and its count."""
-    buckets: dict[float, float] = {}
-    count = None
+def _latency_series(body: str, app: str) -> dict[str, tuple[list[float], float | None]]:
+    """The app's request latency in Ray's metrics text, by series (its tags but ``le``: one a
+    replica): the buckets' running totals in order of their bounds (infinity's last), and the
+    count."""
+    buckets: dict[str, dict[float, float]] = {}
+    counts: dict[str, float] = {}
     for line in body.splitlines():
         name, _, rest = line.partition("{")
-        if f'app="{app}"' not in rest:
+        tags, _, value = rest.rpartition("} ")
+        if f'app="{app}"' not in tags.split(","):
             continue
-        value = float(rest.rsplit(" ", 1)[1])
         if name == "ray_raysrv_request_latency_ms_bucket":
-            buckets[float(rest.split('le="', 1)[1].split('"', 1)[0])] = value
+            le = next(t for t in tags.split(",") if t.startswith("le="))
+            series = ",".join(t for t in tags.split(",") if t != le)
+            buckets.setdefault(series, {})[float(le[4:-1])] = float(value)
         elif name == "ray_raysrv_request_latency_ms_count":
-            count = value
-    return [buckets[le] for le in sorted(buckets)], count
+            counts[tags] = float(value)
+    return {s: ([b[le] for le in sorted(b)], counts.get(s)) for s, b in buckets.items()}
 
 
-def _a_histogram(buckets: list[float], count: float | None) -> bool:
-    """Whether the series read as a histogram of the requests so far: a bucket for each bound
-    and infinity, each holding at least the one below, infinity's holding every request."""
-    steady = all(a <= b for a, b in itertools.pairwise(buckets))
-    return len(buckets) == len(LE_LABELS) and steady and buckets[-1] == count and count > 0
+def _a_histogram(series: dict[str, tuple[list[float], float | None]]) -> bool:
+    """Whether one of ``series`` reads as a histogram of requests: a bucket for each bound and
+    infinity, each holding at least the one below, infinity's holding every request."""
+    return any(
+        len(buckets) == len(LE_LABELS)
+        and all(a <= b for a, b in itertools.pairwise(buckets))
+        and count is not None
+        and buckets[-1] == count > 0
+        for buckets, count in series.values()
+    )
 
 
 def test_a_redeploy_with_the_same_models_keeps_answering(
