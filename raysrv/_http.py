@@ -383,13 +383,18 @@ def _encoded(status: int, payload: Any) -> tuple[int, bytes]:
     that answer's entry alone, so that the other inputs keep theirs.
 
     A payload of finite numbers is written by orjson, in a tenth of the standard encoder's
-    time; orjson would write NaN as ``null``, so any other goes to the standard one, which
-    refuses it, as does what orjson cannot write (an integer past 64 bits)."""
-    if _all_finite(payload):
-        try:
-            return status, orjson.dumps(payload, option=orjson.OPT_NON_STR_KEYS)
-        except TypeError:
-            pass
+    time. orjson writes NaN and the infinities as ``null``, so its text is kept only where
+    every ``null`` in it is a ``None`` of the payload's top level (an answer's
+    ``transit_ms``), else where :func:`_all_finite` finds no such float; any other payload
+    goes to the standard encoder, which refuses them, as does what orjson cannot write (an
+    integer past 64 bits). The count is a scan of the text in C, cheaper than a walk of the
+    payload in Python (bench/RESULTS.md, "The fast path")."""
+    try:
+        body = orjson.dumps(payload, option=orjson.OPT_NON_STR_KEYS)
+    except TypeError:
+        body = None
+    if body is not None and (body.count(b"null") == _nones(payload) or _all_finite(payload)):
+        return status, body
     try:
         return status, _json(payload).encode()
     except ValueError:
@@ -398,6 +403,11 @@ def _encoded(status: int, payload: Any) -> tuple[int, bytes]:
         entries = [_json_or_error(entry) for entry in payload["results"]]
         return status, ('{"results":[' + ",".join(entries) + "]}").encode()
     return NOT_JSON.status, _json(NOT_JSON.to_json()).encode()
+
+
+def _nones(payload: Any) -> int:
+    """How many of a dict payload's top-level values are None: each one ``null`` in its JSON."""
+    return sum(1 for value in payload.values() if value is None) if type(payload) is dict else 0
 
 
 def _all_finite(value: Any) -> bool:

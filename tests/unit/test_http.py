@@ -322,6 +322,7 @@ def test_an_output_json_cannot_carry_is_a_500_body_for_its_input_alone() -> None
         {"output": [1e308, 1e308]},  # finite values whose sum is not: the standard encoder
         {"output": 2**70},  # past orjson's 64 bits: the standard encoder
         {"output": [np.float64(0.25)], 3: "key"},  # a float subclass, a key not a string
+        {"output": "null", "transit_ms": None, "nested": {"none": None}},  # nulls not NaN
     ],
 )
 def test_an_answer_of_finite_values_is_encoded_as_the_standard_encoder_reads_it(
@@ -340,6 +341,8 @@ def test_an_answer_of_finite_values_is_encoded_as_the_standard_encoder_reads_it(
         {"output": [2, -float("inf")]},
         {"output": [np.float64("nan")]},
         {"output": 1.0, "confidence": float("nan")},
+        {"output": [float("nan")], "transit_ms": None},  # one null a None, one a NaN
+        {"transit_ms": None, "confidence": float("inf")},
         {"output": [{"label": 1, "p": [0.5]}, {"label": 2, "p": float("inf")}]},
     ],
 )
