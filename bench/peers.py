@@ -39,14 +39,16 @@ warm-up:
   answer (the client's ``TIMEOUT_S``).
 
 Latency counts from each request's scheduled time. ``--out`` gets every figure and, per
-point, each request's scheduled time, latency and status; ``bench/figures/peers.png`` the
-shares within the SLO.
+point, each request's scheduled time, latency and status; per phase, how many failures gave
+each reason and, for raysrv, the quantiles of the queries' trips to its ingress and of the time
+it kept back for the answers' way back; ``bench/figures/peers.png`` the shares within the SLO.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -67,7 +69,15 @@ import numpy as np
 from bench.loadgen import REJECTED, RequestLog, closed_loop, poisson_offsets, replay
 from bench.overload import TimedClient, key_value, raysrv_body
 
-__all__ = ["goodput", "latencies", "main", "model_capacity", "request_body", "table"]
+__all__ = [
+    "goodput",
+    "latencies",
+    "main",
+    "model_capacity",
+    "new_reasons",
+    "request_body",
+    "table",
+]
 
 HOST = "127.0.0.1"
 MAX_BATCH = 16
@@ -172,6 +182,22 @@ async def _batches(url: str) -> dict[str, Any]:
     return {"counts": model["batch_counts"], "p50_ms": {k: v * 1e3 for k, v in medians.items()}}
 
 
+async def _trips(url: str) -> dict[str, Any]:
+    """raysrv's ingress's view of the way to it and back, quantiles in ms: the queries' trips
+    to it and the time it keeps back for the answers' way back (``GET /v1/pools``)."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(url.split("/v1/")[0] + "/v1/pools") as response,
+    ):
+        pool = (await response.json())["pools"][0]
+    return {"trip_in_ms": pool["trip_in_ms"], "kept_back_ms": pool["kept_back_ms"]}
+
+
+def new_reasons(errors: list[tuple[str, float]], since: int) -> dict[str, int]:
+    """How many of the errors from number ``since`` on gave each reason."""
+    return dict(collections.Counter(reason for reason, _ in errors[since:]))
+
+
 def _saved(log: RequestLog) -> dict[str, list[Any]]:
     latency, _ = _arrays(log)
     return {"scheduled": log.scheduled, "latency": latency.tolist(), "status": log.status}
@@ -187,22 +213,36 @@ async def measure(
     inputs = digits_like(np.random.default_rng(7), INPUTS).tolist()
     slo_s = args.slo_ms / 1000.0
     point: dict[str, Any] = {"system": system, "capacity_per_s": capacity, "logs": {}}
+    point |= {"reasons": {}, "trips": {}}
     body = request_body(system, args.slo_ms)
     async with TimedClient(url, inputs, args.slo_ms, body) as client:
+
+        async def ended(phase: str, since: int) -> None:
+            """Keep why the phase's requests failed and, for raysrv, its trips' figures."""
+            point["reasons"][phase] = new_reasons(client.errors, since)
+            if system.startswith("raysrv"):
+                point["trips"][phase] = await _trips(url)
+
         await closed_loop(client, MAX_BATCH, WARM_S)
-        saturation = RequestLog()
+        await ended("warm-up", 0)
+        since, saturation = len(client.errors), RequestLog()
         await closed_loop(client, MAX_BATCH, SATURATION_S, log=saturation)
+        await ended("saturation", since)
         _, status = _arrays(saturation)
         point["saturation_per_s"] = float((status == 200).sum() / SATURATION_S)
         point["saturation_statuses"] = latencies(saturation)["statuses"]
         if system.startswith("raysrv"):  # how it batched that loop, as the ingress saw it
             point["saturation_batches"] = await _batches(url)
+        since = len(client.errors)
         half = await replay(
             client, poisson_offsets(0.5 * capacity, np.random.default_rng(11), HALF_S)
         )
+        await ended("half load", since)
         point["half_load"] = latencies(half)
         for name in LOADS:
+            since = len(client.errors)
             log = await replay(client, workload(name, capacity, slo_s, args.seconds))
+            await ended(name, since)
             point[name] = goodput(log, slo_s, args.seconds)
             point["logs"][name] = _saved(log)
     shown = {k: v for k, v in point.items() if k != "logs"}

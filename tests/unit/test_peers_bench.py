@@ -8,7 +8,7 @@ import math
 import pytest
 
 from bench.loadgen import RequestLog
-from bench.peers import LOADS, goodput, latencies, request_body, table
+from bench.peers import LOADS, goodput, latencies, new_reasons, request_body, table
 
 
 def test_each_system_gets_the_input_in_its_own_body() -> None:
@@ -59,3 +59,10 @@ def test_the_table_has_a_row_per_system_and_the_loads_columns() -> None:
     assert lines[2].startswith("| raysrv | 120 | 55.0 | 134.0 | 25.00% | 1 | 2 / 1 |")
     assert lines[3].startswith("| serve |")
     assert lines[0].count("|") == lines[2].count("|")
+
+
+def test_a_phases_reasons_are_those_of_its_own_errors() -> None:
+    errors = [("queue_full", 0.01), ("cannot meet deadline", 0.02), ("cannot meet deadline", 0.1)]
+    assert new_reasons(errors, 0) == {"queue_full": 1, "cannot meet deadline": 2}
+    assert new_reasons(errors, 1) == {"cannot meet deadline": 2}
+    assert new_reasons(errors, 3) == {}
