@@ -170,14 +170,19 @@ def goodput(log: RequestLog, slo_s: float, seconds: float) -> dict[str, Any]:
     }
 
 
-async def _batches(url: str) -> dict[str, Any]:
-    """raysrv's batch sizes so far, and the median run time of each, in ms (``GET
-    /v1/models/zoo`` of the ingress whose predict route is ``url``)."""
+async def _ingress_json(url: str, path: str) -> Any:
+    """``GET path`` of the raysrv ingress whose predict route is ``url``, as JSON."""
     async with (
         aiohttp.ClientSession() as session,
-        session.get(url.split("/v1/")[0] + "/v1/models/zoo") as response,
+        session.get(url.split("/v1/")[0] + path) as response,
     ):
-        model = await response.json()
+        return await response.json()
+
+
+async def _batches(url: str) -> dict[str, Any]:
+    """raysrv's batch sizes so far, and the median run time of each, in ms (``GET
+    /v1/models/zoo``)."""
+    model = await _ingress_json(url, "/v1/models/zoo")
     medians = model["batch_seconds"]["p50"]
     return {"counts": model["batch_counts"], "p50_ms": {k: v * 1e3 for k, v in medians.items()}}
 
@@ -185,11 +190,7 @@ async def _batches(url: str) -> dict[str, Any]:
 async def _trips(url: str) -> dict[str, Any]:
     """raysrv's ingress's view of the way to it and back, quantiles in ms: the queries' trips
     to it and the time it keeps back for the answers' way back (``GET /v1/pools``)."""
-    async with (
-        aiohttp.ClientSession() as session,
-        session.get(url.split("/v1/")[0] + "/v1/pools") as response,
-    ):
-        pool = (await response.json())["pools"][0]
+    pool = (await _ingress_json(url, "/v1/pools"))["pools"][0]
     return {"trip_in_ms": pool["trip_in_ms"], "kept_back_ms": pool["kept_back_ms"]}
 
 

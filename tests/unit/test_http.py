@@ -319,7 +319,7 @@ def test_an_output_json_cannot_carry_is_a_500_body_for_its_input_alone() -> None
     "payload",
     [
         {"output": [0.5, 1, True, None], "query_id": "é", "nested": {"a": [[1.5], []]}},
-        {"output": [1e308, 1e308]},  # finite values whose sum is not: the standard encoder
+        {"output": [1e308, 1e308]},  # finite values whose sum is not
         {"output": 2**70},  # past orjson's 64 bits: the standard encoder
         {"output": [np.float64(0.25)], 3: "key"},  # a float subclass, a key not a string
         {"output": "null", "transit_ms": None, "nested": {"none": None}},  # nulls not NaN
