@@ -1,22 +1,24 @@
 """raysrv against plain Ray Serve ``@serve.batch`` on the digits MLP, over HTTP and handles, in
 one of Serve's two modes, and raysrv's inputs per second with many inputs per request.
 
-    python -m bench.fast_path [--serve-proxy] [--replicas 1] [--seconds 10] [--rounds 3]
-                              [--out JSON]
+    python -m bench.fast_path [--serve-proxy] [--replicas 1] [--raysrv-replicas N]
+                              [--seconds 10] [--rounds 3] [--out JSON]
 
 One Ray instance, started with ``raysrv run``'s environment (:data:`raysrv.cli.FAST_PATH`:
 HAProxy ingress, gRPC handles, user code on the replica's main thread), or with Serve's
 defaults under ``--serve-proxy``. Three applications serve the digits example's MLP (ONNX, one
 intra-op thread, batches of up to 32, no cache, every input distinct), each in ``--replicas``
-replicas (raysrv's: ingress replicas, each with its own worker or worker thread; Ray counts
-four logical CPUs a replica):
+replicas (raysrv's: ingress replicas, each with its own worker or worker thread, and
+``--raysrv-replicas`` of them where given; Ray counts four logical CPUs a replica):
 
 * ``baseline``: ``@serve.batch(max_batch_size=32, batch_wait_timeout_s=0.001)``, the pattern of
   Serve's batching guide (``bench.baseline``);
 * ``raysrv``: the model on a worker actor (``placement: workers``), ``fixed`` batches cut as
   soon as the worker frees, or, while fewer queries wait than the ingress lately held
   requests at once, once that many wait or the oldest has waited 8 ms (:data:`BATCHING`);
-* ``raysrv-colocated``: the same model on a worker thread of the ingress's process.
+* ``raysrv-colocated``: the same model with ``placement: auto``, as the digits example declares
+  it, which puts a model this cheap on a worker thread of the ingress's process (the report's
+  ``placements`` says where each raysrv system's pool went, and ``auto`` what it measured).
 
 Each round measures every system in turn, in an order that alternates from round to round,
 one system under load at a time: ``wrk`` (one thread) with 32 connections and with one, and the
@@ -122,14 +124,17 @@ def raw_headers(per_request: int) -> dict[str, str]:
     }
 
 
-PLACEMENTS = {"raysrv": "workers", "raysrv-colocated": "colocated"}  # raysrv's systems
+PLACEMENTS = {"raysrv": "workers", "raysrv-colocated": "auto"}  # raysrv's systems
 
 
 def start(
-    serve_proxy: bool, replicas: int = 1, systems: tuple[str, ...] = tuple(PLACEMENTS)
+    serve_proxy: bool,
+    replicas: int = 1,
+    systems: tuple[str, ...] = tuple(PLACEMENTS),
+    raysrv_replicas: int | None = None,
 ) -> tuple[int, Path]:
-    """Ray and Serve in the chosen mode, the baseline and raysrv's ``systems`` in ``replicas``
-    replicas each; the HTTP port and model."""
+    """Ray and Serve in the chosen mode, the baseline in ``replicas`` replicas and raysrv's
+    ``systems`` in ``raysrv_replicas`` (None: ``replicas``) each; the HTTP port and model."""
     if not serve_proxy:
         os.environ.update(FAST_PATH)  # read as Serve is imported and as Ray starts
     os.environ["RAY_worker_niceness"] = "0"  # noqa: SIM112 - Ray's name; client and servers alike
@@ -142,12 +147,13 @@ def start(
     from raysrv.app import build_app
 
     path = build_all(Path("examples/digits/models"))["mlp"]
-    port = start_ray(num_cpus=4 * replicas)
+    raysrv_replicas = raysrv_replicas or replicas
+    port = start_ray(num_cpus=4 * max(replicas, raysrv_replicas))
     quiet = LoggingConfig(enable_access_log=False, log_level="WARNING")
     base = build_baseline(str(path), (64,), MAX_BATCH, 0.001, num_replicas=replicas)
     serve.run(base, name="baseline", route_prefix="/baseline", logging_config=quiet)
     for name in systems:
-        app = build_app(spec(path, PLACEMENTS[name], replicas))
+        app = build_app(spec(path, PLACEMENTS[name], raysrv_replicas))
         serve.run(app, name=name, route_prefix=f"/{name}", logging_config=quiet)
     return port, path
 
@@ -164,6 +170,19 @@ def targets(port: int) -> dict[str, tuple[str, Callable[[Any], Any]]]:
         handle = serve.get_app_handle(name)
         url = f"http://{HOST}:{port}/{name}/v1/{APP}/predict"
         out[name] = (url, lambda x, h=handle: h.predict.remote(APP, x))
+    return out
+
+
+async def placements() -> dict[str, dict[str, Any]]:
+    """Where each raysrv system's pool runs, as one of its replicas resolved ``placement: auto``
+    when it started, and for ``auto`` the batch of one it timed and the bound it colocates
+    within."""
+    from ray import serve
+
+    out = {}
+    for name in SYSTEMS[1:]:
+        (pool,) = await serve.get_app_handle(name).pools.remote()
+        out[name] = {"placement": pool["placement"], "auto": pool.get("auto")}
     return out
 
 
@@ -260,8 +279,13 @@ class Rounds:
         return rows
 
 
-async def _measure(args: argparse.Namespace, port: int) -> list[dict[str, Any]]:
-    return await Rounds(args, port).run()  # handles made inside the loop that calls them
+async def _measure(
+    args: argparse.Namespace, port: int
+) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """Where raysrv's pools went, and the rows (handles made inside the loop that calls them)."""
+    where = await placements()
+    print(f"placements: {where}", file=sys.stderr, flush=True)
+    return where, await Rounds(args, port).run()
 
 
 def _median(rows: list[dict], system: str, point: str, field: str) -> float:
@@ -329,15 +353,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--serve-proxy", action="store_true", help="Serve's default mode")
     parser.add_argument("--replicas", type=int, default=1, help="each system's replicas")
+    parser.add_argument(
+        "--raysrv-replicas", type=int, help="raysrv's ingress replicas (default: --replicas)"
+    )
     parser.add_argument("--seconds", type=float, default=10.0, help="per point")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--per-request", type=int, default=32, help="inputs in a many-body")
     parser.add_argument("--out", type=Path, default=Path("bench/out/fast_path.json"))
     args = parser.parse_args(argv)
     started = time.time()
-    port, _ = start(args.serve_proxy, args.replicas)
+    port, _ = start(args.serve_proxy, args.replicas, raysrv_replicas=args.raysrv_replicas)
     try:
-        rows = asyncio.run(_measure(args, port))
+        where, rows = asyncio.run(_measure(args, port))
     finally:
         import ray
 
@@ -348,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
         "command": ["python", "-m", "bench.fast_path", *(argv or sys.argv[1:])],
         "mode": "serve-proxy" if args.serve_proxy else "fast-path",
         "replicas": args.replicas,
+        "raysrv_replicas": args.raysrv_replicas or args.replicas,
+        "placements": where,
         "wall_s": round(time.time() - started, 1),
         "rows": rows,
     }

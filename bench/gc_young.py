@@ -7,10 +7,11 @@ fast path, raysrv and plain Serve alike.
 taken in turn from ``--young`` (700 is CPython's own). A session starts Ray with
 ``RAYSRV_GC_YOUNG_OBJECTS`` set, which every raysrv process and the baseline's replicas read
 (:mod:`raysrv._heap`), deploys ``bench.fast_path``'s baseline (plain Serve ``@serve.batch``)
-and raysrv with the model in its ingress (``colocated``), one replica each, and measures each
-at saturation twice, in alternating order: ``wrk`` with 32 connections, one JSON input a
-request, every input distinct, ``--seconds`` a point. Prints every point, then per threshold
-each system's median inputs per second and raysrv's ratio to the baseline.
+and raysrv with the model in its ingress (``placement: auto``, which puts it there), one
+replica each, and measures each at saturation twice, in alternating order: ``wrk`` with 32
+connections, one JSON input a request, every input distinct, ``--seconds`` a point. Prints
+every point, then per threshold each system's median inputs per second and raysrv's ratio to
+the baseline.
 
 Results: bench/RESULTS.md, "The fast path".
 """
