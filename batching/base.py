@@ -88,12 +88,18 @@ class BatcherView:
     ``concurrency``: the most requests that were inside the ingress at once lately, queued
     or not (0 where unknown, as in simulation). Each batch costs the ingress's event loop work
     whatever its size, and a policy may hold a batch until about that many wait
-    (``busy_timeout_ms``)."""
+    (``busy_timeout_ms``).
+
+    ``kept``: for a batch of ``n``, the seconds its worker keeps between the batch's latest
+    start and its earliest deadline (the run at the machine's present speed and the answer's
+    way back, :class:`~raysrv.batching.scheduler.PoolScheduler`; None: none kept, as in
+    simulation). A batch held past that start is refused by its worker unrun."""
 
     now: float
     queue: Sequence[QueuedQuery]
     replicas: Sequence[ReplicaSlot]
     concurrency: int = 0
+    kept: Callable[[int], float] | None = None
 
     def free_replica(self) -> int | None:
         """Index of the first free replica, or None when all are busy."""

@@ -141,7 +141,7 @@ import heapq
 import math
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Literal
 
@@ -329,6 +329,7 @@ class DeadlinePolicy(BatchingPolicy):
         self._idle_refusals = 0  # refusals in a row with a replica idle
         self._arrivals: deque[float] = deque(maxlen=ARRIVALS)  # the last ones seen
         self._memo: dict[int, float] | None = None  # estimates by size, during one decide
+        self._kept: Callable[[int], float] | None = None  # the view's, during one decide
 
     @property
     def max_batch_size(self) -> int:
@@ -439,11 +440,11 @@ class DeadlinePolicy(BatchingPolicy):
         }
 
     def decide(self, view: BatcherView) -> Decision:
-        self._memo = {}
+        self._memo, self._kept = {}, view.kept
         try:
             return self._decide(view)
         finally:
-            self._memo = None
+            self._memo = self._kept = None
 
     def _decide(self, view: BatcherView) -> Decision:
         if self.params.refuse_behind_queue and self.params.plan_arrivals > 0.0:
@@ -487,11 +488,17 @@ class DeadlinePolicy(BatchingPolicy):
     ) -> Wait | None:
         """While fewer than ``size`` urgent queries wait, wait for the rest until ``hold_s``
         past the oldest's arrival, but not past the latest start at which a batch of ``size``
-        still ends before the earliest deadline queued. None: cut now."""
+        still ends before the earliest deadline queued, by this policy's estimate or by what
+        its worker keeps (:attr:`BatcherView.kept`), whichever is earlier: held past the
+        worker's, a held batch is refused unrun, and once the runs slow down every one is
+        (bench/RESULTS.md, "Peers side by side"). None: cut now."""
         if hold_s <= 0.0 or len(urgent) >= size:
             return None
         oldest = min(q.arrival for q in urgent)
-        until = min(oldest + hold_s, min(q.deadline for q in urgent) - self.estimate(size))
+        kept = self.estimate(size)
+        if self._kept is not None:
+            kept = max(kept, self._kept(size))
+        until = min(oldest + hold_s, min(q.deadline for q in urgent) - kept)
         return Wait(until) if until > now else None
 
     def _wait(self, urgent: Sequence[QueuedQuery], now: float) -> Wait:

@@ -76,6 +76,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable
+from functools import partial
 
 from raysrv.batching._placement import Placement
 from raysrv.batching._pool_state import (
@@ -408,6 +409,7 @@ class PoolScheduler(Placement):
         if loading and min(loading) > now:  # look again when the first LOAD is nearly done
             model.wake = min(loading)
             out.wake = min(out.wake, model.wake)
+        kept = partial(self._kept, model.runs)  # what a batch's latest start keeps, by size
         for _ in range(10_000):
             if not model.queue:
                 return
@@ -417,7 +419,7 @@ class PoolScheduler(Placement):
                 if out.open_for(w, model.name) and w.loading.get(model.name, now) <= soon
             }
             slots = [w.slot(model.name, now, w.index in offer) for w in holders]
-            view = BatcherView(now, model.queue, slots, self._concurrency)
+            view = BatcherView(now, model.queue, slots, self._concurrency, kept)
             try:
                 decision = model.policy.decide(view)
                 if isinstance(decision, Dispatch):
@@ -456,11 +458,9 @@ class PoolScheduler(Placement):
         ready = w.ready_at(model.name, now)
         expected = ready if decision.expected_start is None else decision.expected_start
         predicted = _estimate(model.runs, len(queries), PREDICT_Q, default=math.inf)
-        run = predicted * self.slowdown() if math.isfinite(predicted) else 0.0
-        if decision.probe:  # sent to test the estimate: not planned on it
-            run = 0.0
-        back = self._returns.quantile(PREDICT_Q) if self._returns else 0.0
-        latest = min(q.deadline for q in queries) - run - back  # Appendix B's required start
+        # a probe, sent to test the estimate, is not planned on it
+        kept = self._back() if decision.probe else self._kept(model.runs, len(queries))
+        latest = min(q.deadline for q in queries) - kept  # Appendix B's required start
         action = Infer(w.index, model.name, decision.query_ids, now, expected, latest)
         w.infers.sent(action, predicted, now, out.call, ready)
         w.running[model.name] += 1
@@ -615,6 +615,18 @@ class PoolScheduler(Placement):
         """The last ``RETURN_WINDOW`` INFERs' ways back, from a batch's end on its worker to its
         report here (seconds): what an INFER's latest start keeps."""
         return self._returns
+
+    def _back(self) -> float:
+        """The answer's way back an INFER's latest start keeps."""
+        return self._returns.quantile(PREDICT_Q) if self._returns else 0.0
+
+    def _kept(self, runs: RunTimes, size: int) -> float:
+        """Seconds an INFER of ``size`` keeps between its latest start and its earliest
+        deadline: its median run at the machine's present speed and the way back (the
+        module's docstring)."""
+        predicted = _estimate(runs, size, PREDICT_Q, default=math.inf)
+        run = predicted * self.slowdown() if math.isfinite(predicted) else 0.0
+        return run + self._back()
 
     def slowdown(self) -> float:
         """How much slower than their medians the pool's INFERs run now (1 at the least): the

@@ -128,6 +128,26 @@ def test_holds_for_the_ingress_concurrency_no_later_than_the_deadlines_allow() -
     assert unheld.decide(BatcherView(0.0, three, free, concurrency=5)) == Dispatch((0, 1, 2), 0)
 
 
+def test_the_hold_ends_by_the_latest_start_its_worker_keeps_where_that_is_earlier() -> None:
+    """Runs slowed down (the pool keeps more before a deadline than the policy's estimate): a
+    batch held to the estimate's latest start would be refused unrun by its worker, so the
+    hold ends by the worker's."""
+    policy = _trained(max_batch_size=8, busy_timeout_ms=6)
+    free = [ReplicaSlot(0)]
+    tight = _queue([0.012] * 3)  # a batch of 5 takes 7 ms: by the estimate, start by 5 ms
+
+    def slowed(size: int) -> float:  # 3 ms more than the estimate: start by 2 ms
+        return policy.estimate(size) + 0.003
+
+    def quick(size: int) -> float:
+        return 0.5 * policy.estimate(size)
+
+    assert policy.decide(BatcherView(0.0, tight, free, 5, slowed)) == Wait(pytest.approx(0.002))
+    assert policy.decide(BatcherView(0.002, tight, free, 5, slowed)) == Dispatch((0, 1, 2), 0)
+    # where the worker keeps less than the estimate, the estimate bounds the hold
+    assert policy.decide(BatcherView(0.0, tight, free, 5, quick)) == Wait(pytest.approx(0.005))
+
+
 def test_orders_by_deadline_not_by_arrival() -> None:
     policy = _trained()
     queue = _queue([0.5, 0.004, 0.5, 0.0045])
