@@ -459,7 +459,7 @@ class PoolScheduler(Placement):
         expected = ready if decision.expected_start is None else decision.expected_start
         predicted = _estimate(model.runs, len(queries), PREDICT_Q, default=math.inf)
         # a probe, sent to test the estimate, is not planned on it
-        kept = self._back() if decision.probe else self._kept(model.runs, len(queries))
+        kept = self._back() if decision.probe else self._kept_for(predicted)
         latest = min(q.deadline for q in queries) - kept  # Appendix B's required start
         action = Infer(w.index, model.name, decision.query_ids, now, expected, latest)
         w.infers.sent(action, predicted, now, out.call, ready)
@@ -624,7 +624,10 @@ class PoolScheduler(Placement):
         """Seconds an INFER of ``size`` keeps between its latest start and its earliest
         deadline: its median run at the machine's present speed and the way back (the
         module's docstring)."""
-        predicted = _estimate(runs, size, PREDICT_Q, default=math.inf)
+        return self._kept_for(_estimate(runs, size, PREDICT_Q, default=math.inf))
+
+    def _kept_for(self, predicted: float) -> float:
+        """:meth:`_kept` of a batch whose median run is ``predicted`` (inf: none measured)."""
         run = predicted * self.slowdown() if math.isfinite(predicted) else 0.0
         return run + self._back()
 
