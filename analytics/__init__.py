@@ -11,7 +11,8 @@
 * Fork-join transfer delays as an exponentially modified Gaussian (gillis §IV-A): :mod:`.forkjoin`.
 * The discrete-event simulators: any :mod:`raysrv.batching` policy on one model
   (:mod:`.simulate`), and a pool of workers serving many models under the live system's own
-  scheduler, with LOADs and UNLOADs (:mod:`.poolsim`).
+  scheduler, with LOADs and UNLOADs, fed by arrival times or by a closed loop of clients
+  (:mod:`.poolsim`).
 
 ``bench/validate_analytics.py`` measures every model against the simulators and the live system.
 """
@@ -21,7 +22,7 @@ from raysrv.analytics.buffer import BatchBufferModel, LatencyBounds, Pricing
 from raysrv.analytics.forkjoin import EMG, fit_emg
 from raysrv.analytics.interference import simulate_interference
 from raysrv.analytics.optimize import BatchingPlan, optimize_batching
-from raysrv.analytics.poolsim import PoolSimResult, SimModel, simulate_pool
+from raysrv.analytics.poolsim import PoolSimResult, SimModel, simulate_closed_loop, simulate_pool
 from raysrv.analytics.profiles import ServiceProfile, TableProfile
 from raysrv.analytics.serf import lookup_config, serf_config_table, serf_latency, serf_predict
 from raysrv.analytics.simulate import SimResult, simulate
@@ -51,5 +52,6 @@ __all__ = [
     "serf_predict",
     "simulate",
     "simulate_interference",
+    "simulate_closed_loop",
     "simulate_pool",
 ]

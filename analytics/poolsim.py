@@ -3,19 +3,20 @@
 :func:`simulate_pool` runs :class:`raysrv.batching.scheduler.PoolScheduler`, the code that
 schedules a live pool, against simulated workers: it submits each query at its arrival time,
 calls ``step`` after every arrival, result or requested wake-up, carries the returned actions
-out on simulated workers and reports each result back. Only the workers are simulated, as the
-live ones run: two executors each (clockwork §4.4), one for INFERs and one for LOADs and
-UNLOADs, each running its actions one at a time in the order they were sent; an action sent
-while its executor has work starts right behind it, and an INFER of a model whose LOAD it
-waits for starts when the LOAD ends (each after a handoff: :class:`Legs`). The actions a step
-gives one executor of a worker travel as one call, as the live pool sends them, and their
-results come back together after the last one ends. An INFER of k queries runs for
-``service(k)`` seconds, a LOAD for the model's ``load_s`` and an UNLOAD for its ``unload_s``; a
-LOAD or UNLOAD changes what the worker holds when it starts, and an action that would start
-after its ``latest`` is not run (§4.4).
-``hop_s`` is how long a call takes to reach its worker and its results to come back: a round
-trip in seconds (half each way), or a function drawing each call's :class:`Legs` (close over a
-``numpy.random.Generator`` for legs measured live).
+out on simulated workers and reports each result back (:func:`simulate_closed_loop` feeds it
+from clients instead, each sending its next query as its last one is answered or refused). Only
+the workers are simulated, as the live ones run: two executors each (clockwork §4.4), one for
+INFERs and one for LOADs and UNLOADs, each running its actions one at a time in the order they
+were sent; an action sent while its executor has work starts right behind it, and an INFER of a
+model whose LOAD it waits for starts when the LOAD ends (each after a handoff: :class:`Legs`).
+The actions a step gives one executor of a worker travel as one call, as the live pool sends
+them, and their results come back together after the last one ends. An INFER of k queries runs
+for ``service(k)`` seconds, a LOAD for the model's ``load_s`` and an UNLOAD for its
+``unload_s``; a LOAD or UNLOAD changes what the worker holds when it starts, and an action that
+would start after its ``latest`` is not run (§4.4). ``hop_s`` is how long a call takes to reach
+its worker and its results to come back: a round trip in seconds (half each way), or a function
+drawing each call's :class:`Legs` (close over a ``numpy.random.Generator`` for legs measured
+live).
 
 A ``weather`` makes the machine's speed vary over time: each INFER and LOAD takes its profile's
 time times the weather's slowdown where and when it starts, and each call the weather's legs
@@ -73,6 +74,7 @@ __all__ = [
     "call_legs",
     "replayed_weather",
     "service_fn",
+    "simulate_closed_loop",
     "simulate_pool",
     "size_band",
 ]
@@ -132,7 +134,12 @@ class Weather(Protocol):
     ) -> float: ...
 
     def legs(
-        self, worker: int, t: float, kind: str = "infer", loading: bool = False, idle: bool = True
+        self,
+        worker: int,
+        t: float,
+        kind: str = "infer",
+        loading: bool = False,
+        idle: bool = True,
     ) -> Legs: ...
 
     def behind(
@@ -200,7 +207,11 @@ class _Replayed:
         return (where, what, below[-1] if below else kinds[0])
 
     def _at(
-        self, key: tuple[int, str, int] | None, t: float, default: float | None, take: bool = True
+        self,
+        key: tuple[int, str, int] | None,
+        t: float,
+        default: float | None,
+        take: bool = True,
     ) -> float | None:
         """The value of the series ``key`` at ``t``; ``take``: it counts as taken."""
         if key is None:
@@ -228,7 +239,12 @@ class _Replayed:
         return cast(float, self._at(self._key(worker, kind, band), t, 1.0))
 
     def legs(
-        self, worker: int, t: float, kind: str = "infer", loading: bool = False, idle: bool = True
+        self,
+        worker: int,
+        t: float,
+        kind: str = "infer",
+        loading: bool = False,
+        idle: bool = True,
     ) -> Legs:
         """Live calls of INFERs measured the legs there and back, and of LOADs the leg to a
         LOAD: a call takes the values of its own kind's, and only looks at the others; a leg
@@ -622,6 +638,9 @@ class _PoolRun:
         self.refused_at: dict[int, float] = {}
         self.done: dict[int, float] = {}
         self.cold: set[int] = set()
+        self.concurrency = 0  # what the scheduler sees as the ingress's (BatcherView's)
+        self.ended: Callable[[Sequence[int], float], None] | None = None  # told of the queries
+        # answered or refused, and when (run_closed's clients send again)
 
     def _profile(self, runs: int) -> None:
         """The live pool's profiling step (``raysrv._pool.Pool.profile``) into the models' run
@@ -645,22 +664,67 @@ class _PoolRun:
                     record.observe_unload(m.unload_s)
 
     def run(self, times: np.ndarray, names: Sequence[str], deadlines: np.ndarray, prio) -> None:
-        """Arrivals, results and wake-ups each step the scheduler; a worker's own events (an
-        action starting or ending) do not."""
+        """The queries arriving at ``times``, each due at its deadline."""
         i, n = 0, times.size
-        while i < n or self.events or self.timer < math.inf:
-            t_event = self.events[0][0] if self.events else math.inf
-            t_arrival = float(times[i]) if i < n else math.inf
-            now = min(t_event, t_arrival, self.timer)
+
+        def due() -> float:
+            return float(times[i]) if i < n else math.inf
+
+        def arrive(now: float) -> None:
+            nonlocal i
+            while i < n and times[i] <= now:
+                self._arrive(i, names[i], float(times[i]), float(deadlines[i]), int(prio[i]))
+                i += 1
+
+        self._drive(due, arrive)
+
+    def run_closed(
+        self,
+        clients: int,
+        seconds: float,
+        name: str,
+        slo: float,
+        turnaround_s: float,
+        stagger_s: float,
+    ) -> np.ndarray:
+        """``clients`` that start one by one over ``stagger_s`` and each send the next query
+        ``turnaround_s`` after the last one's answer or refusal, until ``seconds``; then the
+        pool drains. The queries' arrival times, by query (each due ``slo`` later)."""
+        times: list[float] = []
+        client_of: list[int] = []
+        sending = [(c * stagger_s / clients, c) for c in range(clients)]  # a heap: when, who
+
+        def again(query_ids: Sequence[int], at: float) -> None:
+            for query in query_ids:
+                if at + turnaround_s < seconds:
+                    heapq.heappush(sending, (at + turnaround_s, client_of[query]))
+
+        def arrive(now: float) -> None:
+            while sending and sending[0][0] <= now:
+                t, client = heapq.heappop(sending)
+                times.append(t)
+                client_of.append(client)
+                self._arrive(len(times) - 1, name, t, t + slo, 0)
+
+        self.concurrency, self.ended = clients, again
+        self._drive(lambda: sending[0][0] if sending else math.inf, arrive)
+        return np.asarray(times, dtype=float)
+
+    def _drive(self, due: Callable[[], float], arrive: Callable[[float], None]) -> None:
+        """Handle what happens next until nothing is left: ``due`` is when the next query
+        arrives (inf: none will), ``arrive`` submits those due by a time. Arrivals, results
+        and wake-ups each step the scheduler; a worker's own events (an action starting or
+        ending) do not."""
+        while due() < math.inf or self.events or self.timer < math.inf:
+            now = min(self.events[0][0] if self.events else math.inf, due(), self.timer)
             step = self.timer <= now
             if step:
                 self.timer = math.inf
             while self.events and self.events[0][0] <= now:
                 _, _, handle, what = heapq.heappop(self.events)
                 step |= handle(what, now)
-            while i < n and times[i] <= now:
-                self._arrive(i, names[i], float(times[i]), float(deadlines[i]), int(prio[i]))
-                i += 1
+            if due() <= now:
+                arrive(now)
                 step = True
             if step:
                 self._step(now)
@@ -675,14 +739,18 @@ class _PoolRun:
                 self.cold.add(i)
         except QueueFull:
             self.refused[i], self.refused_at[i] = "queue_full", t
+            if self.ended is not None:
+                self.ended((i,), t)
 
     def _step(self, now: float) -> None:
-        step: Step = self.scheduler.step(now)
+        step: Step = self.scheduler.step(now, self.concurrency)
         for plan in step.plans:  # planning takes no simulated time
             self.scheduler.apply_plan(plan.model, plan.policy, plan.job())
         for refusal in step.refusals:
             for q in refusal.query_ids:
                 self.refused[q], self.refused_at[q] = refusal.reason, now
+            if self.ended is not None:
+                self.ended(refusal.query_ids, now)
         calls: dict[int, tuple[list[Action], list[Action]]] = {}  # per worker: LOADs, INFERs
         for action in step.actions:
             calls.setdefault(action.worker, ([], []))[isinstance(action, Infer)].append(action)
@@ -788,7 +856,15 @@ class _PoolRun:
             w.loading[action.model] = end
             self._next(w, "infer", now)  # an INFER waiting for it may now be set
         when = (now, end) if ran else (math.nan, math.nan)  # as a live worker reports
-        waiting.call.outcomes[waiting.index] = (ran, ok, duration, size, weight, error, *when)
+        waiting.call.outcomes[waiting.index] = (
+            ran,
+            ok,
+            duration,
+            size,
+            weight,
+            error,
+            *when,
+        )
         self._at(end, self._end, (w, name, waiting))
         return False
 
@@ -859,6 +935,8 @@ class _PoolRun:
             reason = result.error or LATE_START
             for q in action.query_ids:
                 self.refused[q], self.refused_at[q] = reason, result.finished
+        if isinstance(action, Infer) and self.ended is not None:
+            self.ended(action.query_ids, result.finished)
         self.scheduler.finished(result)
 
 
@@ -903,6 +981,35 @@ def simulate_pool(
     run = _PoolRun(models, workers, capacity_bytes, depth, hop_s, weather, profile_runs)
     run.run(times, names, due, prio)
     return _result(run, times, names, due)
+
+
+def simulate_closed_loop(
+    clients: int,
+    seconds: float,
+    model: SimModel,
+    *,
+    slo: float,
+    workers: int = 1,
+    depth: int = 1,
+    hop_s: float | Callable[[], Legs] = 0.0,
+    turnaround_s: float = 0.001,
+    stagger_s: float = 0.0,
+    profile_runs: int = 0,
+) -> PoolSimResult:
+    """A closed loop through a pool of ``workers`` serving ``model``: ``clients`` callers that
+    start one by one over ``stagger_s`` and each send their next query ``turnaround_s`` after
+    their last one's answer or refusal, for ``seconds`` (a benchmark's saturation loop, or
+    callers that retry at once). Every query carries ``slo``; the scheduler sees the clients
+    as the ingress's concurrency (:attr:`~raysrv.batching.base.BatcherView.concurrency`), as
+    a live ingress counts them. The other arguments as :func:`simulate_pool`'s."""
+    if clients < 1 or not seconds > 0.0 or turnaround_s < 0.0 or stagger_s < 0.0:
+        raise ValueError(
+            f"need clients >= 1, seconds > 0, turnaround_s >= 0 and stagger_s >= 0, got "
+            f"{clients}, {seconds}, {turnaround_s}, {stagger_s}"
+        )
+    run = _PoolRun({"model": model}, workers, None, depth, hop_s, None, profile_runs)
+    times = run.run_closed(clients, seconds, "model", slo, turnaround_s, stagger_s)
+    return _result(run, times, ["model"] * times.size, times + slo)
 
 
 def _result(run: _PoolRun, times: np.ndarray, names: list[str], due: np.ndarray) -> PoolSimResult:

@@ -47,14 +47,25 @@ time. One step:
       start behind them and make the model's SLO. They are not refused early, only when their
       deadline has passed.
 
-  (4) With ``busy_timeout_ms``, before step (2) cuts a batch: while fewer urgent queries wait
-      than the largest size and than the requests the ingress lately held at once
-      (:attr:`BatcherView.concurrency`), the oldest waits up to that long for the rest, but
-      never past the latest start at which a batch of that many still ends before the
-      earliest deadline queued. This is the hold ``fixed`` and ``delayed`` take (Clipper
-      §4.3.2's delayed batching where more queries are on their way), bounded by the
-      deadlines as ``delayed`` bounds it: clients that send their next query as an answer
-      arrives come back in groups, and unheld the policy cuts a batch per group.
+  (4) Before step (2) cuts a batch for a replica with nothing in flight: while fewer urgent
+      queries wait than the largest size and than the requests the ingress lately held at once
+      (:attr:`BatcherView.concurrency`), the oldest waits for the rest up to
+      ``busy_timeout_ms`` (by default a tenth of the SLO, ``HOLD_SHARE``), but never past the
+      latest start at which a batch of that many still ends before the earliest deadline
+      queued. This is the hold ``fixed`` and ``delayed`` take (Clipper §4.3.2's delayed
+      batching where more queries are on their way), bounded by the deadlines as ``delayed``
+      bounds it. Clients that send their next query as an answer or a refusal arrives come
+      back in groups, and unheld the policy cuts a batch per group. Where a batch takes much of
+      the SLO the groups never merge: each group's queries wait behind the other's batch, and
+      those that could no longer finish are refused, sent again and refused until the batch
+      ahead nearly ends. In the pool simulator, 16 such clients starting 10 ms apart ran
+      batches of 8 on average, with refusals, unheld, and batches of 16, none refused, held
+      (``tests/unit/test_closed_loop.py``); live, the saturation loop of ``bench.peers`` ran
+      112-118 answers a second held against 76-119 unheld (``bench/RESULTS.md``, "Peers side
+      by side"). A batch cut behind work still running is not held: its replica is busy
+      anyway, and its clients are not on their way until that work ends. Held there as well,
+      at 150% overload 48-54% of the queries were answered within the SLO against 56-61%
+      unheld; not held there, 54-56%.
 
 Run-time spread: the p99 of 10 runs is about their largest, so about one run in eleven exceeds
 it, and a batch planned to end just before its earliest deadline then ends after it. With
@@ -123,9 +134,10 @@ the answer's trip back and its own trip out, and at 150% overload goodput was 89
 capacity against 94-103% without it, while the 80% point did not improve. So the default (None)
 commits as soon as the batcher offers the replica.
 
-Without ``busy_timeout_ms`` the policy is work-conserving: it dispatches as soon as a replica is
-free rather than holding queries back for a fuller batch; under load the queue, and with it the
-batch, grows on its own.
+With ``busy_timeout_ms`` 0, or without a count of the ingress (``concurrency`` 0, as in
+:func:`~raysrv.analytics.simulate_pool`), the policy is work-conserving: it dispatches as soon
+as a replica is free rather than holding queries back for a fuller batch; under load the queue,
+and with it the batch, grows on its own.
 Before the first query the model is profiled (clockwork §4, "a brief profiling step to produce a
 seed estimate"): batches of the smallest and largest size and the powers of two between run on
 every replica, and their run times seed the windows; a policy swapped in live is seeded with the
@@ -163,6 +175,7 @@ from raysrv.batching.base import (
 from raysrv.batching.profile import RunTimes, SortedWindow
 
 __all__ = [
+    "HOLD_SHARE",
     "LOCKED_OUT",
     "OWN_OVERRUNS",
     "STALE_S",
@@ -178,6 +191,7 @@ LOCKED_OUT = 20  # this long, the estimates are measured again (``DeadlinePolicy
 TOGETHER_S = 0.002  # answers back within this of each other met one pause: one overrun
 OWN_OVERRUNS = 20  # a model plans with its own overruns once it has this many
 ARRIVALS, MIN_ARRIVALS = 64, 8  # the arrivals the rate is taken over, and the fewest it needs
+HOLD_SHARE = 0.1  # of the SLO, step (4)'s hold where busy_timeout_ms is not given
 
 
 class Overruns:
@@ -276,13 +290,13 @@ class DeadlineParams(PolicyParams):
         "in flight on every replica; default: once it could not finish even on a replica free "
         "now (its required start passed), waiting meanwhile for a replica to free.",
     )
-    busy_timeout_ms: float = Field(
-        0.0,
+    busy_timeout_ms: float | None = Field(
+        None,
         ge=0.0,
         le=60_000.0,
         description="How long the oldest query may wait for a fuller batch while fewer wait "
         "than the ingress's concurrency, never past the time its batch must start to meet the "
-        "first deadline in it (0: off).",
+        "first deadline in it (None: a tenth of the model's SLO; 0: off).",
     )
     schedule_ahead_ms: float | None = Field(
         None,
@@ -330,6 +344,8 @@ class DeadlinePolicy(BatchingPolicy):
         self._arrivals: deque[float] = deque(maxlen=ARRIVALS)  # the last ones seen
         self._memo: dict[int, float] | None = None  # estimates by size, during one decide
         self._kept: Callable[[int], float] | None = None  # the view's, during one decide
+        busy = params.busy_timeout_ms
+        self._busy_s = HOLD_SHARE * slo_s if busy is None else busy / 1000.0  # step (4)'s hold
 
     @property
     def max_batch_size(self) -> int:
@@ -466,7 +482,7 @@ class DeadlinePolicy(BatchingPolicy):
             if ahead > view.now:
                 return Wait(ahead)  # no commitment yet behind the work in flight
         if urgent:
-            held = self._busy_hold(urgent, view)  # step (4)
+            held = self._busy_hold(urgent, view, slot)  # step (4)
             if held is not None:
                 return held
             decision = self._most_urgent(urgent, slot, view.now)  # step (2)
@@ -475,13 +491,18 @@ class DeadlinePolicy(BatchingPolicy):
             return decision
         return self._fill(view, slot)  # step (3)
 
-    def _busy_hold(self, urgent: Sequence[QueuedQuery], view: BatcherView) -> Wait | None:
-        """Step (4): hold for ``busy_timeout_ms`` (:meth:`_held`) while fewer urgent queries
-        wait than the largest size and than the requests the ingress lately held at once, less
-        the batch clients' queries queued (those are inside, not on their way)."""
+    def _busy_hold(
+        self, urgent: Sequence[QueuedQuery], view: BatcherView, slot: ReplicaSlot
+    ) -> Wait | None:
+        """Step (4): hold for ``busy_timeout_ms`` (:meth:`_held`) a batch for a replica with
+        nothing in flight while fewer urgent queries wait than the largest size and than the
+        requests the ingress lately held at once, less the batch clients' queries queued
+        (those are inside, not on their way)."""
+        if slot.busy_until is not None:
+            return None
         batch_clients = len(view.queue) - len(urgent)
         expected = min(self._largest, view.concurrency - batch_clients)
-        return self._held(urgent, expected, self.params.busy_timeout_ms / 1000.0, view.now)
+        return self._held(urgent, expected, self._busy_s, view.now)
 
     def _held(
         self, urgent: Sequence[QueuedQuery], size: int, hold_s: float, now: float

@@ -12,7 +12,7 @@ zeros, which numpy hands to BLAS without the lock; a float64 sum, which keeps it
 histogram's observation against a counter summed in a dict, the two ways of counting a
 request's latency (``raysrv.metrics``; Ray is started for it).
 
-Results: bench/RESULTS.md, "The fast path".
+Results: bench/RESULTS_ARCHIVE.md, "Calls that let go of the GIL".
 """
 
 from __future__ import annotations

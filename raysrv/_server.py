@@ -201,8 +201,8 @@ def _finite(array: np.ndarray) -> bool:
     float64 input's sum overflows is each value looked at. The sum keeps the interpreter's
     lock; a dot product with zeros, twice as fast alone, lets go of it for BLAS and must then
     wait for any thread that took it: beside a thread running Python, 36 us a call against
-    the sum's 1.9 (``bench.gil_release``; bench/RESULTS.md, "The fast path"). From
-    :data:`DOT_FROM` values on, where the sum would take longer than that wait, the dot
+    the sum's 1.9 (``bench.gil_release``; bench/RESULTS_ARCHIVE.md, "Calls that let go of the
+    GIL"). From :data:`DOT_FROM` values on, where the sum would take longer than that wait, the dot
     product: 0 if every value is finite (0 times an infinity is NaN)."""
     if array.size >= DOT_FROM:
         return math.isfinite(array.ravel().dot(_zeros(array.size, array.dtype)))

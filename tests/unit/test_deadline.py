@@ -122,10 +122,23 @@ def test_holds_for_the_ingress_concurrency_no_later_than_the_deadlines_allow() -
     # a batch client's query is not one the hold waits with, nor for
     mixed = three + [QueuedQuery(3, 0.0, 0.05, 1)]
     assert policy.decide(BatcherView(0.0, mixed, free, concurrency=4)) == Dispatch((0, 1, 2), 0)
-    # no count of the ingress (a pool outside one), or no hold: work-conserving
+    # no count of the ingress (a pool outside one), or the hold off: work-conserving
     assert policy.decide(BatcherView(0.0, three, free)) == Dispatch((0, 1, 2), 0)
-    unheld = _trained(max_batch_size=8)
+    unheld = _trained(max_batch_size=8, busy_timeout_ms=0)
     assert unheld.decide(BatcherView(0.0, three, free, concurrency=5)) == Dispatch((0, 1, 2), 0)
+    # a batch cut behind work still running is not held: its clients are not on their way
+    behind = [ReplicaSlot(0, busy_until=0.004)]
+    decision = policy.decide(BatcherView(0.0, three, behind, concurrency=5))
+    assert isinstance(decision, Dispatch)
+    assert decision.query_ids == (0, 1, 2)
+    # not given, the hold is a tenth of the SLO (here 50 ms)
+    default = _trained(max_batch_size=8)
+    assert default.decide(BatcherView(0.0, three, free, concurrency=5)) == Wait(
+        pytest.approx(0.005)
+    )
+    assert _trained(0.03, max_batch_size=8).decide(
+        BatcherView(0.0, three, free, concurrency=5)
+    ) == Wait(pytest.approx(0.003))
 
 
 def test_the_hold_ends_by_the_latest_start_its_worker_keeps_where_that_is_earlier() -> None:
