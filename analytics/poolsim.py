@@ -3,20 +3,22 @@
 :func:`simulate_pool` runs :class:`raysrv.batching.scheduler.PoolScheduler`, the code that
 schedules a live pool, against simulated workers: it submits each query at its arrival time,
 calls ``step`` after every arrival, result or requested wake-up, carries the returned actions
-out on simulated workers and reports each result back (:func:`simulate_closed_loop` feeds it
-from clients instead, each sending its next query as its last one is answered or refused). Only
-the workers are simulated, as the live ones run: two executors each (clockwork §4.4), one for
-INFERs and one for LOADs and UNLOADs, each running its actions one at a time in the order they
-were sent; an action sent while its executor has work starts right behind it, and an INFER of a
-model whose LOAD it waits for starts when the LOAD ends (each after a handoff: :class:`Legs`).
-The actions a step gives one executor of a worker travel as one call, as the live pool sends
-them, and their results come back together after the last one ends. An INFER of k queries runs
-for ``service(k)`` seconds, a LOAD for the model's ``load_s`` and an UNLOAD for its
-``unload_s``; a LOAD or UNLOAD changes what the worker holds when it starts, and an action that
-would start after its ``latest`` is not run (§4.4). ``hop_s`` is how long a call takes to reach
-its worker and its results to come back: a round trip in seconds (half each way), or a function
-drawing each call's :class:`Legs` (close over a ``numpy.random.Generator`` for legs measured
-live).
+out on simulated workers and reports each result back. Only the workers are simulated, as the
+live ones run: two executors each (clockwork §4.4), one for INFERs and one for LOADs and
+UNLOADs, each running its actions one at a time in the order they were sent; an action sent
+while its executor has work starts right behind it, and an INFER of a model whose LOAD it
+waits for starts when the LOAD ends (each after a handoff: :class:`Legs`). The actions a step
+gives one executor of a worker travel as one call, as the live pool sends them, and their
+results come back together after the last one ends. An INFER of k queries runs for
+``service(k)`` seconds, a LOAD for the model's ``load_s`` and an UNLOAD for its ``unload_s``; a
+LOAD or UNLOAD changes what the worker holds when it starts, and an action that would start
+after its ``latest`` is not run (§4.4).
+``hop_s`` is how long a call takes to reach its worker and its results to come back: a round
+trip in seconds (half each way), or a function drawing each call's :class:`Legs` (close over a
+``numpy.random.Generator`` for legs measured live).
+
+:func:`simulate_closed_loop` feeds the same pool from clients instead of arrival times: each
+sends its next query as its last one is answered or refused.
 
 A ``weather`` makes the machine's speed vary over time: each INFER and LOAD takes its profile's
 time times the weather's slowdown where and when it starts, and each call the weather's legs
@@ -134,12 +136,7 @@ class Weather(Protocol):
     ) -> float: ...
 
     def legs(
-        self,
-        worker: int,
-        t: float,
-        kind: str = "infer",
-        loading: bool = False,
-        idle: bool = True,
+        self, worker: int, t: float, kind: str = "infer", loading: bool = False, idle: bool = True
     ) -> Legs: ...
 
     def behind(
@@ -207,11 +204,7 @@ class _Replayed:
         return (where, what, below[-1] if below else kinds[0])
 
     def _at(
-        self,
-        key: tuple[int, str, int] | None,
-        t: float,
-        default: float | None,
-        take: bool = True,
+        self, key: tuple[int, str, int] | None, t: float, default: float | None, take: bool = True
     ) -> float | None:
         """The value of the series ``key`` at ``t``; ``take``: it counts as taken."""
         if key is None:
@@ -239,12 +232,7 @@ class _Replayed:
         return cast(float, self._at(self._key(worker, kind, band), t, 1.0))
 
     def legs(
-        self,
-        worker: int,
-        t: float,
-        kind: str = "infer",
-        loading: bool = False,
-        idle: bool = True,
+        self, worker: int, t: float, kind: str = "infer", loading: bool = False, idle: bool = True
     ) -> Legs:
         """Live calls of INFERs measured the legs there and back, and of LOADs the leg to a
         LOAD: a call takes the values of its own kind's, and only looks at the others; a leg
@@ -679,25 +667,19 @@ class _PoolRun:
         self._drive(due, arrive)
 
     def run_closed(
-        self,
-        clients: int,
-        seconds: float,
-        name: str,
-        slo: float,
-        turnaround_s: float,
-        stagger_s: float,
+        self, clients: int, seconds: float, name: str, slo: float, turnaround: float, stagger: float
     ) -> np.ndarray:
-        """``clients`` that start one by one over ``stagger_s`` and each send the next query
-        ``turnaround_s`` after the last one's answer or refusal, until ``seconds``; then the
+        """``clients`` that start one by one over ``stagger`` and each send the next query
+        ``turnaround`` after the last one's answer or refusal, until ``seconds``; then the
         pool drains. The queries' arrival times, by query (each due ``slo`` later)."""
         times: list[float] = []
         client_of: list[int] = []
-        sending = [(c * stagger_s / clients, c) for c in range(clients)]  # a heap: when, who
+        sending = [(c * stagger / clients, c) for c in range(clients)]  # a heap: when, who
 
         def again(query_ids: Sequence[int], at: float) -> None:
             for query in query_ids:
-                if at + turnaround_s < seconds:
-                    heapq.heappush(sending, (at + turnaround_s, client_of[query]))
+                if at + turnaround < seconds:
+                    heapq.heappush(sending, (at + turnaround, client_of[query]))
 
         def arrive(now: float) -> None:
             while sending and sending[0][0] <= now:
@@ -856,15 +838,7 @@ class _PoolRun:
             w.loading[action.model] = end
             self._next(w, "infer", now)  # an INFER waiting for it may now be set
         when = (now, end) if ran else (math.nan, math.nan)  # as a live worker reports
-        waiting.call.outcomes[waiting.index] = (
-            ran,
-            ok,
-            duration,
-            size,
-            weight,
-            error,
-            *when,
-        )
+        waiting.call.outcomes[waiting.index] = (ran, ok, duration, size, weight, error, *when)
         self._at(end, self._end, (w, name, waiting))
         return False
 

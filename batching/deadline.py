@@ -61,7 +61,7 @@ time. One step:
       ahead nearly ends. In the pool simulator, 16 such clients starting 10 ms apart ran
       batches of 8 on average, with refusals, unheld, and batches of 16, none refused, held
       (``tests/unit/test_closed_loop.py``); live, the saturation loop of ``bench.peers`` ran
-      112-118 answers a second held against 76-119 unheld (``bench/RESULTS.md``, "Peers side
+      112-122 answers a second held against 76-119 unheld (``bench/RESULTS.md``, "Peers side
       by side"). A batch cut behind work still running is not held: its replica is busy
       anyway, and its clients are not on their way until that work ends. Held there as well,
       at 150% overload 48-54% of the queries were answered within the SLO against 56-61%
