@@ -512,7 +512,7 @@ class DeadlinePolicy(BatchingPolicy):
         still ends before the earliest deadline queued, by this policy's estimate or by what
         its worker keeps (:attr:`BatcherView.kept`), whichever is earlier: held past the
         worker's, a held batch is refused unrun, and once the runs slow down every one is
-        (bench/RESULTS.md, "Peers side by side"). None: cut now."""
+        (bench/RESULTS_ARCHIVE.md, "pr12"). None: cut now."""
         if hold_s <= 0.0 or len(urgent) >= size:
             return None
         oldest = min(q.arrival for q in urgent)
