@@ -4,10 +4,13 @@ The batcher keeps the inputs (the last arrival times, the replicas' run times pe
 the policy's settings); :func:`predict` fits a MAP(2) to the arrivals (batch §III-A), runs the
 batch-buffer model (batch §IV) at the policy's current batch size and hold, and reports the
 predicted latency quantiles beside the inputs they came from. A policy that plans for itself
-(``ctmc``) adds its own plan. The fit and the model take about a millisecond a model, and the
-ingress runs :func:`predict` in a worker thread. Importing what they need (scipy among it)
-takes most of a second of one core, and a worker thread that imports holds the ingress's loop
-for most of that time: the ingress imports it as it starts (:func:`prepare`), before traffic.
+(``ctmc``) adds its own plan. The fit and the model take about a millisecond a model where the
+arrivals are near Poisson or a MAP2 matches them in closed form; arrivals no MAP2 reaches (an
+overloaded ingress's) take the fit's bounded search, up to about 150 ms of one core
+(``raysrv.analytics._mapfit``). The ingress runs :func:`predict` in a worker thread.
+Importing what they need (scipy among it) takes most of a second of one core, and a worker
+thread that imports holds the ingress's loop for most of that time: the ingress imports it as
+it starts (:func:`prepare`), before traffic.
 """
 
 from __future__ import annotations

@@ -376,6 +376,45 @@ def test_fit_map2_poisson_tolerance_shrinks_with_the_sample() -> None:
     assert fitted.scv == pytest.approx(trace_stats(x)[1], rel=1e-3)
 
 
+def test_the_search_of_step_3_is_bounded_and_as_close_as_unbounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An overloaded ingress's arrivals (Poisson at 358/s, taken up in 3 ms ticks of its
+    loop): SCV above 1 with a negative lag-1 correlation, which no MAP2 reaches, so the
+    search runs start after start. Within its bounds it stops at a fit as close as the one an
+    unbounded search ends with, after a third of the work."""
+    rng = np.random.default_rng(0)
+    arrivals = np.ceil(np.cumsum(rng.exponential(1 / 358, 2_000)) / 0.003) * 0.003
+    gaps = np.diff(arrivals + np.arange(arrivals.size) * 2e-5)
+    spent: list[int] = []
+    real = _mapfit.least_squares
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        result = real(*args, **kwargs)
+        spent.append(result.nfev)
+        return result
+
+    monkeypatch.setattr(_mapfit, "least_squares", counted)
+    bounded = fit_map2(gaps)
+    assert max(spent) <= _mapfit.SOLVE_EVALUATIONS
+    assert sum(spent) < _mapfit.SEARCH_EVALUATIONS + _mapfit.SOLVE_EVALUATIONS
+    spent.clear()
+    bound = _mapfit.SEARCH_EVALUATIONS
+    monkeypatch.setattr(_mapfit, "SOLVE_EVALUATIONS", 10**6)
+    monkeypatch.setattr(_mapfit, "SEARCH_EVALUATIONS", 10**6)
+    unbounded = fit_map2(gaps)
+    assert sum(spent) > 2 * bound  # the bound was reached above
+    assert bounded.fit is not None
+    assert unbounded.fit is not None
+    assert bounded.fit.target.scv > 1.0
+    assert bounded.fit.target.lag1 < 0.0
+
+    def cost(fit: MAP2) -> float:
+        return _mapfit._cost(fit.fit.achieved, fit.fit.target)  # type: ignore[union-attr]
+
+    assert cost(bounded) <= cost(unbounded) + 0.005
+
+
 @pytest.mark.parametrize(
     ("trace", "says"),
     [
