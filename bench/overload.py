@@ -3,7 +3,7 @@ refusals, goodput held at capacity, and how soon answers are normal again.
 
     python -m bench.overload [--serve-proxy] [--factor 3] [--seconds 20] [--slo-ms 200]
         [--passes 2000] [--systems raysrv baseline] [--bound-raysrv] [--capacity C]
-        [--ongoing N] [--queued N] [--ingress KEY=VALUE ...] [--out JSON]
+        [--ongoing N] [--queued N] [--ingress KEY=VALUE ...] [--trace] [--out JSON]
 
 One Ray instance, started with ``raysrv run``'s environment (:data:`raysrv.cli.FAST_PATH`:
 HAProxy ingress, gRPC handles, user code on the replica's main thread), or with Serve's
@@ -40,7 +40,10 @@ that runs with different bounds get the same load; ``--ongoing N`` and ``--queue
 bounded system's ``max_ongoing_requests`` and ``max_queued_requests`` in place of the ones from
 capacity and SLO. ``--ingress KEY=VALUE``: a field of raysrv's ``ingress``, as
 ``max_ongoing_requests=auto max_queued_requests=1``.
-Writes every request's scheduled time, latency and status to ``--out``.
+Writes every request's scheduled time, latency and status to ``--out``; with ``--trace``, for
+raysrv also what its policy plans with every ``TRACE_S`` of the open loop (``GET
+/v1/models/zoo``'s ``batching``), each refusal's reason by its scheduled time, and the pool's
+batches (``GET /v1/pools/{pool}/timeline``), to see why a query was refused.
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ AFTER_S = 10.0
 WINDOW_S = 0.25
 TIMEOUT_S = 30.0
 INPUTS = 4096
+TRACE_S = 0.25
 JSON = {"Content-Type": "application/json"}
 SYSTEMS = ("raysrv", "baseline")
 
@@ -123,6 +127,7 @@ class TimedClient(HttpClient):
         self._inputs = [json.dumps(x) for x in inputs]
         self._body = body or raysrv_body(slo_ms)
         self.errors: list[tuple[str, float]] = []  # each error's reason and seconds taken
+        self.refusals: list[tuple[float, str]] = []  # each error's scheduled wall time, reason
 
     async def send(self, i: int) -> int:
         sent_at = scheduled_at()
@@ -131,7 +136,9 @@ class TimedClient(HttpClient):
             async with self._session.post(self.url, data=body, headers=JSON) as response:
                 answer = await response.read()
                 if response.status != 200:
-                    self.errors.append((_reason(answer), time.time() - sent_at))
+                    reason = _reason(answer)
+                    self.errors.append((reason, time.time() - sent_at))
+                    self.refusals.append((sent_at, reason))
                 return response.status
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
             return 0
@@ -287,8 +294,14 @@ async def _one(system: str, port: int, args: argparse.Namespace, path: Path) -> 
             over[1] + poisson_offsets(low, gen, AFTER_S),
         ]
     )
+    base = f"http://{HOST}:{port}/{system}"
     async with TimedClient(url, inputs, args.slo_ms) as client:
+        trace = Trace(base) if args.trace and system == "raysrv" else None
+        polling = asyncio.create_task(trace.poll()) if trace else None
         log = await replay(client, offsets)
+        if trace and polling:
+            polling.cancel()
+            await trace.finish(client.refusals)
     figures = summarize(log, slo_s, capacity, over, end)
     figures |= {"system": system, "capacity_per_s": capacity, "errors": _by_reason(client.errors)}
     print(f"{system}: {figures}", file=sys.stderr, flush=True)
@@ -297,10 +310,48 @@ async def _one(system: str, port: int, args: argparse.Namespace, path: Path) -> 
         "latency": (np.asarray(log.done) - np.asarray(log.scheduled)).tolist(),
         "status": log.status,
     }
+    if trace:
+        figures["trace"] = trace.report()
     from ray import serve
 
     serve.delete(system)
     return figures
+
+
+class Trace:
+    """What raysrv's policy plans with, sampled every ``TRACE_S``, each refusal's scheduled
+    time and reason, and the pool's batches; times in seconds from the open loop's start (as
+    the trace is made)."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        self.t0 = time.time()
+        self.policy: list[tuple[float, dict[str, Any]]] = []
+        self.refusals: list[tuple[float, str]] = []
+        self.timeline: dict[str, list[Any]] = {}
+
+    async def poll(self) -> None:
+        async with aiohttp.ClientSession() as session:
+            while True:
+                async with session.get(f"{self.base}/v1/models/zoo") as response:
+                    model = await response.json()
+                self.policy.append((time.time() - self.t0, model.get("batching", {})))
+                await asyncio.sleep(TRACE_S)
+
+    async def finish(self, refusals: list[tuple[float, str]]) -> None:
+        """Keep the ``refusals`` (scheduled wall time, reason) and read the pool's actions."""
+        self.refusals = [(t - self.t0, reason) for t, reason in refusals]
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{self.base}/v1/models/zoo") as response:
+                pool = (await response.json())["pool"]
+            async with session.get(f"{self.base}/v1/pools/{pool}/timeline") as response:
+                columns = await response.json()
+        for name in ("decided", "sent", "started", "ended", "back", "acted"):
+            columns[name] = [None if v is None else v - self.t0 for v in columns[name]]
+        self.timeline = columns
+
+    def report(self) -> dict[str, Any]:
+        return {"policy": self.policy, "refusals": self.refusals, "timeline": self.timeline}
 
 
 def table(points: list[dict[str, Any]], factor: float, slo_ms: float) -> str:
@@ -373,6 +424,9 @@ def parser() -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=VALUE",
         help="a field of raysrv's ingress, e.g. max_ongoing_requests=auto",
+    )
+    parser.add_argument(
+        "--trace", action="store_true", help="record raysrv's plan, refusals and batches"
     )
     parser.add_argument("--out", type=Path, default=Path("bench/out/overload.json"))
     return parser
