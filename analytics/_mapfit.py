@@ -28,11 +28,11 @@ Cost: O(1) for (1)-(2). (3) is at most 16 bounded 3-parameter least-squares solv
 matrices (up to 2 renewal starts and 6 fixed ones per family); it stops at the first exact match,
 so it is slowest when no MAP2 reaches the target and every start runs. Each solve stops after
 ``SOLVE_EVALUATIONS`` evaluations of the residuals, and the search after ``SEARCH_EVALUATIONS``
-over all its solves. Unbounded, a target no MAP2 reaches (SCV > 1 with a negative rho_1, as the
-arrivals of an overloaded ingress) took 200-800 ms of one core and the interpreter's lock, beside
-the event loop of the process that serves the queries; bounded, at most 143 ms, and of 150
-random targets none was fitted worse by more than 0.005 of the residual cost above
-(``tests/unit/analytics/test_arrivals.py`` holds the search to its bounds).
+over all its solves: the fits run in threads of the process that serves the queries (plans,
+``ctmc``, the analytic autoscaler) and hold the interpreter's lock while they run. Unbounded, a
+target no MAP2 reaches (SCV > 1 with a negative rho_1, as the arrivals of an overloaded ingress)
+took 200-800 ms of one core; bounded, at most 143 ms, with fits as close
+(``bench/RESULTS.md``, "Overload"; ``tests/unit/analytics/test_arrivals.py``).
 """
 
 from __future__ import annotations
