@@ -120,6 +120,15 @@ policy plans such a batch to start at its own planned finish of the work in flig
 estimates, no slack), and moves those plans by how late or early each answer comes back.
 Planning on the batcher's average instead left most of the overrun to be learned, and charged it
 to every batch (``bench/RESULTS_ARCHIVE.md``, "What the policies learned").
+While queries arrive more slowly than the replicas serve them at best (the last 64 arrivals'
+rate against the best of a size over its estimate, per replica), the work in flight is planned
+at the median of its sizes' last ``window`` runs: the tail is planned once, on the batch whose
+deadlines are at stake. Planned at the tail there too, a batch and the one behind it counted as
+if both ran at their slowest, and single queries were refused at half load for seconds after an
+overload. Under overload the tail stays: at the median there, a batch that ran past it left the
+one behind unable to start in time, and its queries were refused 70-88 ms after they came
+(``bench/RESULTS.md``, "Overload"; ``bench/RESULTS_ARCHIVE.md``, "ov23-ov28, and ov33-ov35,
+ov39-ov58").
 
 Schedule ahead (clockwork §5.2: "instead of eagerly sending actions to workers, it ensures only a
 minimal amount of work is outstanding on each worker ... Clockwork schedules 5ms into the
@@ -335,8 +344,11 @@ class DeadlinePolicy(BatchingPolicy):
         self._excesses = SortedWindow(params.spread_window)  # its group's once bound to one
         # Per replica, for each batch sent there that has not come back, oldest first: the start
         # it was planned as it left (which names it), then its planned start and finish, both
-        # re-anchored on every answer.
-        self._inflight: dict[int, deque[tuple[float, float, float]]] = {}
+        # re-anchored on every answer, and its size.
+        self._inflight: dict[int, deque[tuple[float, float, float, int]]] = {}
+        self._light = False  # during one decide: arrivals below the replicas' best rate
+        self._medians: np.ndarray | None = None  # seconds per size, as of ``_seen_medians``
+        self._seen_medians: tuple[int, int] | None = None
         self._slack = 0.0  # this model's own learned overrun, seconds
         self._last_back = -np.inf  # when the last batch came back
         self._probing = False  # the last batch was sent as a probe (``_probe``)
@@ -393,6 +405,20 @@ class DeadlinePolicy(BatchingPolicy):
             )
             self._seen = self.runs.version
         return 0.0 if self._estimates is None else float(self._estimates[size - 1])
+
+    def _typical(self, size: int) -> float:
+        """The median of the last ``window`` runs of ``size`` (0 before any)."""
+        if self._seen_medians != self.runs.version:
+            self._medians = self.runs.service_times(
+                self._largest, 0.5, self.params.window, running_max=False
+            )
+            self._seen_medians = self.runs.version
+        return 0.0 if self._medians is None else float(self._medians[size - 1])
+
+    def _best_rate(self) -> float:
+        """Queries a second one replica serves at best, by the estimates (inf before any)."""
+        rates = [k / e for k in self._sizes if (e := self.estimate(k)) > 0.0]
+        return max(rates, default=math.inf)
 
     def _spread(self) -> float:
         """The ``spread_quantile`` of the runs' excesses over their size's measured tail, within
@@ -457,14 +483,15 @@ class DeadlinePolicy(BatchingPolicy):
 
     def decide(self, view: BatcherView) -> Decision:
         self._memo, self._kept = {}, view.kept
+        self._count_arrivals(view.queue)
+        self._light = self._rate(view.now) < len(view.replicas) * self._best_rate()
         try:
             return self._decide(view)
         finally:
             self._memo = self._kept = None
+            self._light = False
 
     def _decide(self, view: BatcherView) -> Decision:
-        if self.params.refuse_behind_queue and self.params.plan_arrivals > 0.0:
-            self._count_arrivals(view.queue)  # the plan of step (1) counts on their rate
         urgent = [q for q in view.queue if q.priority <= 0]
         past = tuple(q.query_id for q in view.queue if q.priority > 0 and q.deadline < view.now)
         if past:
@@ -667,16 +694,22 @@ class DeadlinePolicy(BatchingPolicy):
     def _start(self, slot: ReplicaSlot, now: float) -> float:
         """When a batch sent to ``slot`` now would start. With work in flight, not before that
         work's planned finish by this policy's own estimates (re-anchored on every answer): the
-        batcher's ``busy_until`` is a running average, early about half the time."""
+        batcher's ``busy_until`` is a running average, early about half the time. Below the
+        replicas' best rate, that work runs for its sizes' medians from the start of its oldest
+        batch (the module's docstring, "Planned starts")."""
         start = slot.start_time(now)
         planned = self._inflight.get(slot.index)
         if slot.busy_until is not None and planned:
-            start = max(start, planned[-1][2])
+            if self._light:
+                finish = planned[0][1] + sum(self._typical(size) for *_, size in planned)
+            else:
+                finish = planned[-1][2]
+            start = max(start, finish)
         return start
 
     def _send(self, batch: Sequence[QueuedQuery], slot: ReplicaSlot, start: float) -> Dispatch:
         planned = self._inflight.setdefault(slot.index, deque())
-        planned.append((start, start, start + self._planned(len(batch))))
+        planned.append((start, start, start + self._planned(len(batch)), len(batch)))
         return Dispatch(tuple(q.query_id for q in batch), slot.index, start)
 
     def _reanchor(self, outcome: BatchOutcome) -> tuple[float, float] | None:
@@ -694,7 +727,9 @@ class DeadlinePolicy(BatchingPolicy):
             return None
         ended = outcome.finished if outcome.ended is None else outcome.ended
         shift = ended - mine[2]
-        self._inflight[outcome.replica] = deque((n, s + shift, f + shift) for n, s, f in planned)
+        self._inflight[outcome.replica] = deque(
+            (n, s + shift, f + shift, k) for n, s, f, k in planned
+        )
         return mine[1], mine[2]
 
 

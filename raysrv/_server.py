@@ -491,10 +491,13 @@ class Alarms:
         self._timer, self._at = self._loop.call_at(when, self._ring), when
 
     def _ring(self) -> None:
+        """End the waits due, then drop the answered ones ahead of the next still waiting, so
+        that the timer is set for a wait that may need it: set for the next entry whatever it
+        held, it rang once for every query answered in time."""
         assert self._loop is not None
         self._timer, self._at = None, math.inf
         heap, now = self._heap, self._loop.time()
-        while heap and heap[0][0] <= now:
+        while heap and (heap[0][0] <= now or heap[0][2] is None or heap[0][2].done()):
             future = heapq.heappop(heap)[2]
             if future is not None and not future.done():
                 future.set_exception(TimedOut())

@@ -273,6 +273,32 @@ def test_re_anchors_on_when_the_replica_ended_a_batch_not_on_its_answer() -> Non
     assert c.expected_start == pytest.approx(0.012)
 
 
+def test_below_the_best_rate_the_work_in_flight_is_planned_at_its_median() -> None:
+    """Batches of 4 ran 6 ms nine times in ten and 9 ms once (tail 8.7 ms). With a batch of 4
+    in flight from 1.6 ms, a query of 3 ms due at 11.1 ms fits behind it where that batch is
+    planned at its median (ends 7.6 ms), not at its tail (ends 10.3 ms). Few queries arrived:
+    the median. Sixteen arrived within 1.5 ms, faster than a replica serves at best: the tail,
+    and the query is refused."""
+    urgent = [QueuedQuery(9, 0.0016, 0.0111)]
+    pipelined = [ReplicaSlot(0, busy_until=0.003)]
+    quiet = _trained(learn_overrun=False, learn_spread=False)
+    busy = _trained(learn_overrun=False, learn_spread=False)
+    for policy in (quiet, busy):
+        _runs(policy, *[0.006] * 8, 0.009)  # the last 10 runs of 4: nine of 6 ms, one of 9 ms
+        assert policy.estimate(4) > 0.0085
+    burst = [QueuedQuery(i, 0.0001 * i, 0.5) for i in range(16)]
+    assert isinstance(busy.decide(BatcherView(0.0015, burst, [ReplicaSlot(0, 0.0, 4)])), Wait)
+    for policy in (quiet, busy):
+        first = policy.decide(BatcherView(0.0016, _queue([0.5] * 4), [ReplicaSlot(0)]))
+        assert first == Dispatch((0, 1, 2, 3), 0)
+    behind = quiet.decide(BatcherView(0.0016, urgent, pipelined))
+    assert behind == Dispatch((9,), 0)
+    assert behind.expected_start == pytest.approx(0.0076)
+    assert busy.decide(BatcherView(0.0016, urgent, pipelined)) == Reject(
+        (9,), "cannot meet deadline"
+    )
+
+
 def test_schedules_a_batch_behind_work_in_flight_only_shortly_before_it_ends() -> None:
     """Clockwork §5.2, 5 ms ahead. Offered a replica whose batch is planned to run until 6 ms,
     the policy waits until 1 ms; offered an idle one too, it takes that one."""
