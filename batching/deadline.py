@@ -337,8 +337,9 @@ class DeadlinePolicy(BatchingPolicy):
         super().__init__(params, slo_s)
         self._sizes = strategy_sizes(params)
         self._largest = self._sizes[0]
-        self._estimates: np.ndarray | None = None  # seconds per size, as of ``_seen``
-        self._seen: tuple[int, int] | None = None  # the runs' version the estimates are from
+        # per quantile of the runs, seconds per size, as of the runs' version ``_seen``
+        self._tables: dict[float, np.ndarray | None] = {}
+        self._seen: tuple[int, int] | None = None
         self._overruns = Overruns(params.overrun_window)
         self._pooled: Overruns | None = None  # its group's (``bind``)
         self._excesses = SortedWindow(params.spread_window)  # its group's once bound to one
@@ -347,8 +348,6 @@ class DeadlinePolicy(BatchingPolicy):
         # re-anchored on every answer, and its size.
         self._inflight: dict[int, deque[tuple[float, float, float, int]]] = {}
         self._light = False  # during one decide: arrivals below the replicas' best rate
-        self._medians: np.ndarray | None = None  # seconds per size, as of ``_seen_medians``
-        self._seen_medians: tuple[int, int] | None = None
         self._slack = 0.0  # this model's own learned overrun, seconds
         self._last_back = -np.inf  # when the last batch came back
         self._probing = False  # the last batch was sent as a probe (``_probe``)
@@ -399,21 +398,23 @@ class DeadlinePolicy(BatchingPolicy):
 
     def _measured(self, size: int) -> float:
         """The ``quantile`` of the last ``window`` runs of ``size`` (0 before any)."""
-        if self._seen != self.runs.version:
-            self._estimates = self.runs.service_times(
-                self._largest, self.params.quantile, self.params.window, running_max=False
-            )
-            self._seen = self.runs.version
-        return 0.0 if self._estimates is None else float(self._estimates[size - 1])
+        return self._runs_at(self.params.quantile, size)
 
     def _typical(self, size: int) -> float:
         """The median of the last ``window`` runs of ``size`` (0 before any)."""
-        if self._seen_medians != self.runs.version:
-            self._medians = self.runs.service_times(
-                self._largest, 0.5, self.params.window, running_max=False
+        return self._runs_at(0.5, size)
+
+    def _runs_at(self, quantile: float, size: int) -> float:
+        """The ``quantile`` of the last ``window`` runs of ``size``, worked out once per
+        version of the runs (0 before any)."""
+        if self._seen != self.runs.version:
+            self._tables, self._seen = {}, self.runs.version
+        if quantile not in self._tables:
+            self._tables[quantile] = self.runs.service_times(
+                self._largest, quantile, self.params.window, running_max=False
             )
-            self._seen_medians = self.runs.version
-        return 0.0 if self._medians is None else float(self._medians[size - 1])
+        table = self._tables[quantile]
+        return 0.0 if table is None else float(table[size - 1])
 
     def _best_rate(self) -> float:
         """Queries a second one replica serves at best, by the estimates (inf before any)."""
@@ -484,7 +485,8 @@ class DeadlinePolicy(BatchingPolicy):
     def decide(self, view: BatcherView) -> Decision:
         self._memo, self._kept = {}, view.kept
         self._count_arrivals(view.queue)
-        self._light = self._rate(view.now) < len(view.replicas) * self._best_rate()
+        if any(self._inflight.values()):  # only the work in flight is planned by the rate
+            self._light = self._rate(view.now) < len(view.replicas) * self._best_rate()
         try:
             return self._decide(view)
         finally:
