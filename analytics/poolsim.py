@@ -12,7 +12,9 @@ gives one executor of a worker travel as one call, as the live pool sends them, 
 results come back together after the last one ends. An INFER of k queries runs for
 ``service(k)`` seconds, a LOAD for the model's ``load_s`` and an UNLOAD for its ``unload_s``; a
 LOAD or UNLOAD changes what the worker holds when it starts, and an action that would start
-after its ``latest`` is not run (§4.4).
+after its ``latest`` is not run (§4.4): an INFER's queries then go back to the scheduler's
+queue once, as the live pool queues them again, and are refused if their second batch is late
+too.
 ``hop_s`` is how long a call takes to reach its worker and its results to come back: a round
 trip in seconds (half each way), or a function drawing each call's :class:`Legs` (close over a
 ``numpy.random.Generator`` for legs measured live).
@@ -626,6 +628,8 @@ class _PoolRun:
         self.refused_at: dict[int, float] = {}
         self.done: dict[int, float] = {}
         self.cold: set[int] = set()
+        self.queries: dict[int, QueuedQuery] = {}  # waiting or in a batch, by id
+        self.again: set[int] = set()  # queued again once already
         self.concurrency = 0  # what the scheduler sees as the ingress's (BatcherView's)
         self.ended: Callable[[Sequence[int], float], None] | None = None  # told of the queries
         # answered or refused, and when (run_closed's clients send again)
@@ -716,8 +720,9 @@ class _PoolRun:
         heapq.heappush(self.events, (t, self.seq, handle, what))
 
     def _arrive(self, i: int, name: str, t: float, deadline: float, priority: int) -> None:
+        query = self.queries[i] = QueuedQuery(i, t, deadline, priority)
         try:
-            if self.scheduler.submit(name, QueuedQuery(i, t, deadline, priority)):
+            if self.scheduler.submit(name, query):
                 self.cold.add(i)
         except QueueFull:
             self.refused[i], self.refused_at[i] = "queue_full", t
@@ -902,16 +907,28 @@ class _PoolRun:
 
     def _finish(self, result: ActionResult) -> None:
         action = result.action
+        again: list[int] = []
         if isinstance(action, Infer) and result.ran:
             for q in action.query_ids:
                 self.done[q] = result.finished
+            if self.ended is not None:
+                self.ended(action.query_ids, result.finished)
         elif isinstance(action, Infer):
-            reason = result.error or LATE_START
-            for q in action.query_ids:
-                self.refused[q], self.refused_at[q] = reason, result.finished
-        if isinstance(action, Infer) and self.ended is not None:
-            self.ended(action.query_ids, result.finished)
+            late = not result.error  # not started by its latest: queued again, once
+            again = [q for q in action.query_ids if late and q not in self.again]
+            refused = [q for q in action.query_ids if q not in again]
+            self._refuse(refused, result.error or LATE_START, result.finished)
         self.scheduler.finished(result)
+        if again and self.scheduler.requeue(action.model, [self.queries[q] for q in again]):
+            self.again.update(again)
+        else:  # none, or the model is gone
+            self._refuse(again, LATE_START, result.finished)
+
+    def _refuse(self, query_ids: list[int], reason: str, at: float) -> None:
+        for q in query_ids:
+            self.refused[q], self.refused_at[q] = reason, at
+        if self.ended is not None and query_ids:
+            self.ended(query_ids, at)
 
 
 def _executor(action: Action) -> str:

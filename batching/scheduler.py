@@ -57,8 +57,9 @@ the median at the machine's present speed: the model's median for the size times
 :meth:`~PoolScheduler.slowdown` (the ``SLOW_Q`` quantile of its last ``SLOW_WINDOW`` INFERs'
 runs over their medians, 1 at the least). A burst of requests takes the CPU from the batches
 within 100 ms, while a model's median moves only after several of its own runs; a batch refused
-this way gets a 429 before any work, where it would have been dropped at its deadline after it
-(``bench/RESULTS_ARCHIVE.md``, "spikes on a faster machine, as summarized on run 25's day"). A
+this way costs no work, where it would have been dropped at its deadline after it
+(``bench/RESULTS_ARCHIVE.md``, "spikes on a faster machine, as summarized on run 25's day"); its
+queries are queued again once (:meth:`~PoolScheduler.requeue`) and planned anew. A
 probe, sent to measure a model whose estimates refuse every query, plans no run time, or its
 window would be shut by the very estimate it is sent to test. A LOAD's ``latest`` is the last
 moment it still helps a waiting query. Each result carries the duration the worker measured,
@@ -77,6 +78,7 @@ import logging
 import math
 from collections.abc import Iterable
 from functools import partial
+from operator import attrgetter
 
 from raysrv.batching._placement import Placement
 from raysrv.batching._pool_state import (
@@ -296,6 +298,18 @@ class PoolScheduler(Placement):
             model.cold_starts += 1
             self.cold_starts += 1
         return cold
+
+    def requeue(self, name: str, queries: list[QueuedQuery]) -> bool:
+        """Queue ``queries`` again, of a batch whose worker did not start it by its latest
+        start: among those waiting in order of arrival, not counted as arrivals twice nor
+        held to ``max_queue`` (they were let in). False when the model is gone."""
+        model = self._models.get(name)
+        if model is None:
+            return False
+        model.queue = sorted([*queries, *model.queue], key=attrgetter("arrival"))
+        model.dirty = True
+        self._active[name] = model
+        return True
 
     def withdraw(self, name: str, query_id: int) -> bool:
         """Take a query out of its queue (its caller left); False when it is not queued."""

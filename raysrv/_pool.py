@@ -101,7 +101,8 @@ class _Entry:
     x: Input
     future: asyncio.Future[Any]
     cold: bool
-    arrival: float
+    query: QueuedQuery
+    again: bool = False  # queued again once already, its first batch not started in time
 
 
 class Pool:
@@ -243,13 +244,14 @@ class Pool:
             self._trips_in.append(trip[0])
             self._kept_back.append(trip[1])
         query_id = next(self._ids)
+        query = QueuedQuery(query_id, now, deadline, priority)
         try:
-            cold = self.scheduler.submit(model, QueuedQuery(query_id, now, deadline, priority))
+            cold = self.scheduler.submit(model, query)
         except QueueFull as exc:
             self._metrics.rejection(model, "queue_full")
             raise Overloaded(str(exc)) from None
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._entries[query_id] = _Entry(model, x, future, cold, now)
+        self._entries[query_id] = _Entry(model, x, future, cold, query)
         self._queued[future] = query_id
         self._arrivals[model].append(now)
         if self._scaler is not None:
@@ -490,10 +492,9 @@ class Pool:
                 if not entry.future.done():
                     entry.future.set_result(output)
                 if entry.cold:
-                    self._metrics.cold_start(self.name, finished - entry.arrival)
+                    self._metrics.cold_start(self.name, finished - entry.query.arrival)
         elif status == "late":
-            self._metrics.rejection(model, "deadline_before_start")
-            self._fail(entries, Rejected(f"model {model!r}: {LATE_START}"))
+            again = self._late(model, entries)
         elif status == "not_loaded" and self.scheduler.load_error(model):  # its LOAD failed
             reason = f"could not be loaded: {self.scheduler.load_error(model)}"
             self._fail(entries, ModelFailed(f"model {model!r}: {reason}"))
@@ -516,6 +517,34 @@ class Pool:
         )
         self.scheduler.finished(result)
         self._metrics.batch(model, len(entries), finished - action.sent)
+        if status == "late":
+            self._queue_again(model, again)
+
+    def _late(self, model: str, entries: list[_Entry]) -> list[_Entry]:
+        """Of a batch not started in time, the queries to queue again (:meth:`_queue_again`);
+        those queued again once already are refused."""
+        late = [e for e in entries if e.again]
+        if late:
+            self._metrics.rejection(model, "deadline_before_start")
+            self._fail(late, Rejected(f"model {model!r}: {LATE_START}"))
+        return [e for e in entries if not e.again and not e.future.done()]
+
+    def _queue_again(self, model: str, entries: list[_Entry]) -> None:
+        """The queries of a batch its worker did not start by its latest start (Clockwork
+        §4.4: an action whose window passed is dropped, not run late), back in their model's
+        queue, so that the policy plans them anew from the worker's state now: what can still
+        meet its deadline is served, in a batch the time left allows, and the rest is refused
+        as any query is. Once each: a query whose second batch is late too is refused then."""
+        if not entries:
+            return
+        if not self.scheduler.requeue(model, [e.query for e in entries]):  # the model is gone
+            self._fail(entries, Rejected(f"model {model!r}: {LATE_START}"))
+            return
+        for entry in entries:
+            entry.again = True
+            self._entries[entry.query.query_id] = entry
+            self._queued[entry.future] = entry.query.query_id
+        self._poke()
 
     def _load_done(self, action: Load, report: Report, finished: float) -> None:
         ok = report.status == "ok"

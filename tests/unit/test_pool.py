@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import re
 import sys
 import threading
 import time
 from collections.abc import Awaitable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from bench.zoo import build_zoo, model_size
 from raysrv import batching
 from raysrv._pool import PROFILE_RUNS, Pool
 from raysrv._workers import Call, ColocatedWorkers, LoadFailed, PoolWorker, Report
-from raysrv.batching.actions import LATE_START
+from raysrv.batching.actions import COLD_DOOMED, LATE_START
 from raysrv.config import ModelSpec, PoolSpec, resolve_pools
 from raysrv.errors import ModelFailed, NotFound, Overloaded, Rejected
 from raysrv.testing import EchoModel, LocalWorkers, fake_workers, model_spec, one_model_pool
@@ -244,7 +246,8 @@ def test_every_registered_policy_keeps_the_contract_in_the_live_driver(name: str
 
 def test_a_worker_does_not_start_a_batch_whose_deadline_passed_while_it_waited() -> None:
     """With depth 2 the next batch is sent before the worker is free; if the batch ahead runs
-    long, the waiting batch's deadline can pass in the worker's queue. It is refused there."""
+    long, the waiting batch's deadline can pass in the worker's queue. The worker does not run
+    it; its query goes back to the queue, where its deadline has passed: refused."""
 
     async def scenario() -> None:
         log: list[int] = []
@@ -257,9 +260,59 @@ def test_a_worker_does_not_start_a_batch_whose_deadline_passed_while_it_waited()
         await asyncio.sleep(0.001)
         doomed = pool.submit("echo", _x(1), deadline=loop.time() + 0.04)
         assert (await slow)["sum"] == 4.0
-        with pytest.raises(Rejected, match=LATE_START):
+        with pytest.raises(Rejected, match="deadline passed while queued"):
             await doomed
         assert log == [1, 1]  # the doomed batch never ran
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_batch_not_started_in_time_is_planned_again_and_serves_what_still_fits() -> None:
+    """A batch waits behind one that runs long, and the worker refuses it once the earliest
+    deadline in it leaves no time for it to run (Clockwork §4.4). Its queries are planned
+    again from there: the one whose deadline has passed is refused, the other, with time left,
+    is answered by a batch of its own; a query's second late batch is refused."""
+
+    async def scenario() -> None:
+        log: list[int] = []
+        delays = [0.01, 0.08, 0.01, 0.01]
+        workers = LocalWorkers(1, dedicated=EchoModel(), delay_s=lambda _: delays.pop(0), log=log)
+        pool = one_model_pool(_fixed(2), workers, depth=2)
+        loop = asyncio.get_running_loop()
+        await pool.submit("echo", _x(1))  # teaches the scheduler: about 10 ms per batch
+        slow = pool.submit("echo", _x(1))  # runs 80 ms
+        await asyncio.sleep(0.001)
+        tight = pool.submit("echo", _x(1), deadline=loop.time() + 0.04)
+        loose = pool.submit("echo", _x(2), deadline=loop.time() + 0.5)
+        assert (await slow)["sum"] == 4.0
+        with pytest.raises(Rejected, match="deadline passed while queued"):
+            await tight
+        assert (await loose)["sum"] == 8.0
+        assert log == [1, 1, 1]  # the batch of both never ran; the loose query ran alone
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_query_whose_batch_is_late_a_second_time_is_refused() -> None:
+    """Queued again once, not for ever: a worker that finds every batch past its window
+    refuses the query's first and second batch, and the query gets the late start's 429."""
+    infers: list[float] = []
+
+    class AlwaysLate(LocalWorkers):
+        def run(self, worker: int, calls: list[Call]) -> Awaitable[list[Report]]:
+            late = [replace(c, latest=time.time() - 1.0) for c in calls if c.kind == "infer"]
+            infers.extend(c.latest for c in late)
+            return super().run(worker, late or calls)
+
+    async def scenario() -> None:
+        log: list[int] = []
+        pool = one_model_pool(_fixed(1), AlwaysLate(1, dedicated=EchoModel(), log=log))
+        loop = asyncio.get_running_loop()
+        with pytest.raises(Rejected, match=LATE_START):
+            await pool.submit("echo", _x(1), deadline=loop.time() + 5.0)
+        assert (len(infers), log) == (2, [])  # sent twice, run never
         await pool.close()
 
     asyncio.run(scenario())
@@ -588,8 +641,8 @@ def test_deadlines_travel_to_the_worker_as_wall_clock_times() -> None:
 
 def test_an_infer_behind_a_load_that_came_too_late_is_refused_not_failed() -> None:
     """A worker whose LOAD executor reaches a LOAD after its window refuses it; the batch sent
-    behind it, waiting for it, is refused with it. Its queries could not be served in time:
-    429, not a model failure."""
+    behind it, waiting for it, is refused with it. Its query, planned again, has no time left
+    for another LOAD: 429, not a model failure."""
 
     class HeldUp(LocalWorkers):
         async def _load(self, worker: int, call: Call) -> Report:
@@ -602,7 +655,7 @@ def test_an_infer_behind_a_load_that_came_too_late_is_refused_not_failed() -> No
         pool.scheduler.runs("a").observe_load(0.05)
         pool.scheduler.runs("a").observe(1, 0.001)
         loop = asyncio.get_running_loop()
-        with pytest.raises(Rejected, match=LATE_START):
+        with pytest.raises(Rejected, match=re.escape(COLD_DOOMED)):
             await pool.submit("a", _x(), deadline=loop.time() + 0.3)
         assert [kind for _, kind, _ in workers.actions] == ["load"]  # the INFER never ran
         await pool.close()

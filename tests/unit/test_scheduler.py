@@ -680,6 +680,36 @@ def test_in_simulation_the_pool_may_start_from_the_live_profiling_step() -> None
     assert int(profiled.late.sum()) < int(unprofiled.late.sum())
 
 
+def test_queries_queued_again_keep_their_place_by_arrival_and_are_planned_again() -> None:
+    """A batch whose worker did not start it in time: its queries go back among those waiting
+    in order of arrival, and the next step plans them with the rest."""
+    s = _dedicated(max_batch_size=4)
+    for i in range(3):
+        s.submit("m", _q(i, 0.1 * i))
+    (infer,) = s.step(0.2).actions
+    assert infer.query_ids == (0, 1, 2)
+    s.submit("m", _q(3, 0.25))
+    s.finished(ActionResult(infer, 0.3, ran=False))  # its window passed on the worker
+    assert s.requeue("m", [_q(0, 0.0), _q(2, 0.2)])  # the caller of 1 left meanwhile
+    (again,) = s.step(0.3).actions
+    assert again.query_ids == (0, 2, 3)
+    assert not s.requeue("gone", [_q(9)])
+
+
+def test_in_simulation_a_batch_not_started_in_time_is_planned_again_as_live() -> None:
+    """As the live pool does: a batch that waited behind a long run past its latest start is
+    not run; its query whose deadline passed is refused and the other runs in a batch of its
+    own. Eight runs of 10 ms teach the estimates first, then one takes 200 ms."""
+    runs = iter([0.01] * 8 + [0.2, 0.01])
+    pool = {"m": SimModel(_policy(max_batch_size=2), lambda _: next(runs), pinned=True)}
+    times = np.array([0.02 * i for i in range(8)] + [0.16, 0.17, 0.17])
+    deadlines = np.array([1.0] * 9 + [0.21, 1.5])
+    result = simulate_pool(times, ["m"] * 11, pool, workers=1, depth=2, deadlines=deadlines)
+    assert list(result.rejected[8:]) == [False, True, False]
+    assert result.why[9] == "deadline passed while queued"
+    assert result.batch_sizes.tolist() == [1] * 10  # the batch of both never ran
+
+
 def test_in_simulation_each_action_may_draw_its_own_legs() -> None:
     """``hop_s`` as a function draws each action's legs there and back: a constant pair gives
     what its round trip does as a number (half each way), and the draws add up to one per
