@@ -2,7 +2,8 @@
 one of Serve's two modes, and raysrv's inputs per second with many inputs per request.
 
     python -m bench.fast_path [--serve-proxy] [--replicas 1] [--raysrv-replicas N]
-                              [--seconds 10] [--rounds 3] [--out JSON]
+                              [--seconds 10] [--rounds 3] [--systems S ...] [--points P ...]
+                              [--out JSON]
 
 One Ray instance, started with ``raysrv run``'s environment (:data:`raysrv.cli.FAST_PATH`:
 HAProxy ingress, gRPC handles, user code on the replica's main thread), or with Serve's
@@ -31,7 +32,12 @@ input counts when its answer holds an output (wrk counts them in each 200 answer
 ``wrk_saturation(count=...)``; an infer request answers all its rows or fails), so inputs
 answered with an error do not count. Each point also records the machine's CPU time (every
 process's, the client's too) per input answered. Prints a table of the medians over the rounds
-and each system's ratios to the baseline; writes every point to ``--out``.
+and each system's ratios to the baseline, and the saturation ratio round by round; writes
+every point to ``--out``.
+
+``--systems`` and ``--points`` measure only those (the baseline always): with ``--points
+http-32`` the systems' saturation points run one right after another, so that each round's
+ratio compares the machine at nearly one moment, and more rounds fit in the time.
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ MAX_BATCH = 32
 # the rest (``fixed``'s ``busy_timeout_ms``)
 BATCHING = {"max_batch_size": MAX_BATCH, "timeout_ms": 0, "busy_timeout_ms": 8}
 MANY = ("http-32-many", "http-32-raw", "http-32-oip")  # the points of many inputs a request
+POINTS = ("http-32", "http-1", "handle-32", "handle-1", *MANY[:2], "http-32-model", MANY[2])
 
 
 def spec(path: Path, placement: str, replicas: int = 1) -> dict[str, Any]:
@@ -245,7 +252,7 @@ class Rounds:
             "handle-32": lambda: closed_loop(handle, 32, s),
             "handle-1": lambda: closed_loop(handle, 1, s),
         }
-        if system != "baseline":
+        if system != "baseline":  # in the order of POINTS
             points["http-32-many"] = lambda: wrk_saturation(url, self.many, 32, s, count=OUTPUT)
             raw = raw_headers(self.args.per_request)
             points["http-32-raw"] = lambda: wrk_saturation(
@@ -259,15 +266,16 @@ class Rounds:
             points["http-32-oip"] = lambda: wrk_saturation(
                 infer, self.oip, 32, s, headers=self.oip_headers
             )
-        return points
+        return {kind: point for kind, point in points.items() if kind in self.args.points}
 
     async def run(self) -> list[dict[str, Any]]:
-        for system in SYSTEMS:  # warm-up, discarded
+        measured = [system for system in SYSTEMS if system in self.args.systems]
+        for system in measured:  # warm-up, discarded
             await wrk_saturation(self.targets[system][0], self.single, 32, 3.0)
             await closed_loop(HandleClient(self.targets[system][1], self.inputs), 32, 3.0)
         rows = []
         for k in range(self.args.rounds):
-            order = SYSTEMS if k % 2 == 0 else SYSTEMS[::-1]
+            order = measured if k % 2 == 0 else measured[::-1]
             for system in order:
                 for kind, point in self.points(system).items():
                     per_request = self.args.per_request if kind in MANY else 1
@@ -294,7 +302,8 @@ def _median(rows: list[dict], system: str, point: str, field: str) -> float:
 
 
 def table(rows: list[dict[str, Any]], per_request: int) -> str:
-    """Medians over the rounds, each system's ratio to the baseline, the formats' ratio."""
+    """Medians over the rounds, each system's ratio to the baseline, the formats' ratio (blank
+    or nan where a point was not measured), and the saturation ratio by round."""
     lines = [
         "| system | HTTP, 32 connections, inputs/s | HTTP, 1 connection, p50 ms | handles, 32 "
         f"in flight, inputs/s | handles, 1 in flight, p50 ms | HTTP, {per_request} inputs a "
@@ -318,7 +327,8 @@ def table(rows: list[dict[str, Any]], per_request: int) -> str:
         shown = [f"{c:.2f}" if i in (1, 3) else f"{c:.0f}" for i, c in enumerate(cells)]
         lines.append(f"| {system} | " + " | ".join(s.replace("nan", "") for s in shown) + " |")
     lines.append("")
-    for system in SYSTEMS[1:]:
+    measured = [system for system in SYSTEMS[1:] if any(r["system"] == system for r in rows)]
+    for system in measured:
         ratios = {
             (point, field): _median(rows, system, point, field)
             / _median(rows, "baseline", point, field)
@@ -346,7 +356,28 @@ def table(rows: list[dict[str, Any]], per_request: int) -> str:
             f"1: {many:.1f}x, raw float32 {raw:.1f}x, binary infer {oip:.1f}x ({model:.1f}x "
             "single inputs to the model's route)"
         )
+    lines.append("")
+    for system in measured:
+        lines.append(
+            f"{system}, HTTP inputs/s against the baseline's by round: {by_round(rows, system)}"
+        )
     return "\n".join(lines)
+
+
+def by_round(rows: list[dict[str, Any]], system: str, point: str = "http-32") -> str:
+    """``system``'s inputs/s at ``point`` over the baseline's at ``http-32``, round by round."""
+    rates: dict[tuple[str, int], float] = {
+        (r["system"], r["round"]): r["inputs_per_s"]
+        for r in rows
+        if r["point"] == (point if r["system"] == system else "http-32")
+    }
+    rounds = sorted({k for name, k in rates if name == system})
+    ratios = [
+        f"{rates[system, k] / rates['baseline', k]:.2f}x"
+        for k in rounds
+        if rates.get(("baseline", k))
+    ]
+    return ", ".join(ratios) or "none"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -359,8 +390,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="per point")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--per-request", type=int, default=32, help="inputs in a many-body")
+    parser.add_argument(
+        "--systems",
+        nargs="+",
+        choices=SYSTEMS[1:],
+        default=list(SYSTEMS[1:]),
+        help="raysrv's systems to measure beside the baseline",
+    )
+    parser.add_argument(
+        "--points", nargs="+", choices=POINTS, default=list(POINTS), help="points to measure"
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/out/fast_path.json"))
     args = parser.parse_args(argv)
+    args.systems = ["baseline", *args.systems]
     started = time.time()
     port, _ = start(args.serve_proxy, args.replicas, raysrv_replicas=args.raysrv_replicas)
     try:

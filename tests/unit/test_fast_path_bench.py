@@ -5,9 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from bench.fast_path import MANY, SYSTEMS, _busy_s, table
-
-POINTS = ("http-32", "http-1", "handle-32", "handle-1", "http-32-model", *MANY)
+from bench.fast_path import MANY, POINTS, SYSTEMS, _busy_s, by_round, table
 
 
 def _rows(system: str, rate: float, cpu_us: list[float]) -> list[dict]:
@@ -42,6 +40,23 @@ def test_the_table_gives_the_median_cpu_an_input_and_its_ratio_to_the_baseline()
     assert "the machine's CPU an HTTP input 1.80x" in summary["raysrv"]  # 450 / 250
     assert "the machine's CPU an HTTP input 1.20x" in summary["raysrv-colocated"]  # 300 / 250
     assert "HTTP inputs/s 0.50x" in summary["raysrv"]  # 501 / 1001
+    assert "raysrv-colocated, HTTP inputs/s against the baseline's by round: 0.80x," in text
+
+
+def test_each_rounds_ratio_is_over_the_baselines_saturation_in_that_round() -> None:
+    rows = [
+        {"round": k, "system": system, "point": point, "inputs_per_s": rate}
+        for k, base in enumerate((1000.0, 2000.0, 500.0))
+        for system, point, rate in (
+            ("baseline", "http-32", base),
+            ("baseline", "http-1", 1.0),  # another point: not the ratio's
+            ("raysrv-colocated", "http-32", 900.0),
+            ("raysrv-colocated", "http-32-model", 1000.0),
+        )
+    ]
+    assert by_round(rows, "raysrv-colocated") == "0.90x, 0.45x, 1.80x"
+    assert by_round(rows, "raysrv-colocated", "http-32-model") == "1.00x, 0.50x, 2.00x"
+    assert by_round(rows, "raysrv") == "none"  # not measured
 
 
 def test_the_machine_busy_time_is_in_seconds_and_counts_this_process_spinning() -> None:
