@@ -484,6 +484,7 @@ class Pool:
     ) -> None:
         model = action.model
         status, error = report.status, report.error
+        again: list[_Entry] = []  # to queue again: of a batch not started in time
         if status == "ok" and (report.outputs is None or len(report.outputs) != len(entries)):
             count = None if report.outputs is None else len(report.outputs)
             status, error = "failed", f"returned {count} outputs for {len(entries)} inputs"
@@ -517,8 +518,7 @@ class Pool:
         )
         self.scheduler.finished(result)
         self._metrics.batch(model, len(entries), finished - action.sent)
-        if status == "late":
-            self._queue_again(model, again)
+        self._queue_again(model, again)
 
     def _late(self, model: str, entries: list[_Entry]) -> list[_Entry]:
         """Of a batch not started in time, the queries to queue again (:meth:`_queue_again`);

@@ -244,35 +244,12 @@ def test_every_registered_policy_keeps_the_contract_in_the_live_driver(name: str
     asyncio.run(scenario())
 
 
-def test_a_worker_does_not_start_a_batch_whose_deadline_passed_while_it_waited() -> None:
-    """With depth 2 the next batch is sent before the worker is free; if the batch ahead runs
-    long, the waiting batch's deadline can pass in the worker's queue. The worker does not run
-    it; its query goes back to the queue, where its deadline has passed: refused."""
-
-    async def scenario() -> None:
-        log: list[int] = []
-        delays = [0.01, 0.08, 0.01]
-        workers = LocalWorkers(1, dedicated=EchoModel(), delay_s=lambda _: delays.pop(0), log=log)
-        pool = one_model_pool(_fixed(1), workers, depth=2)
-        loop = asyncio.get_running_loop()
-        await pool.submit("echo", _x(1))  # teaches the scheduler: about 10 ms per batch
-        slow = pool.submit("echo", _x(1))  # runs 80 ms
-        await asyncio.sleep(0.001)
-        doomed = pool.submit("echo", _x(1), deadline=loop.time() + 0.04)
-        assert (await slow)["sum"] == 4.0
-        with pytest.raises(Rejected, match="deadline passed while queued"):
-            await doomed
-        assert log == [1, 1]  # the doomed batch never ran
-        await pool.close()
-
-    asyncio.run(scenario())
-
-
 def test_a_batch_not_started_in_time_is_planned_again_and_serves_what_still_fits() -> None:
-    """A batch waits behind one that runs long, and the worker refuses it once the earliest
-    deadline in it leaves no time for it to run (Clockwork §4.4). Its queries are planned
-    again from there: the one whose deadline has passed is refused, the other, with time left,
-    is answered by a batch of its own; a query's second late batch is refused."""
+    """With depth 2 the next batch is sent before the worker is free. It waits behind one that
+    runs long, and the worker does not start it once the earliest deadline in it leaves no time
+    for it to run (Clockwork §4.4). Its queries are planned again from there: the one whose
+    deadline has passed is refused, the other, with time left, is answered by a batch of its
+    own."""
 
     async def scenario() -> None:
         log: list[int] = []
