@@ -8,7 +8,8 @@ one of Serve's two modes, and raysrv's inputs per second with many inputs per re
 One Ray instance, started with ``raysrv run``'s environment (:data:`raysrv.cli.FAST_PATH`:
 HAProxy ingress, gRPC handles, user code on the replica's main thread), or with Serve's
 defaults under ``--serve-proxy``. Three applications serve the digits example's MLP (ONNX, one
-intra-op thread, batches of up to 32, no cache, every input distinct), each in ``--replicas``
+intra-op thread, batches of up to 32, no cache, every input distinct; raysrv's app keeps no
+query for a feedback, as the baseline keeps none, unless ``--feedback``), each in ``--replicas``
 replicas (raysrv's: ingress replicas, each with its own worker or worker thread, and
 ``--raysrv-replicas`` of them where given; Ray counts four logical CPUs a replica):
 
@@ -55,7 +56,14 @@ from typing import Any
 
 import numpy as np
 
-from bench.loadgen import HandleClient, RunResult, closed_loop, make_inputs, wrk_saturation
+from bench.loadgen import (
+    HandleClient,
+    RunResult,
+    closed_loop,
+    make_inputs,
+    require_wrk,
+    wrk_saturation,
+)
 from raysrv.cli import FAST_PATH
 
 __all__ = ["bodies", "main"]
@@ -73,9 +81,10 @@ MANY = ("http-32-many", "http-32-raw", "http-32-oip")  # the points of many inpu
 POINTS = ("http-32", "http-1", "handle-32", "handle-1", *MANY[:2], "http-32-model", MANY[2])
 
 
-def spec(path: Path, placement: str, replicas: int = 1) -> dict[str, Any]:
+def spec(path: Path, placement: str, replicas: int = 1, feedback: bool = False) -> dict[str, Any]:
     """raysrv serving the MLP alone, in ``replicas`` ingress replicas: ``fixed`` batches of up
-    to 32, no cache."""
+    to 32, no cache, and, unless ``feedback``, no query kept for a feedback (``feedback:
+    false``): the baseline keeps none either."""
     model = {
         "name": "mlp",
         "runtime": "onnx",
@@ -88,7 +97,7 @@ def spec(path: Path, placement: str, replicas: int = 1) -> dict[str, Any]:
     }
     return {
         "models": [model],
-        "apps": [{"name": APP, "models": ["mlp"], "cache_size": 0}],
+        "apps": [{"name": APP, "models": ["mlp"], "cache_size": 0, "feedback": feedback}],
         "ingress": {"num_cpus": 0, "replicas": replicas},
     }
 
@@ -139,9 +148,13 @@ def start(
     replicas: int = 1,
     systems: tuple[str, ...] = tuple(PLACEMENTS),
     raysrv_replicas: int | None = None,
+    feedback: bool = False,
 ) -> tuple[int, Path]:
     """Ray and Serve in the chosen mode, the baseline in ``replicas`` replicas and raysrv's
-    ``systems`` in ``raysrv_replicas`` (None: ``replicas``) each; the HTTP port and model."""
+    ``systems`` in ``raysrv_replicas`` (None: ``replicas``) each, their app keeping queries for
+    feedback as ``feedback`` says (:func:`spec`); the HTTP port and model.
+    Every bench that starts them measures with ``wrk``: it must be installed."""
+    require_wrk()
     if not serve_proxy:
         os.environ.update(FAST_PATH)  # read as Serve is imported and as Ray starts
     os.environ["RAY_worker_niceness"] = "0"  # noqa: SIM112 - Ray's name; client and servers alike
@@ -160,7 +173,7 @@ def start(
     base = build_baseline(str(path), (64,), MAX_BATCH, 0.001, num_replicas=replicas)
     serve.run(base, name="baseline", route_prefix="/baseline", logging_config=quiet)
     for name in systems:
-        app = build_app(spec(path, PLACEMENTS[name], raysrv_replicas))
+        app = build_app(spec(path, PLACEMENTS[name], raysrv_replicas, feedback))
         serve.run(app, name=name, route_prefix=f"/{name}", logging_config=quiet)
     return port, path
 
@@ -391,6 +404,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--per-request", type=int, default=32, help="inputs in a many-body")
     parser.add_argument(
+        "--feedback",
+        action="store_true",
+        help="raysrv's app keeps each query for a feedback (an app's default; off here)",
+    )
+    parser.add_argument(
         "--systems",
         nargs="+",
         choices=SYSTEMS[1:],
@@ -404,7 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.systems = ["baseline", *args.systems]
     started = time.time()
-    port, _ = start(args.serve_proxy, args.replicas, raysrv_replicas=args.raysrv_replicas)
+    replicas, feedback = args.raysrv_replicas, args.feedback
+    port, _ = start(args.serve_proxy, args.replicas, raysrv_replicas=replicas, feedback=feedback)
     try:
         where, rows = asyncio.run(_measure(args, port))
     finally:

@@ -1,18 +1,20 @@
 """CPU time per request of raysrv's own HTTP predict path, in one process, without Ray or Serve.
 
     python -m bench.ingress_cost [--requests 20000] [--rounds 3] [--clients 32] [--refused]
+        [--feedback]
 
 The digits example's MLP (:mod:`bench.fast_path`'s config, every input distinct) behind a
 :class:`raysrv._server.Server` whose pool runs on threads of this process, its ASGI app
 (:func:`raysrv._http.create_http_app`) called directly by 32 clients (``--clients``) in one
 event loop, each sending one single-input JSON request after another: as many in flight, and
 the model's batches that size. Prints, per round, the requests answered per second and this
-process's CPU microseconds per request: what raysrv's parsing, selection, deadline, scheduler,
-feedback record and answer cost on top of what Serve and uvicorn cost in front of them
-(``bench.ingress_profile`` measures those, live). ``--refused``: the model batched by
-``deadline`` and every request with an SLO (``REFUSED_SLO_MS``) shorter than a batch of one,
-so that each is refused (429, "cannot meet deadline") as it would be under overload: what a
-refusal costs the ingress.
+process's CPU microseconds per request: what raysrv's parsing, selection, deadline, scheduler
+and answer cost on top of what Serve and uvicorn cost in front of them
+(``bench.ingress_profile`` measures those, live); with ``--feedback`` the app keeps each query
+for a feedback too (an app's default, off in ``bench.fast_path``). ``--refused``: the model
+batched by ``deadline`` and every request with an SLO (``REFUSED_SLO_MS``) shorter than a
+batch of one, so that each is refused (429, "cannot meet deadline") as it would be under
+overload: what a refusal costs the ingress.
 
 Results: bench/RESULTS.md, "The fast path" (answers) and "Overload" (refusals).
 """
@@ -37,10 +39,14 @@ ROUTE = f"/v1/{fast_path.APP}/predict"
 
 
 async def measure(
-    requests: int, rounds: int, refused: bool = False, clients: int = CLIENTS
+    requests: int,
+    rounds: int,
+    refused: bool = False,
+    clients: int = CLIENTS,
+    feedback: bool = False,
 ) -> list[tuple[float, float]]:
     """(requests per second, CPU microseconds per request) of each round, ``clients`` sending;
-    with ``refused``, of requests all refused."""
+    with ``refused``, of requests all refused; with ``feedback``, the app keeping each query."""
     from examples.digits.build import build_all
     from raysrv._http import create_http_app
     from raysrv._server import Server
@@ -49,7 +55,7 @@ async def measure(
     from raysrv.config import RaysrvSpec
 
     path = build_all(Path("examples/digits/models"))["mlp"]
-    raw = fast_path.spec(path, "colocated")
+    raw = fast_path.spec(path, "colocated", feedback=feedback)
     if refused:
         raw["models"][0]["batching"] = {"policy": "deadline", "params": {"max_batch_size": 32}}
     spec = prepare_spec(RaysrvSpec.model_validate(raw))
@@ -102,10 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=CLIENTS, help="requests in flight")
     parser.add_argument("--refused", action="store_true", help="every request refused")
+    parser.add_argument("--feedback", action="store_true", help="the app keeps each query")
     args = parser.parse_args(argv)
     if args.clients < 1:
         parser.error(f"--clients must be at least 1, got {args.clients}")
-    rounds = asyncio.run(measure(args.requests, args.rounds, args.refused, args.clients))
+    rounds = asyncio.run(
+        measure(args.requests, args.rounds, args.refused, args.clients, args.feedback)
+    )
     for k, (rate, cpu_us) in enumerate(rounds):
         print(f"round {k}: {rate:7.0f} requests/s, {cpu_us:6.1f} us of CPU a request")
     return 0

@@ -30,6 +30,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -55,6 +56,7 @@ __all__ = [
     "encode_bodies",
     "make_inputs",
     "open_loop",
+    "require_wrk",
     "parse_wrk",
     "poisson_offsets",
     "replay",
@@ -506,6 +508,14 @@ def parse_wrk(output: str) -> dict[str, float]:
     for pct, value in re.findall(r"^\s+(50|90|99)%\s+([\d.]+(?:us|ms|s|m))\s*$", output, re.M):
         parsed[f"p{pct}_ms"] = _ms(value)
     return parsed
+
+
+def require_wrk() -> None:
+    """Exit with what to install when ``wrk`` is not on the PATH: a bench that drives it checks
+    before it starts Ray, since a failure inside the measuring loop leaves Serve's handles
+    behind and Ray's shutdown can then wait on them for ever."""
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not on the PATH: install it (Debian, Ubuntu: apt-get install wrk)")
 
 
 async def wrk_saturation(

@@ -921,8 +921,9 @@ class Server:
             if default:
                 output = target.spec.default_output
             query_id = self._ids.next()
-            record = {"app": app, "context": context, "input": x, "predictions": predictions}
-            await self._store.put_prediction(query_id, record)
+            if target.spec.feedback:
+                record = {"app": app, "context": context, "input": x, "predictions": predictions}
+                await self._store.put_prediction(query_id, record)
             return {
                 "output": output,
                 "models": chosen,
@@ -1224,8 +1225,11 @@ class Server:
         One feedback a query: a second gets 409, so that no caller can replay one query's
         feedback to steer the selection every caller of its context gets; with the app's
         ``relabel``, a second replaces the first, whose effect the policy takes back. A label
-        must read as an answer of the kind the query's predictions read as (400)."""
+        must read as an answer of the kind the query's predictions read as (400). An app
+        with ``feedback: false`` keeps no query: its feedback gets 404."""
         target = self._app(app)
+        if not target.spec.feedback:
+            raise NotFound(f"app {app!r} takes no feedback (feedback: false): it keeps no query")
         self._check_label(label)
         record, x = await self._answered(target, query_id)
         selection, predictions = target.selection, record["predictions"]

@@ -127,6 +127,13 @@ class AppSpec(_Strict):
         description="A second feedback for a query replaces the first: the selection takes the "
         "old label back and learns the new one. Off: one feedback a query, a second gets 409.",
     )
+    feedback: bool = Field(
+        True,
+        description="Keep each answered query's input and predictions for a while (the state "
+        "store's window) so that POST /v1/{name}/feedback can join a label with them. False: "
+        "none is kept, a feedback gets 404, and each query costs the ingress less; only with a "
+        "selection policy that does not learn, and without relabel or feedback_keys.",
+    )
     feedback_keys: tuple[str, ...] = Field(
         (),
         repr=False,
@@ -152,6 +159,8 @@ class AppSpec(_Strict):
     def _selection_fits_models(self) -> AppSpec:
         cls = policies.policy_class(self.selection.policy)
         cls.check(self.models, cls.Params.model_validate(self.selection.params))
+        if not self.feedback:
+            _without_feedback(self.name, self.selection, self.relabel, self.feedback_keys)
         if self.relabel and not cls.can_unobserve():
             raise ValueError(
                 f"relabel: true needs a selection policy that can take a feedback back; "
@@ -173,6 +182,20 @@ class AppSpec(_Strict):
         if self.context_field in ("input", "slo_ms"):
             raise ValueError(f"context_field {self.context_field!r} collides with a request field")
         return self
+
+
+def _without_feedback(
+    app: str, selection: SelectionSpec, relabel: bool = False, keys: tuple[str, ...] = ()
+) -> None:
+    """``ValueError`` where an app that keeps no feedback (``feedback: false``) would need it."""
+    if policies.policy_class(selection.policy).learns():
+        raise ValueError(
+            f"app {app!r} has feedback: false, but its selection policy {selection.policy!r} "
+            f"learns from feedback; use a policy that does not learn, or feedback: true"
+        )
+    if relabel or keys:
+        field = "relabel: true" if relabel else "feedback_keys"
+        raise ValueError(f"app {app!r} has feedback: false: {field} needs feedback: true")
 
 
 class IngressSpec(_Strict):
@@ -517,6 +540,10 @@ class LiveConfig(_Strict):
         clash = sorted({m.name for m in added} & {m.name for m in spec.models})
         if clash:
             raise ValueError(f"user_config.catalog adds models the args already have: {clash}")
+        for app in spec.apps:
+            knobs = self.apps.get(app.name)
+            if not app.feedback and knobs is not None and knobs.selection is not None:
+                _without_feedback(app.name, knobs.selection)
         checks = [("apps", self.apps, {a.name for a in spec.apps})]
         if listed:
             checks.append(("models", self.models, {m.name for m in spec.models + added}))

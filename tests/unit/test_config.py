@@ -148,6 +148,37 @@ def test_relabel_needs_a_policy_that_can_take_a_feedback_back(policy: str) -> No
         assert problems == []
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [
+        ("selection", {"policy": "exp3"}, "its selection policy 'exp3' learns from feedback"),
+        ("relabel", True, "relabel: true needs feedback: true"),
+        ("feedback_keys", ["k" * 16], "feedback_keys needs feedback: true"),
+    ],
+)
+def test_an_app_without_feedback_may_not_need_it(field: str, value: Any, named: str) -> None:
+    doc = _example()
+    app = _args(doc)["apps"][0]
+    app["feedback"] = False
+    assert _problems(doc) == []  # the example's policy does not learn
+    app[field] = value
+    problems = _problems(doc)
+    assert any("apps[0]" in p and "feedback: false" in p and named in p for p in problems), problems
+
+
+def test_a_live_selection_that_learns_is_refused_for_an_app_without_feedback() -> None:
+    args = _args(_example())
+    args["apps"][0]["feedback"] = False
+    parsed = RaysrvSpec.model_validate(args)
+    name = args["apps"][0]["name"]
+    LiveConfig.model_validate({"apps": {name: {"selection": {"policy": "split"}}}}).check_against(
+        parsed
+    )
+    live = LiveConfig.model_validate({"apps": {name: {"selection": {"policy": "ucb1"}}}})
+    with pytest.raises(ValueError, match="'ucb1' learns from feedback"):
+        live.check_against(parsed)
+
+
 def test_gpu_device_needs_gpus() -> None:
     doc = _example()
     _args(doc)["models"][0]["device"] = "gpu"

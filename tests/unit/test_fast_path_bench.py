@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
+
+import pytest
 
 from bench.fast_path import MANY, POINTS, SYSTEMS, _busy_s, by_round, table
 
@@ -66,3 +69,16 @@ def test_the_machine_busy_time_is_in_seconds_and_counts_this_process_spinning() 
         pass
     busy, elapsed = _busy_s() - before, time.monotonic() - wall
     assert 0.25 <= busy <= elapsed * (os.cpu_count() or 1) + 0.05
+
+
+def test_a_bench_that_drives_wrk_exits_naming_it_before_starting_ray_without_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bench import fast_path
+
+    for name in fast_path.FAST_PATH:  # set as Ray is about to start: they stay unset
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing on it: no wrk
+    with pytest.raises(SystemExit, match="wrk is not on the PATH.*apt-get install wrk"):
+        fast_path.start(serve_proxy=False)
+    assert not set(fast_path.FAST_PATH) & set(os.environ)

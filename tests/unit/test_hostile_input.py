@@ -297,6 +297,39 @@ def test_a_query_takes_one_feedback_and_a_replay_is_a_409_that_teaches_nothing()
     assert learned == learned_once != server.apps["learn"].selection.init()
 
 
+def test_an_app_without_feedback_keeps_no_query_and_answers_a_feedback_404() -> None:
+    """``feedback: false``: the answer still names its query, but nothing is stored for it,
+    and its feedback is refused as the route of an app that takes none."""
+    quiet = _learning({}, {"name": "quiet", "models": ["a"], "feedback": False})
+    server = Server(quiet, {m: fake_workers(EchoModel()) for m in ("a", "b")})
+    apps = ("quiet", "learn")
+
+    async def scenario() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=create_http_app(server, 4096))
+        async with httpx.AsyncClient(transport=transport, base_url="http://raysrv") as c:
+            answers = [await c.post(f"/v1/{a}/predict", json={"input": INPUT}) for a in apps]
+            return answers + [
+                await c.post(
+                    f"/v1/{a}/feedback", json={"query_id": r.json()["query_id"], "label": 10}
+                )
+                for a, r in zip(apps, answers, strict=True)
+            ]
+
+    quiet_answer, learn_answer, quiet_feedback, learn_feedback = asyncio.run(scenario())
+    assert quiet_answer.status_code == learn_answer.status_code == 200
+    assert re.fullmatch("[0-9a-f]{32}", quiet_answer.json()["query_id"])
+    stored = [
+        asyncio.run(server._store.get_prediction(r.json()["query_id"]))
+        for r in (quiet_answer, learn_answer)
+    ]
+    assert stored[0] is None
+    assert stored[1] is not None
+    assert stored[1]["app"] == "learn"
+    assert quiet_feedback.status_code == 404
+    assert "takes no feedback (feedback: false)" in quiet_feedback.json()["message"]
+    assert learn_feedback.status_code == 200
+
+
 def _learned(server: Server) -> Any:
     return asyncio.run(server._state(server.apps["learn"], server._context("u")))
 
