@@ -3,7 +3,8 @@ refusals, goodput held at capacity, and how soon answers are normal again.
 
     python -m bench.overload [--serve-proxy] [--factor 3] [--seconds 20] [--slo-ms 200]
         [--passes 2000] [--systems raysrv baseline] [--bound-raysrv] [--capacity C]
-        [--ongoing N] [--queued N] [--ingress KEY=VALUE ...] [--trace] [--out JSON]
+        [--ongoing N] [--queued N] [--ingress KEY=VALUE ...] [--trace]
+        [--stall S [--stall-at T]] [--out JSON]
 
 One Ray instance, started with ``raysrv run``'s environment (:data:`raysrv.cli.FAST_PATH`:
 HAProxy ingress, gRPC handles, user code on the replica's main thread), or with Serve's
@@ -44,6 +45,9 @@ Writes every request's scheduled time, latency and status to ``--out``; with ``-
 raysrv also what its policy plans with every ``TRACE_S`` of the open loop (``GET
 /v1/models/zoo``'s ``batching``), each refusal's reason by its scheduled time, and the pool's
 batches (``GET /v1/pools/{pool}/timeline``), to see why a query was refused.
+``--stall S``: a slow spell of the machine at a known time, as its neighbours cause them, one
+busy loop a core (other processes) for ``S`` seconds from ``--stall-at`` seconds into the
+overload (:func:`stall`).
 """
 
 from __future__ import annotations
@@ -74,7 +78,7 @@ from bench.loadgen import (
 )
 from raysrv.cli import FAST_PATH
 
-__all__ = ["key_value", "main", "recovery_s", "summarize"]
+__all__ = ["check", "key_value", "main", "recovery_s", "stall", "summarize"]
 
 HOST = "127.0.0.1"
 MAX_BATCH = 16
@@ -298,12 +302,19 @@ async def _one(system: str, port: int, args: argparse.Namespace, path: Path) -> 
     async with TimedClient(url, inputs, args.slo_ms) as client:
         trace = Trace(base) if args.trace and system == "raysrv" else None
         polling = asyncio.create_task(trace.poll()) if trace else None
+        cores = os.cpu_count() or 1
+        at = over[0] + args.stall_at
+        stalling = asyncio.create_task(stall(at, args.stall, cores)) if args.stall else None
         log = await replay(client, offsets)
+        if stalling:
+            await stalling
         if trace and polling:
             polling.cancel()
             await trace.finish(client.refusals)
     figures = summarize(log, slo_s, capacity, over, end)
     figures |= {"system": system, "capacity_per_s": capacity, "errors": _by_reason(client.errors)}
+    if args.stall:
+        figures["stall"] = {"at_s": at, "seconds": args.stall, "processes": cores}
     print(f"{system}: {figures}", file=sys.stderr, flush=True)
     figures["log"] = {
         "scheduled": log.scheduled,
@@ -428,12 +439,48 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--trace", action="store_true", help="record raysrv's plan, refusals and batches"
     )
+    parser.add_argument(
+        "--stall", type=float, default=0.0, help="seconds of a busy loop on every core"
+    )
+    parser.add_argument(
+        "--stall-at", type=float, default=5.0, help="seconds into the overload it begins"
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/out/overload.json"))
     return parser
 
 
+def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """``args``, or the parser's error for a stall that is negative or outside the overload."""
+    if args.stall < 0 or not 0 <= args.stall_at <= args.seconds:
+        parser.error(
+            f"--stall must be >= 0 and --stall-at within the overload's {args.seconds:g} s; got "
+            f"{args.stall:g} and {args.stall_at:g}"
+        )
+    return args
+
+
+LOOP = "while True: pass"  # a stall's busy loop
+
+
+async def stall(at_s: float, seconds: float, processes: int) -> None:
+    """After ``at_s``, ``processes`` busy loops, each its own process, for ``seconds``, then
+    none left behind."""
+    await asyncio.sleep(at_s)
+    busy: list[asyncio.subprocess.Process] = []
+    try:
+        for _ in range(processes):
+            busy.append(await asyncio.create_subprocess_exec(sys.executable, "-c", LOOP))
+        await asyncio.sleep(seconds)
+    finally:
+        for process in busy:
+            process.kill()
+        for process in busy:
+            await process.wait()
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    options = parser()
+    args = check(options, options.parse_args(argv))
     from bench.zoo import build_zoo
 
     (path,) = build_zoo(Path("bench/out/overload-zoo"), 1, passes=args.passes, steady=True)

@@ -3,11 +3,23 @@ the answers are normal again."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import time
+
 import numpy as np
 import pytest
 
 from bench.loadgen import RequestLog
-from bench.overload import MAX_BATCH, parser, policy_params, recovery_s, summarize
+from bench.overload import (
+    MAX_BATCH,
+    check,
+    parser,
+    policy_params,
+    recovery_s,
+    stall,
+    summarize,
+)
 
 
 def test_answers_are_normal_again_from_the_first_window_after_which_all_are_good() -> None:
@@ -56,3 +68,26 @@ def test_param_sets_the_deadline_policys_parameters_of_raysrv_only_when_given() 
 def test_ingress_sets_raysrvs_ingress_fields_as_json_or_as_text() -> None:
     args = parser().parse_args(["--ingress", "max_ongoing_requests=auto", "max_queued_requests=1"])
     assert dict(args.ingress) == {"max_ongoing_requests": "auto", "max_queued_requests": 1}
+
+
+def test_a_stall_runs_busy_loops_from_its_time_for_its_length_and_reaps_them() -> None:
+    """Their CPU time counts as this process's children's only once they were waited for."""
+    before, start = os.times(), time.monotonic()
+    asyncio.run(stall(0.2, 0.4, 2))
+    elapsed, after = time.monotonic() - start, os.times()
+    burned = (after.children_user + after.children_system) - (
+        before.children_user + before.children_system
+    )
+    assert elapsed >= 0.6
+    assert burned > 0.2  # two busy loops for 0.4 s: up to 0.8 s of CPU on two free cores
+
+
+@pytest.mark.parametrize(
+    "argv", [["--stall", "-1"], ["--stall", "1", "--stall-at", "21"], ["--stall-at", "-0.5"]]
+)
+def test_a_stall_outside_the_overload_is_refused(argv: list[str]) -> None:
+    options = parser()
+    args = options.parse_args(argv)
+    with pytest.raises(SystemExit):
+        check(options, args)
+    assert check(options, options.parse_args(["--stall", "1.5"])).stall_at == 5.0
