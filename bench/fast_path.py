@@ -422,8 +422,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.systems = ["baseline", *args.systems]
     started = time.time()
-    replicas, feedback = args.raysrv_replicas, args.feedback
-    port, _ = start(args.serve_proxy, args.replicas, raysrv_replicas=replicas, feedback=feedback)
+    port, _ = start(
+        args.serve_proxy,
+        args.replicas,
+        raysrv_replicas=args.raysrv_replicas,
+        feedback=args.feedback,
+    )
     try:
         where, rows = asyncio.run(_measure(args, port))
     finally:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.fast_path import MANY, POINTS, SYSTEMS, _busy_s, by_round, table
+from bench.fast_path import FAST_PATH, MANY, POINTS, SYSTEMS, _busy_s, by_round, start, table
 
 
 def _rows(system: str, rate: float, cpu_us: list[float]) -> list[dict]:
@@ -74,11 +74,9 @@ def test_the_machine_busy_time_is_in_seconds_and_counts_this_process_spinning() 
 def test_a_bench_that_drives_wrk_exits_naming_it_before_starting_ray_without_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from bench import fast_path
-
-    for name in fast_path.FAST_PATH:  # set as Ray is about to start: they stay unset
+    for name in FAST_PATH:  # set as Ray is about to start: they stay unset
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))  # nothing on it: no wrk
     with pytest.raises(SystemExit, match="wrk is not on the PATH.*apt-get install wrk"):
-        fast_path.start(serve_proxy=False)
-    assert not set(fast_path.FAST_PATH) & set(os.environ)
+        start(serve_proxy=False)
+    assert not set(FAST_PATH) & set(os.environ)
