@@ -43,8 +43,9 @@ capacity and SLO. ``--ingress KEY=VALUE``: a field of raysrv's ``ingress``, as
 ``max_ongoing_requests=auto max_queued_requests=1``.
 Writes every request's scheduled time, latency and status to ``--out``; with ``--trace``, for
 raysrv also what its policy plans with every ``TRACE_S`` of the open loop (``GET
-/v1/models/zoo``'s ``batching``), each refusal's reason by its scheduled time, and the pool's
-batches (``GET /v1/pools/{pool}/timeline``), to see why a query was refused.
+/v1/models/zoo``'s ``batching``), each refusal's reason and time in transit (before it reached
+raysrv's code, as the refusal tells it) by its scheduled time, and the pool's batches (``GET
+/v1/pools/{pool}/timeline``), to see why a query was refused and where a slow refusal's time went.
 ``--stall S``: a slow spell of the machine at a known time, as its neighbours cause them, one
 busy loop a core (other processes) for ``S`` seconds from ``--stall-at`` seconds into the
 overload (:func:`stall`).
@@ -130,8 +131,11 @@ class TimedClient(HttpClient):
         super().__init__(url, [], connections=2048, timeout_s=TIMEOUT_S)
         self._inputs = [json.dumps(x) for x in inputs]
         self._body = body or raysrv_body(slo_ms)
-        self.errors: list[tuple[str, float]] = []  # each error's reason and seconds taken
-        self.refusals: list[tuple[float, str]] = []  # each error's scheduled wall time, reason
+        # each error's reason, seconds taken and, from its body, seconds before it reached
+        # raysrv's code (its transit_ms; NaN from Serve, which refuses before raysrv)
+        self.errors: list[tuple[str, float, float]] = []
+        # each error's scheduled wall time, reason and seconds in transit (as in ``errors``)
+        self.refusals: list[tuple[float, str, float]] = []
 
     async def send(self, i: int) -> int:
         sent_at = scheduled_at()
@@ -140,19 +144,23 @@ class TimedClient(HttpClient):
             async with self._session.post(self.url, data=body, headers=JSON) as response:
                 answer = await response.read()
                 if response.status != 200:
-                    reason = _reason(answer)
-                    self.errors.append((reason, time.time() - sent_at))
-                    self.refusals.append((sent_at, reason))
+                    reason, transit_s = _reason(answer)
+                    self.errors.append((reason, time.time() - sent_at, transit_s))
+                    self.refusals.append((sent_at, reason, transit_s))
                 return response.status
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
             return 0
 
 
-def _reason(body: bytes) -> str:
+def _reason(body: bytes) -> tuple[str, float]:
+    """An error's reason and its time in transit to raysrv in seconds (NaN if not told)."""
     try:
-        return refusal_reason(json.loads(body)["message"])
-    except (ValueError, KeyError, TypeError):
-        return body[:60].decode(errors="replace")  # Serve's own refusals are plain text
+        error = json.loads(body)
+        transit_ms = error.get("transit_ms")
+        transit_s = math.nan if transit_ms is None else transit_ms / 1e3
+        return refusal_reason(error["message"]), transit_s
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return body[:60].decode(errors="replace"), math.nan  # Serve's own are plain text
 
 
 def start(serve_proxy: bool) -> int:
@@ -246,15 +254,25 @@ def summarize(
     }
 
 
-def _by_reason(errors: list[tuple[str, float]]) -> dict[str, dict[str, float]]:
-    """Per reason: how many errors, and the p50 and p99 of their latency (ms)."""
-    reasons: dict[str, list[float]] = {}
-    for reason, seconds in errors:
-        reasons.setdefault(reason, []).append(seconds * 1e3)
-    return {
-        r: {"count": len(v), "p50_ms": _pct(np.array(v), 50), "p99_ms": _pct(np.array(v), 99)}
-        for r, v in reasons.items()
-    }
+def _by_reason(errors: list[tuple[str, float, float]]) -> dict[str, dict[str, float]]:
+    """Per reason: how many errors, the p50 and p99 of their latency (ms) and of the part of it
+    before they reached raysrv's code (``transit``: in the load generator, the kernel, HAProxy
+    and Serve; NaN where no error told it)."""
+    reasons: dict[str, list[tuple[float, float]]] = {}
+    for reason, seconds, transit_s in errors:
+        reasons.setdefault(reason, []).append((seconds * 1e3, transit_s * 1e3))
+    out = {}
+    for reason, values in reasons.items():
+        taken, transit = np.array(values).T
+        transit = transit[~np.isnan(transit)]
+        out[reason] = {
+            "count": len(values),
+            "p50_ms": _pct(taken, 50),
+            "p99_ms": _pct(taken, 99),
+            "transit_p50_ms": _pct(transit, 50),
+            "transit_p99_ms": _pct(transit, 99),
+        }
+    return out
 
 
 def _pct(values: np.ndarray, q: float) -> float:
@@ -338,7 +356,7 @@ class Trace:
         self.base = base
         self.t0 = time.time()
         self.policy: list[tuple[float, dict[str, Any]]] = []
-        self.refusals: list[tuple[float, str]] = []
+        self.refusals: list[tuple[float, str, float]] = []
         self.timeline: dict[str, list[Any]] = {}
 
     async def poll(self) -> None:
@@ -349,9 +367,10 @@ class Trace:
                 self.policy.append((time.time() - self.t0, model.get("batching", {})))
                 await asyncio.sleep(TRACE_S)
 
-    async def finish(self, refusals: list[tuple[float, str]]) -> None:
-        """Keep the ``refusals`` (scheduled wall time, reason) and read the pool's actions."""
-        self.refusals = [(t - self.t0, reason) for t, reason in refusals]
+    async def finish(self, refusals: list[tuple[float, str, float]]) -> None:
+        """Keep the ``refusals`` (scheduled wall time, reason, seconds in transit) and read the
+        pool's actions."""
+        self.refusals = [(t - self.t0, reason, transit) for t, reason, transit in refusals]
         async with aiohttp.ClientSession() as session:
             async with session.get(f"{self.base}/v1/models/zoo") as response:
                 pool = (await response.json())["pool"]

@@ -4,6 +4,8 @@ the answers are normal again."""
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import os
 import time
 
@@ -13,6 +15,8 @@ import pytest
 from bench.loadgen import RequestLog
 from bench.overload import (
     MAX_BATCH,
+    _by_reason,
+    _reason,
     check,
     parser,
     policy_params,
@@ -91,3 +95,19 @@ def test_a_stall_outside_the_overload_is_refused(argv: list[str]) -> None:
     with pytest.raises(SystemExit):
         check(options, args)
     assert check(options, options.parse_args(["--stall", "1.5"])).stall_at == 5.0
+
+
+def test_errors_by_reason_split_off_the_time_before_raysrv_where_the_refusal_told_it() -> None:
+    message = "model 'zoo': cannot meet deadline"
+    told = json.dumps({"error": "rejected", "message": message, "transit_ms": 40}).encode()
+    assert _reason(told) == ("cannot meet deadline", pytest.approx(0.04))
+    reason, transit = _reason(b"Service Unavailable")  # Serve's own refusal tells nothing
+    assert reason == "Service Unavailable"
+    assert math.isnan(transit)
+    errors = [("cannot meet deadline", s, s - 0.002) for s in (0.01, 0.02, 0.05)]
+    errors.append(("Service Unavailable", 0.003, math.nan))
+    figures = _by_reason(errors)
+    refused = figures["cannot meet deadline"]
+    assert (refused["count"], refused["p50_ms"]) == (3, pytest.approx(20.0))
+    assert refused["transit_p50_ms"] == pytest.approx(18.0)
+    assert math.isnan(figures["Service Unavailable"]["transit_p99_ms"])
