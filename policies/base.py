@@ -78,6 +78,13 @@ class SelectionPolicy(ABC):
             raise NotImplementedError(f"selection policy {self.name!r} cannot undo a feedback")
         return state
 
+    def fixed_model(self) -> str | None:
+        """The one model :meth:`select` chooses for every query whatever its state and input,
+        where :meth:`combine` answers with its prediction and confidence 1 (the default); None
+        where the choice varies. The ingress then answers the app's queries as it answers the
+        model's own route, with no state, selection or combination a query."""
+        return None
+
     @classmethod
     def learns(cls) -> bool:
         """Whether feedback changes the policy's state (it defines :meth:`observe`). One that

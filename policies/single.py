@@ -30,3 +30,10 @@ class SinglePolicy(SelectionPolicy):
 
     def select(self, state: State, x: Any) -> list[str]:
         return [self.params.model or self.models[0]]
+
+    def fixed_model(self) -> str | None:
+        """Its model, unless a subclass chooses or combines otherwise."""
+        kind = type(self)
+        if kind.select is not SinglePolicy.select or kind.combine is not SelectionPolicy.combine:
+            return None
+        return self.params.model or self.models[0]

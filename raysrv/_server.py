@@ -24,7 +24,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -659,6 +659,7 @@ class _App:
     cache: PredictionCache
     slo_ms: float | None
     selection_spec: SelectionSpec  # what ``selection`` was made from
+    fixed: str | None = None  # the one model it always asks, if so (``fixed_model``)
 
 
 class Server:
@@ -741,7 +742,8 @@ class Server:
         )
         model_input = self._models[app.models[0]].input
         cache = PredictionCache(app.cache_size, self._clock)
-        return _App(app, model_input, selection, cache, app.slo_ms, app.selection)
+        fixed = selection.fixed_model()
+        return _App(app, model_input, selection, cache, app.slo_ms, app.selection, fixed)
 
     def configure(self, live: LiveConfig) -> None:
         """Apply live knobs (``user_config``): the catalog of models on shared pools, then
@@ -769,6 +771,7 @@ class Server:
                     selection.policy, app.spec.models, selection.params, self._rng
                 )
                 app.selection_spec = selection
+                app.fixed = app.selection.fixed_model()
             size = app.spec.cache_size if app_knobs.cache_size is None else app_knobs.cache_size
             if size != app.cache.capacity:
                 app.cache.resize(size)
@@ -842,7 +845,7 @@ class Server:
                 x = coerce_input(input, target.input)
                 context = self._context(context)
                 self._arrived(ask)
-                state = await self._state(target, context)
+                state = None if target.fixed is not None else await self._state(target, context)
             return await self._answer(target, x, context, state, start, origin, ask)
 
     async def predict_many(
@@ -907,16 +910,28 @@ class Server:
         origin: float,
         ask: _Ask,
     ) -> dict[str, Any]:
-        """The answer to one coerced input, selected from ``state``."""
+        """The answer to one coerced input, selected from ``state``. An app that always asks one
+        model (``fixed``, :meth:`SelectionPolicy.fixed_model`) and keeps no cache asks it as
+        the model's own route does, with no state (``state`` None), selection or combination
+        (bench/RESULTS.md, "The fast path")."""
         app = target.spec.name
         with _transit_told(ask):
-            chosen = target.selection.select(state, x)
-            if len(chosen) == 1:  # one model: its answer or its error
-                value, cache_hit = await self._predict_one(target, chosen[0], x, origin, ask)
-                predictions = {chosen[0]: value}
+            missing: list[str] = []  # models of an ensemble that had no answer in time
+            fixed = target.fixed
+            if fixed is not None and not target.cache.capacity:
+                self._metrics.selection(app, fixed)
+                deadline = self._deadline(target, fixed, origin, ask)
+                output = await self._ask_model(fixed, x, deadline, ask)
+                chosen, predictions, confidence, cache_hit = [fixed], {fixed: output}, 1.0, False
             else:
-                predictions, cache_hit = await self._ask_models(target, chosen, x, origin, ask)
-            output, confidence = target.selection.combine(state, x, predictions)
+                chosen = target.selection.select(state, x)
+                if len(chosen) == 1:  # one model: its answer or its error
+                    value, cache_hit = await self._predict_one(target, chosen[0], x, origin, ask)
+                    predictions = {chosen[0]: value}
+                else:
+                    predictions, cache_hit = await self._ask_models(target, chosen, x, origin, ask)
+                    missing = [m for m in chosen if m not in predictions]
+                output, confidence = target.selection.combine(state, x, predictions)
             default = confidence < target.spec.confidence_threshold
             if default:
                 output = target.spec.default_output
@@ -932,7 +947,7 @@ class Server:
                 "latency_ms": (self._clock() - start) * 1000.0,
                 "transit_ms": _ms(ask.transit_s),
                 "confidence": confidence,
-                "missing": [m for m in chosen if m not in predictions],
+                "missing": missing,
                 "default": default,
             }
 
@@ -1102,14 +1117,8 @@ class Server:
         self, app: _App, model: str, x: Input, origin: float, ask: _Ask
     ) -> tuple[Any, bool]:
         self._metrics.selection(app.spec.name, model)
-        slo_s = (ask.slo_ms or app.slo_ms or self._slo_ms[model]) / 1000.0
-        deadline = origin + slo_s - ask.trip_back_s
-        pool = self.pool_of(model)
-
-        def compute() -> Awaitable[Any]:  # the wait itself, not a coroutine around it
-            answer = pool.submit(model, x, deadline, ask.priority, self._trip(ask))
-            return self._by_deadline(answer, deadline, model)
-
+        deadline = self._deadline(app, model, origin, ask)
+        compute = partial(self._ask_model, model, x, deadline, ask)
         if not app.cache.capacity:  # no cache: no key to build, nothing to coalesce
             return await compute(), False
 
@@ -1124,6 +1133,17 @@ class Server:
             ) from None
         self._metrics.cache(app.spec.name, model, hit)
         return value, hit
+
+    def _deadline(self, app: _App, model: str, origin: float, ask: _Ask) -> float:
+        """When ``app``'s query to ``model`` must be answered by, less the time kept for its way
+        back: from the query's SLO, else the app's, else the model's."""
+        return origin + (ask.slo_ms or app.slo_ms or self._slo_ms[model]) / 1000.0 - ask.trip_back_s
+
+    def _ask_model(self, model: str, x: Input, deadline: float, ask: _Ask) -> Awaitable[Any]:
+        """``model``'s answer to ``x`` by ``deadline`` (:meth:`_by_deadline`): the wait itself,
+        not a coroutine around it."""
+        answer = self.pool_of(model).submit(model, x, deadline, ask.priority, self._trip(ask))
+        return self._by_deadline(answer, deadline, model)
 
     def _arrived(self, ask: _Ask) -> None:
         """A well-formed query's trip here joins the trip-back estimate (``TripBack.arrived``;

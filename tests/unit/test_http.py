@@ -1259,3 +1259,51 @@ def test_waits_end_each_at_its_own_time_and_answered_ones_do_not_pile_up() -> No
         assert len(alarms._heap) < 2 * ALARMS_COMPACTED
 
     run(scenario())
+
+
+def test_an_app_that_always_asks_one_model_answers_as_any_app_and_follows_a_live_switch() -> None:
+    """With ``single`` selection and no cache, the app's query goes straight to its model
+    (``fixed_model``): the same answer and errors as through the selection, its own SLO, and a
+    live switch to a policy that chooses takes effect, and back."""
+    raw = spec(
+        [model_spec("a"), model_spec("b")],
+        [
+            {
+                "name": "ab",
+                "models": ["a", "b"],
+                "selection": {"policy": "single", "params": {"model": "b"}},
+                "cache_size": 0,
+                "slo_ms": 80,
+            }
+        ],
+    )
+    logs: dict[str, list[int]] = {"a": [], "b": []}
+    server = Server(
+        RaysrvSpec.model_validate(raw),
+        {m: fake_workers(EchoModel(), 0.0, logs[m]) for m in ("a", "b")},
+    )
+    split = {"apps": {"ab": {"selection": {"policy": "split", "params": {"weights": {"a": 1}}}}}}
+
+    async def scenario() -> list[httpx.Response]:
+        async with await _client(server) as c:
+            fixed = await c.post("/v1/ab/predict", json={"input": [1, 2, 3, 4]})
+            # sent 100 ms ago: past the app's 80 ms SLO, whatever the model's 1,000
+            old = {"input": [1, 2, 3, 4], "sent_at": time.time() - 0.1}
+            refused = await c.post("/v1/ab/predict", json=old)
+            server.configure(LiveConfig.model_validate(split))
+            chosen = await c.post("/v1/ab/predict", json={"input": [1, 2, 3, 4]})
+            server.configure(LiveConfig.model_validate({}))
+            back = await c.post("/v1/ab/predict", json={"input": [1, 2, 3, 4]})
+        return [fixed, refused, chosen, back]
+
+    fixed, refused, chosen, back = run(scenario())
+    answer = fixed.json()
+    assert answer["output"]["sum"] == 10.0
+    assert (answer["models"], answer["confidence"], answer["missing"]) == (["b"], 1.0, [])
+    assert (answer["cache_hit"], answer["default"]) == (False, False)
+    assert len(answer["query_id"]) == 32
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["transit_ms"] >= 100  # the refusal says where time went
+    assert chosen.json()["models"] == ["a"]
+    assert back.json()["models"] == ["b"]
+    assert (len(logs["a"]), len(logs["b"])) == (1, 2)  # the refused query reached no model

@@ -37,9 +37,11 @@ def _feedback_loop(
 @pytest.mark.parametrize("name", sorted(policies.POLICIES))
 def test_every_policy_keeps_the_contract(name: str) -> None:
     """Select a non-empty subset, confidence in [0, 1], a JSON state the policy does not mutate,
-    and the same choices from the same seed."""
+    and the same choices from the same seed; a policy with a fixed model chooses it alone
+    every time and answers with its prediction."""
     policy, twin = _policy(name), _policy(name)
     state = policy.init()
+    fixed = policy.fixed_model()
     rng = np.random.default_rng(1)
     for t in range(200):
         chosen = policy.select(state, None)
@@ -47,8 +49,10 @@ def test_every_policy_keeps_the_contract(name: str) -> None:
         assert set(chosen) <= set(MODELS)
         assert twin.select(json.loads(json.dumps(state)), None) == chosen
         predictions = {m: {"label": int(rng.integers(3))} for m in chosen}
-        _, confidence = policy.combine(state, None, predictions)
+        output, confidence = policy.combine(state, None, predictions)
         assert 0.0 <= confidence <= 1.0
+        if fixed is not None:
+            assert (chosen, output, confidence) == ([fixed], predictions[fixed], 1.0)
         before = json.dumps(state)
         new = policy.observe(state, None, {"label": t % 3}, predictions)
         assert json.dumps(state) == before, "observe changed the state it was given"
@@ -176,3 +180,17 @@ def test_bad_parameters_name_the_field_and_value() -> None:
         _policy("exp3", gamma=1.5)
     with pytest.raises(ValueError, match="loss"):
         _policy("exp4", loss="hinge")
+
+
+def test_only_a_policy_that_always_chooses_one_model_has_a_fixed_model() -> None:
+    assert _policy("single").fixed_model() == "a"
+    assert _policy("single", model="c").fixed_model() == "c"
+    fixed = {name for name in policies.POLICIES if _policy(name).fixed_model() is not None}
+    assert fixed == {"single"}
+
+    class Rotating(policies.SinglePolicy):  # a plugin that chooses otherwise
+        def select(self, state: policies.State, x: object) -> list[str]:
+            return [self.models[len(state) % len(self.models)]]
+
+    rotating = Rotating(MODELS, policies.SinglePolicy.Params(), np.random.default_rng(0))
+    assert rotating.fixed_model() is None
