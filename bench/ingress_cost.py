@@ -1,7 +1,7 @@
 """CPU time per request of raysrv's own HTTP predict path, in one process, without Ray or Serve.
 
     python -m bench.ingress_cost [--requests 20000] [--rounds 3] [--clients 32] [--refused]
-        [--feedback]
+        [--feedback] [--model-route]
 
 The digits example's MLP (:mod:`bench.fast_path`'s config, every input distinct) behind a
 :class:`raysrv._server.Server` whose pool runs on threads of this process, its ASGI app
@@ -11,7 +11,9 @@ the model's batches that size. Prints, per round, the requests answered per seco
 process's CPU microseconds per request: what raysrv's parsing, selection, deadline, scheduler
 and answer cost on top of what Serve and uvicorn cost in front of them
 (``bench.ingress_profile`` measures those, live); with ``--feedback`` the app keeps each query
-for a feedback too (an app's default, off in ``bench.fast_path``). ``--refused``: the model
+for a feedback too (an app's default, off in ``bench.fast_path``); with ``--model-route`` the
+requests go to the model's own route (``/v1/models/mlp/predict``) rather than the app's.
+``--refused``: the model
 batched by ``deadline`` and every request with an SLO (``REFUSED_SLO_MS``) shorter than a
 batch of one, so that each is refused (429, "cannot meet deadline") as it would be under
 overload: what a refusal costs the ingress.
@@ -36,6 +38,7 @@ __all__ = ["main", "measure"]
 CLIENTS = 32
 REFUSED_SLO_MS = 0.001
 ROUTE = f"/v1/{fast_path.APP}/predict"
+MODEL_ROUTE = "/v1/models/mlp/predict"
 
 
 async def measure(
@@ -44,9 +47,11 @@ async def measure(
     refused: bool = False,
     clients: int = CLIENTS,
     feedback: bool = False,
+    route: str = ROUTE,
 ) -> list[tuple[float, float]]:
-    """(requests per second, CPU microseconds per request) of each round, ``clients`` sending;
-    with ``refused``, of requests all refused; with ``feedback``, the app keeping each query."""
+    """(requests per second, CPU microseconds per request) of each round, ``clients`` sending
+    to ``route``; with ``refused``, of requests all refused; with ``feedback``, the app keeping
+    each query."""
     from examples.digits.build import build_all
     from raysrv._http import create_http_app
     from raysrv._server import Server
@@ -71,7 +76,7 @@ async def measure(
         sent: list[dict[str, Any]] = []
         length = str(len(body)).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", length)]
-        scope = {"type": "http", "method": "POST", "path": ROUTE, "headers": headers}
+        scope = {"type": "http", "method": "POST", "path": route, "headers": headers}
         messages = [{"type": "http.request", "body": body, "more_body": False}]
 
         async def receive() -> dict[str, Any]:
@@ -109,11 +114,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=CLIENTS, help="requests in flight")
     parser.add_argument("--refused", action="store_true", help="every request refused")
     parser.add_argument("--feedback", action="store_true", help="the app keeps each query")
+    parser.add_argument(
+        "--model-route", action="store_true", help="the model's route, not the app's"
+    )
     args = parser.parse_args(argv)
     if args.clients < 1:
         parser.error(f"--clients must be at least 1, got {args.clients}")
     rounds = asyncio.run(
-        measure(args.requests, args.rounds, args.refused, args.clients, args.feedback)
+        measure(
+            args.requests,
+            args.rounds,
+            args.refused,
+            args.clients,
+            args.feedback,
+            MODEL_ROUTE if args.model_route else ROUTE,
+        )
     )
     for k, (rate, cpu_us) in enumerate(rounds):
         print(f"round {k}: {rate:7.0f} requests/s, {cpu_us:6.1f} us of CPU a request")
