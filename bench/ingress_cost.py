@@ -13,10 +13,9 @@ and answer cost on top of what Serve and uvicorn cost in front of them
 (``bench.ingress_profile`` measures those, live); with ``--feedback`` the app keeps each query
 for a feedback too (an app's default, off in ``bench.fast_path``); with ``--model-route`` the
 requests go to the model's own route (``/v1/models/mlp/predict``) rather than the app's.
-``--refused``: the model
-batched by ``deadline`` and every request with an SLO (``REFUSED_SLO_MS``) shorter than a
-batch of one, so that each is refused (429, "cannot meet deadline") as it would be under
-overload: what a refusal costs the ingress.
+``--refused``: the model batched by ``deadline`` and every request with an SLO
+(``REFUSED_SLO_MS``) shorter than a batch of one, so that each is refused (429, "cannot meet
+deadline") as it would be under overload: what a refusal costs the ingress.
 
 Results: bench/RESULTS.md, "The fast path" (answers) and "Overload" (refusals).
 """
