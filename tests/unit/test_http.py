@@ -1263,8 +1263,9 @@ def test_waits_end_each_at_its_own_time_and_answered_ones_do_not_pile_up() -> No
 
 def test_an_app_that_always_asks_one_model_answers_as_any_app_and_follows_a_live_switch() -> None:
     """With ``single`` selection and no cache, the app's query goes straight to its model
-    (``fixed_model``): the same answer and errors as through the selection, its own SLO, and a
-    live switch to a policy that chooses takes effect, and back."""
+    (``fixed_model``): an answer with every field an app's answer has, a refusal under the
+    app's SLO that tells its transit, and a live switch to a policy that chooses takes effect,
+    and back."""
     raw = spec(
         [model_spec("a"), model_spec("b")],
         [
