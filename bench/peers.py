@@ -194,9 +194,10 @@ async def _trips(url: str) -> dict[str, Any]:
     return {"trip_in_ms": pool["trip_in_ms"], "kept_back_ms": pool["kept_back_ms"]}
 
 
-def new_reasons(errors: list[tuple[str, float]], since: int) -> dict[str, int]:
-    """How many of the errors from number ``since`` on gave each reason."""
-    return dict(collections.Counter(reason for reason, _ in errors[since:]))
+def new_reasons(errors: list[tuple[str, float, float]], since: int) -> dict[str, int]:
+    """How many of the errors (``TimedClient.errors``: reason, seconds, transit) from number
+    ``since`` on gave each reason."""
+    return dict(collections.Counter(reason for reason, *_ in errors[since:]))
 
 
 def _saved(log: RequestLog) -> dict[str, list[Any]]:

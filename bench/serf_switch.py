@@ -183,7 +183,7 @@ async def run(system: str, port: int, args: argparse.Namespace) -> dict[str, Any
         "log": {"scheduled": log.scheduled, "status": log.status,
                 "latency": (np.asarray(log.done) - scheduled).tolist()},
         "samples": samples,
-        "errors": collections.Counter(reason for reason, _ in client.errors),
+        "errors": collections.Counter(reason for reason, *_ in client.errors),
         "plan": plan,
         "timeline": timeline,
     }  # fmt: skip

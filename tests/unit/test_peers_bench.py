@@ -62,7 +62,11 @@ def test_the_table_has_a_row_per_system_and_the_loads_columns() -> None:
 
 
 def test_a_phases_reasons_are_those_of_its_own_errors() -> None:
-    errors = [("queue_full", 0.01), ("cannot meet deadline", 0.02), ("cannot meet deadline", 0.1)]
+    errors = [  # as TimedClient keeps them: reason, seconds, seconds in transit
+        ("queue_full", 0.01, 0.001),
+        ("cannot meet deadline", 0.02, 0.002),
+        ("cannot meet deadline", 0.1, math.nan),
+    ]
     assert new_reasons(errors, 0) == {"queue_full": 1, "cannot meet deadline": 2}
     assert new_reasons(errors, 1) == {"cannot meet deadline": 2}
     assert new_reasons(errors, 3) == {}
