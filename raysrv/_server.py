@@ -920,8 +920,8 @@ class Server:
             fixed = target.fixed
             if fixed is not None and not target.cache.capacity:
                 self._metrics.selection(app, fixed)
-                deadline = self._deadline(target, fixed, origin, ask)
-                output = await self._ask_model(fixed, x, deadline, ask)
+                deadline = self._deadline(fixed, origin, ask, target.slo_ms)
+                output = await self._ask_model(self.pool_of(fixed), fixed, x, deadline, ask)
                 chosen, predictions, confidence, cache_hit = [fixed], {fixed: output}, 1.0, False
             else:
                 chosen = target.selection.select(state, x)
@@ -1032,7 +1032,7 @@ class Server:
         """:meth:`_run_model` for each of one request's coerced inputs, in order, an error in
         place of each that fails. They share one deadline, so one wait covers them all, with
         no task of its own for each (``bench.fast_path``'s requests of 32 inputs)."""
-        deadline, trip = self._model_deadline(model, origin, ask), self._trip(ask)
+        deadline, trip = self._deadline(model, origin, ask), self._trip(ask)
         entries: list[asyncio.Future[Any] | RaysrvError] = []
         for x in inputs:
             if isinstance(x, RaysrvError):
@@ -1076,14 +1076,9 @@ class Server:
     ) -> dict[str, Any]:
         """One model's answer to one coerced input."""
         with _transit_told(ask):
-            deadline = self._model_deadline(model, origin, ask)
-            answer = pool.submit(model, x, deadline, ask.priority, self._trip(ask))
-            output = await self._by_deadline(answer, deadline, model)
+            deadline = self._deadline(model, origin, ask)
+            output = await self._ask_model(pool, model, x, deadline, ask)
             return _model_answer(model, output, self._clock() - start, ask)
-
-    def _model_deadline(self, model: str, origin: float, ask: _Ask) -> float:
-        """When a query to ``model`` must be answered by, less the time kept for its way back."""
-        return origin + (ask.slo_ms or self._slo_ms[model]) / 1000.0 - ask.trip_back_s
 
     async def _ask_models(
         self, app: _App, chosen: list[str], x: Input, origin: float, ask: _Ask
@@ -1117,8 +1112,8 @@ class Server:
         self, app: _App, model: str, x: Input, origin: float, ask: _Ask
     ) -> tuple[Any, bool]:
         self._metrics.selection(app.spec.name, model)
-        deadline = self._deadline(app, model, origin, ask)
-        compute = partial(self._ask_model, model, x, deadline, ask)
+        deadline = self._deadline(model, origin, ask, app.slo_ms)
+        compute = partial(self._ask_model, self.pool_of(model), model, x, deadline, ask)
         if not app.cache.capacity:  # no cache: no key to build, nothing to coalesce
             return await compute(), False
 
@@ -1134,15 +1129,20 @@ class Server:
         self._metrics.cache(app.spec.name, model, hit)
         return value, hit
 
-    def _deadline(self, app: _App, model: str, origin: float, ask: _Ask) -> float:
-        """When ``app``'s query to ``model`` must be answered by, less the time kept for its way
-        back: from the query's SLO, else the app's, else the model's."""
-        return origin + (ask.slo_ms or app.slo_ms or self._slo_ms[model]) / 1000.0 - ask.trip_back_s
+    def _deadline(
+        self, model: str, origin: float, ask: _Ask, app_slo_ms: float | None = None
+    ) -> float:
+        """When a query to ``model`` must be answered by, less the time kept for its way back:
+        from the query's SLO, else its app's (``app_slo_ms``), else the model's."""
+        slo_ms = ask.slo_ms or app_slo_ms or self._slo_ms[model]
+        return origin + slo_ms / 1000.0 - ask.trip_back_s
 
-    def _ask_model(self, model: str, x: Input, deadline: float, ask: _Ask) -> Awaitable[Any]:
-        """``model``'s answer to ``x`` by ``deadline`` (:meth:`_by_deadline`): the wait itself,
-        not a coroutine around it."""
-        answer = self.pool_of(model).submit(model, x, deadline, ask.priority, self._trip(ask))
+    def _ask_model(
+        self, pool: Pool, model: str, x: Input, deadline: float, ask: _Ask
+    ) -> Awaitable[Any]:
+        """``model``'s answer to ``x`` from ``pool`` by ``deadline`` (:meth:`_by_deadline`):
+        the wait itself, not a coroutine around it."""
+        answer = pool.submit(model, x, deadline, ask.priority, self._trip(ask))
         return self._by_deadline(answer, deadline, model)
 
     def _arrived(self, ask: _Ask) -> None:
