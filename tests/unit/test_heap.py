@@ -4,6 +4,7 @@ collected at CPython's threshold unless the environment sets another."""
 from __future__ import annotations
 
 import gc
+import sys
 import weakref
 from collections.abc import Iterator
 
@@ -23,6 +24,18 @@ def restored() -> Iterator[None]:
     finally:
         gc.set_threshold(*before)
         gc.unfreeze()
+
+
+@pytest.fixture
+def alone() -> Iterator[None]:
+    """This thread keeps the interpreter until it waits on something: the test counts the objects
+    it makes, and another thread's (a Ray client's, in the full suite) would run a pass early."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(60.0)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
 
 
 class _Node:
@@ -50,7 +63,7 @@ def test_the_environment_raises_only_the_young_threshold(
 
 
 def test_a_cycle_made_after_settling_at_a_raised_threshold_is_still_collected_unasked(
-    restored: None, monkeypatch: pytest.MonkeyPatch
+    restored: None, alone: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(YOUNG_ENV, str(RAISED))
     settle()
