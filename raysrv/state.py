@@ -19,6 +19,7 @@ lists to Redis.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import pickle
@@ -367,7 +368,12 @@ class RedisStore:
             return state
 
     async def close(self) -> None:
-        await self._redis.aclose()
+        """Close every pooled connection. A socket slower than ``timeout_s`` to finish closing
+        (a busy event loop) is closed all the same, so that wait's timeout is not an error."""
+        from redis.exceptions import TimeoutError as SlowToClose
+
+        with contextlib.suppress(SlowToClose):
+            await self._redis.aclose()
 
 
 class FallbackStore:

@@ -120,6 +120,28 @@ def test_concurrent_updates_from_two_clients_lose_nothing(redis_url: str) -> Non
     asyncio.run(scenario())
 
 
+def test_closing_does_not_fail_when_the_sockets_are_slow_to_finish_closing(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a busy machine the wait for a socket to finish closing can outlast the store's timeout
+    (seen in the full suite); every socket has been told to close by then, so close() returns."""
+
+    async def slow_to_finish(self: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(1.0)
+
+    async def scenario() -> list[bool]:
+        clients = [RedisStore(redis_url, timeout_s=0.05) for _ in range(2)]
+        for client in clients:
+            await client.set_state("slow-close", "s", {"n": 1})
+        writers = [c._redis.connection_pool._available_connections[0]._writer for c in clients]
+        monkeypatch.setattr(asyncio.StreamWriter, "wait_closed", slow_to_finish)
+        for client in clients:
+            await client.close()
+        return [writer.is_closing() for writer in writers]
+
+    assert asyncio.run(scenario()) == [True, True]
+
+
 def test_update_state_gives_up_under_endless_contention(redis_url: str) -> None:
     import redis
 
