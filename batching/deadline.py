@@ -15,18 +15,25 @@ time. One step:
       rather than run it late). The plan takes the queries by deadline into batches on the
       replica predicted to free first, as step (2) will: the largest batch that ends before
       the deadline of its first query, filled by the queries queued from that one on and
-      ``plan_arrivals`` (0.75) of those expected to arrive before it starts, at the rate
-      of the last 64 arrivals; the queries ahead of its first one are refused now
-      (:meth:`DeadlinePolicy._behind_queue`). Planned on the queue alone, head first, the
-      plan kept the queries that step (2) later passed over for the larger batch gathered
-      behind them: at 3x overload the refusals' p99 was 119 ms. Counting on 0.75 of the
-      expected arrivals it was 40 ms, with as much goodput (0.5 left it at 50 ms). Each such
-      refusal is a bet: a head refused for a batch the arrivals would fill is lost if they
-      do not come, which with 6% run-time noise in the simulator cost up to 2 points within
-      the SLO on bursty loads (``bench/RESULTS.md``, "Overload"). So the queue never
-      holds more than the replicas can serve within the deadlines, capacity × SLO, and
-      under overload a query is refused as it arrives or soon after, not once its required
-      start has passed, most of its SLO later.
+      the arrivals expected before it starts beyond what the replicas serve at best (the
+      rate of the last 64 arrivals less the replicas' best rate by the estimates, times
+      ``plan_arrivals``, 1); the queries ahead of its first one are refused now
+      (:meth:`DeadlinePolicy._behind_queue`). That batch frees its replica for the next one
+      of the plan when its planned run ends: the learned overrun (the trips) delays its own
+      answers, not the next run, as for the work in flight (below). Planned on the queue
+      alone, head first, the plan kept the queries that step (2) later passed over for the
+      larger batch gathered behind them: at 3x overload the refusals' p99 was 119 ms, 40 ms
+      counting on 0.75 of every expected arrival. Each such refusal is a bet: a head refused
+      for a batch the arrivals would fill is lost if they do not come. Below the replicas'
+      best rate they are served as they come, and in a burst only the excess piles up: on
+      bursts at 120% of capacity, counting on 0.75 of every arrival, 380 of raysrv's 382
+      refusals were such heads, which the queue alone would have kept. Counting on the
+      excess, the simulator with 6% run-time noise kept 0.2-1.6 points more within the SLO
+      on its bursty and overloaded loads, as much on the others, none more than 0.03% late
+      (``bench/RESULTS.md``, "Run-time noise", "Peers side by side"). So the queue never
+      holds more than the replicas can serve within the deadlines, capacity × SLO, and under
+      overload a query is refused as it arrives or soon after, not once its required start
+      has passed, most of its SLO later.
       With ``refuse_behind_queue: false``, a query that could make it alone on a free
       replica waits (the work ahead may end early) and is refused once its required start
       passes, deadline < now + p99(1); with ``refuse_behind_work`` as well, at once if it
@@ -90,7 +97,8 @@ hand-set ``margin_ms``. Each source of lateness is learned once, by what forgets
   - a slow run is the run-time window's (10 batches of its size), not an overrun;
   - a batch delayed by the one ahead of it is re-anchored on when that one ended on the replica
     (on its answer, where the replica does not say), so the delay is not charged to it again,
-    and the slack is added once to a plan, not to each batch in flight ahead of it;
+    and the slack is added once to a plan, not to each batch ahead of it (in flight or
+    planned by step (1));
   - a window of 200 keeps one pause of the machine (one late batch) out of the 99th percentile;
   - a pause of the process that takes the answers up delays every answer due during it, and
     those come back together: answers back within ``TOGETHER_S`` of the first of them count as
@@ -284,11 +292,12 @@ class DeadlineParams(PolicyParams):
         "refuse_behind_work decides.",
     )
     plan_arrivals: float = Field(
-        0.75,
+        1.0,
         ge=0.0,
         le=4.0,
         description="With refuse_behind_queue, the share of the queries expected before each "
-        "batch of the plan starts (at the rate of the last 64 arrivals) that the plan counts "
+        "batch of the plan starts beyond what the replicas serve at best (the rate of the "
+        "last 64 arrivals less the replicas' best rate by the estimates) that the plan counts "
         "on to fill it: a query that the batch they fill would pass over is refused now, not "
         "once that batch has gathered. 0: the plan takes the queued queries alone, head "
         "first.",
@@ -616,8 +625,15 @@ class DeadlinePolicy(BatchingPolicy):
             finish = view.now + self.estimate(1)
             return tuple(q.query_id for q in urgent if q.deadline < finish)
         planned = sorted((q.deadline, q.query_id) for q in urgent)
-        rate = self.params.plan_arrivals * self._rate(view.now)
+        rate = self._counted_rate(view.now, len(view.replicas))
         return self._unplanned(planned, frees, view.now, rate)
+
+    def _counted_rate(self, now: float, replicas: int) -> float:
+        """Arrivals a second step (1)'s plan counts on: ``plan_arrivals`` of those beyond what
+        the replicas serve at best (the last 64 arrivals' rate less ``replicas`` times the best
+        rate by the estimates); none while they keep up."""
+        beyond = self._rate(now) - replicas * self._best_rate()
+        return self.params.plan_arrivals * beyond if beyond > 0.0 else 0.0
 
     def _count_arrivals(self, queue: Sequence[QueuedQuery]) -> None:
         """Note the arrival of each query not seen before (later than the last seen)."""
@@ -663,7 +679,7 @@ class DeadlinePolicy(BatchingPolicy):
             doomed.extend(query for _, query in planned[i:first])
             queued = min(size, len(planned) - first)
             counted += size - queued
-            heapq.heapreplace(frees, start + self.estimate(size))
+            heapq.heapreplace(frees, start + self._planned(size))
             i = first + queued
         return tuple(doomed)
 

@@ -67,41 +67,48 @@ def test_refuses_at_once_what_cannot_finish_behind_the_queries_queued_ahead() ->
     )
 
 
-def test_refuses_a_query_that_the_batch_the_coming_arrivals_fill_would_pass_over() -> None:
-    """Queries have come one a millisecond; the replica frees in 10 ms, when ten more will
-    have come. Batches of k take 2 + k ms. The head, due 5 ms after the replica frees, could
-    lead a batch of 3; but once the others have come, step (2) takes a batch of 8 from the
-    queries due later and passes it over, tens of milliseconds after it came under overload.
-    Counting on the arrivals, the plan refuses it now; counting on the queue alone, it keeps
-    it."""
+def _after_arrivals(policy: DeadlinePolicy, gap_s: float) -> float:
+    """Show ``policy`` 64 arrivals ``gap_s`` apart (a replica busy meanwhile); the time after."""
+    busy = [ReplicaSlot(0, busy_until=1.0)]
+    for i in range(64):
+        policy.decide(BatcherView(i * gap_s, [QueuedQuery(i, i * gap_s, 1.0)], busy))
+    return 64 * gap_s
 
-    def decide(policy: DeadlinePolicy) -> object:
-        busy = [ReplicaSlot(0, busy_until=1.0)]
-        for i in range(64):  # the arrivals before: one a millisecond
-            policy.decide(BatcherView(i / 1000, [QueuedQuery(i, i / 1000, 1.0)], busy))
-        now, free = 0.064, 0.074
+
+def test_refuses_a_query_that_the_batch_the_coming_arrivals_fill_would_pass_over() -> None:
+    """Batches of k take 2 + k ms: at best 800 queries a second, in batches of 8. Queries have
+    come one every 0.4 ms, 2,500 a second; the replica frees in 10 ms, when 17 more than it
+    serves will have come. The head, due 5 ms after the replica frees, could lead a batch of
+    3; but once the others have come, step (2) takes a batch of 8 from the queries due later
+    and passes it over, tens of milliseconds after it came under overload. Counting on the
+    arrivals, the plan refuses it now; counting on the queue alone, it keeps it. Queries coming
+    no faster than the replica serves (one every 1.5 ms) are served as they come, so the plan
+    counts on none of them and keeps the head."""
+
+    def decide(policy: DeadlinePolicy, gap_s: float) -> object:
+        now = _after_arrivals(policy, gap_s)
+        free = now + 0.010
         queue = [QueuedQuery(100, now, free + 0.005)]
-        queue += [QueuedQuery(101 + i, now, 0.100) for i in range(3)]
+        queue += [QueuedQuery(101 + i, now, free + 0.026) for i in range(3)]
         return policy.decide(BatcherView(now, queue, [ReplicaSlot(0, busy_until=free)]))
 
-    assert decide(_trained(max_batch_size=8)) == Reject((100,), "cannot meet deadline")
-    assert not isinstance(decide(_trained(max_batch_size=8, plan_arrivals=0.0)), Reject)
+    assert decide(_trained(max_batch_size=8), 0.0004) == Reject((100,), "cannot meet deadline")
+    assert not isinstance(decide(_trained(max_batch_size=8, plan_arrivals=0.0), 0.0004), Reject)
+    assert not isinstance(decide(_trained(max_batch_size=8), 0.0015), Reject)
 
 
 def test_a_query_the_plan_keeps_waits_for_a_real_moment_not_just_past_now() -> None:
-    """Batches of 3 measured faster than one of 1 (6 against 20 ms). Counting on the three
-    arrivals expected in the 4 ms of work in flight, the plan keeps a query due in 11 ms in
-    a batch of 3, past the required start of a batch of one. The policy waits until the
-    fastest batch's required start (11 less 5 ms, a batch of 4's); waiting until just past
-    now instead, it was asked again at the same moment without end (a replay of the
+    """Batches of 3 measured faster than one of 1 (6 against 20 ms); at best the replica
+    serves 800 queries a second, in batches of 4. Counting on the arrivals expected in the 4
+    ms of work in flight beyond that (queries have come 2,500 a second), the plan keeps a query
+    due in 11 ms in a batch of 3, past the required start of a batch of one. The policy waits
+    until the fastest batch's required start (11 less 5 ms, a batch of 4's); waiting until just
+    past now instead, it was asked again at the same moment without end (a replay of the
     many-model trace stepped 800,000 times within 10 ns of simulated time)."""
     policy = DeadlinePolicy(DeadlineParams(max_batch_size=4), 0.05)
     for size, seconds in ((1, 0.020), (2, 0.008), (3, 0.006), (4, 0.005)):
         teach(policy, BatchOutcome(size, 0, 0.0, seconds, seconds))
-    busy = [ReplicaSlot(0, busy_until=1.0)]
-    for i in range(64):  # queries have come one a millisecond
-        policy.decide(BatcherView(i / 1000, [QueuedQuery(i, i / 1000, 1.0)], busy))
-    now = 0.064
+    now = _after_arrivals(policy, 0.0004)
     queue = [QueuedQuery(100, now, now + 0.011)]
     decision = policy.decide(BatcherView(now, queue, [ReplicaSlot(0, busy_until=now + 0.004)]))
     assert isinstance(decision, Wait)
@@ -442,6 +449,24 @@ def test_adds_the_overrun_once_to_a_plan_not_to_each_batch_in_flight_ahead_of_it
     behind = policy.decide(BatcherView(0.001, [QueuedQuery(10, 0.001, 0.0135)], pipelined))
     assert behind == Dispatch((10,), 0)
     assert behind.expected_start == pytest.approx(0.006)
+
+
+def test_the_plan_charges_the_overrun_to_each_batch_once_not_to_those_behind_it() -> None:
+    """Step (1)'s plan chains its batches as the work in flight: the replica takes the next
+    batch when this one's run ends; the overrun (the trips) delays only this batch's answers.
+    Batches of at most 4, k taking 2 + k ms, answers 4 ms later than their runs: four queries
+    due at 11 ms run 0..6 ms, back by 10; a fifth runs 6..9 ms, back by 13 ms. Due at 14 ms it
+    is kept (charged the overrun of the batch ahead as well, it would be back by 17 ms); due at
+    12.5 ms it is refused."""
+    policy = _trained(max_batch_size=4)
+    _late_by(policy, 0.004)
+    free = [ReplicaSlot(0)]
+    kept = _queue([0.011] * 4 + [0.014])
+    assert policy.decide(BatcherView(0.0, kept, free)) == Dispatch((0, 1, 2, 3), 0)
+    policy = _trained(max_batch_size=4)
+    _late_by(policy, 0.004)
+    refused = _queue([0.011] * 4 + [0.0125])
+    assert policy.decide(BatcherView(0.0, refused, free)) == Reject((4,), "cannot meet deadline")
 
 
 def test_a_rare_pause_does_not_set_the_overrun() -> None:
