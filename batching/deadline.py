@@ -357,6 +357,7 @@ class DeadlinePolicy(BatchingPolicy):
         # re-anchored on every answer, and its size.
         self._inflight: dict[int, deque[tuple[float, float, float, int]]] = {}
         self._light = False  # during one decide: arrivals below the replicas' best rate
+        self._beyond: float | None = None  # during one decide: arrivals/s past that rate
         self._slack = 0.0  # this model's own learned overrun, seconds
         self._last_back = -np.inf  # when the last batch came back
         self._probing = False  # the last batch was sent as a probe (``_probe``)
@@ -495,11 +496,11 @@ class DeadlinePolicy(BatchingPolicy):
         self._memo, self._kept = {}, view.kept
         self._count_arrivals(view.queue)
         if any(self._inflight.values()):  # only the work in flight is planned by the rate
-            self._light = self._rate(view.now) < len(view.replicas) * self._best_rate()
+            self._light = self._beyond_best(view.now, len(view.replicas)) < 0.0
         try:
             return self._decide(view)
         finally:
-            self._memo = self._kept = None
+            self._memo = self._kept = self._beyond = None
             self._light = False
 
     def _decide(self, view: BatcherView) -> Decision:
@@ -625,15 +626,17 @@ class DeadlinePolicy(BatchingPolicy):
             finish = view.now + self.estimate(1)
             return tuple(q.query_id for q in urgent if q.deadline < finish)
         planned = sorted((q.deadline, q.query_id) for q in urgent)
-        rate = self._counted_rate(view.now, len(view.replicas))
+        beyond = self._beyond_best(view.now, len(view.replicas))
+        rate = self.params.plan_arrivals * beyond if beyond > 0.0 else 0.0
         return self._unplanned(planned, frees, view.now, rate)
 
-    def _counted_rate(self, now: float, replicas: int) -> float:
-        """Arrivals a second step (1)'s plan counts on: ``plan_arrivals`` of those beyond what
-        the replicas serve at best (the last 64 arrivals' rate less ``replicas`` times the best
-        rate by the estimates); none while they keep up."""
-        beyond = self._rate(now) - replicas * self._best_rate()
-        return self.params.plan_arrivals * beyond if beyond > 0.0 else 0.0
+    def _beyond_best(self, now: float, replicas: int) -> float:
+        """Arrivals a second beyond what ``replicas`` serve at best: the last 64 arrivals' rate
+        less ``replicas`` times the best rate by the estimates (negative below it). Worked out
+        once per :meth:`decide`, which both the work in flight's plan and step (1) ask."""
+        if self._beyond is None:
+            self._beyond = self._rate(now) - replicas * self._best_rate()
+        return self._beyond
 
     def _count_arrivals(self, queue: Sequence[QueuedQuery]) -> None:
         """Note the arrival of each query not seen before (later than the last seen)."""
