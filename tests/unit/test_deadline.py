@@ -607,11 +607,16 @@ def test_sizes_with_few_runs_teach_no_spread() -> None:
 
 def test_under_lognormal_run_time_noise_at_most_one_in_a_thousand_answers_late() -> None:
     """Runs jittered by a lognormal of log-spread 6% at ``bench.policies_sim``'s 150% overload
-    (``--jitter 0.06`` measures every workload at full length): planning on the p99 of 10 runs
-    alone answers more than 0.1% after the SLO; with the spread learned, at most 0.1%, and no
-    fewer within the SLO (a late answer's run is work lost). The plan that counts on coming
-    arrivals (``plan_arrivals``, on by default) is off in that comparison; with the defaults
-    too, at most 0.1% late and no fewer within the SLO."""
+    (``--jitter 0.06`` measures every workload at full length). At the defaults at most 0.1% of
+    the answers are late, fewer than planning on the p99 of 10 runs alone, and more are
+    answered within the SLO than with the plan on the queue alone (``plan_arrivals`` 0). That
+    plan answers several times as many late; there the learned spread answers fewer late and
+    keeps more within the SLO than the p99 alone (a late answer's run is work lost). Each held
+    on each of 20 seeds of arrivals and noise (the defaults at most 0.08% late, up to 0.15%
+    without the spread) but one: on one seed the queue-only plan answered 75 late with the
+    spread against 65 without. Whether the spread keeps more within the SLO than none at the
+    defaults varies with the seed by about as much as it gains: the benchmark's table
+    measures it."""
     slo = policies_sim.SLO
     arrivals = Poisson(1.5 * policies_sim.CAPACITY).arrival_times(30_000, np.random.default_rng(3))
 
@@ -622,16 +627,17 @@ def test_under_lognormal_run_time_noise_at_most_one_in_a_thousand_answers_late()
         late = (answered > slo + 1e-9).sum() / arrivals.size
         return float(late), float((answered <= slo + 1e-9).sum() / arrivals.size)
 
+    (late, within), (late_alone, _) = run(), run(learn_spread=False)
+    assert late <= 0.001
+    assert late < late_alone
     queue_only = {"plan_arrivals": 0.0}
-    (late, within), (late_alone, within_alone) = (
+    (late_queue, within_queue), (late_queue_alone, within_queue_alone) = (
         run(**queue_only),
         run(**queue_only, learn_spread=False),
     )
-    assert late <= 0.001 < late_alone
-    assert within >= within_alone
-    late_default, within_default = run()
-    assert late_default <= 0.001
-    assert within_default >= within
+    assert late_queue < late_queue_alone
+    assert within_queue > within_queue_alone
+    assert within > within_queue
 
 
 def test_in_simulation_deadline_refuses_before_dispatch_what_fixed_sends_too_late() -> None:
