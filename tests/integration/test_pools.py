@@ -138,11 +138,13 @@ def test_a_shared_pool_serves_every_model_exactly_within_its_capacity(
     assert handle.timeline.remote("nope").result(timeout_s=30)["status"] == 404
 
     url = f"http://127.0.0.1:{serve_session.metrics_port}/metrics"
+    metrics = ("ray_raysrv_loads_total", "ray_raysrv_unloads_total")
     deadline, body = time.monotonic() + 60, ""
-    while time.monotonic() < deadline and "ray_raysrv_loads_total{" not in body:
+    # a counter is exported from the first report after its first count: wait for both
+    while time.monotonic() < deadline and not all(f"\n{m}{{" in body for m in metrics):
         body = urllib.request.urlopen(url, timeout=10).read().decode()
         time.sleep(1)
-    for metric in ("ray_raysrv_loads_total", "ray_raysrv_unloads_total"):
+    for metric in metrics:
         assert f"\n{metric}{{" in body, metric
 
 
