@@ -83,7 +83,7 @@ below), within 0 and ``max_spread``. Under run times jittered by a lognormal of 
 ``bench.policies_sim``, at the 0.95 quantile, at most 0.04% of the answers were late on every
 workload, and as many queries or more were answered within the SLO as without the spread
 (``ctmc`` within 0.2 points); without it, up to 0.11% were late at 150% overload. At the 0.99
-quantile, at most 0.03% late, but up to a point fewer within the SLO on the long bursts and at
+quantile, at most 0.03% late, but up to 1.3 points fewer within the SLO on the long bursts and at
 150% overload (``bench/RESULTS.md``, "Run-time noise"). Live, at 3x overload of one CPU model,
 the 0.95 quantile was 0.01-0.05 where the 0.99 sat at the cap (``bench/RESULTS_ARCHIVE.md``,
 "ov138-ov148"). CPU run times can be heavy-tailed (the excess's p99 near 0.8 on the many-model
