@@ -34,6 +34,18 @@ time. One step:
       holds more than the replicas can serve within the deadlines, capacity × SLO, and under
       overload a query is refused as it arrives or soon after, not once its required start
       has passed, most of its SLO later.
+      An arriving query is admitted with time to spare (``admit_spare``): on the first step
+      that sees it, it is refused unless the batch the plan puts it in ends before its
+      deadline by the ``admit_quantile`` of how much later than planned the last
+      ``overrun_window`` batches ended (as their answers re-anchor the plans, below); a query
+      admitted before is kept while it fits. The plan puts each batch's first query within an
+      arrival or two of the latest deadline it can take, the ones ahead being refused. Without
+      the spare, the next batch that ended late, or a slow run that raised its size's p99,
+      moved the plan and pushed those queries out of it 40-70 ms after they came: at 3x
+      overload the refusals' p99 was 33.5-54.6 ms over ten runs, 20.2-35.7 ms over nine with
+      the spare, which was 6-20 ms there (``bench/RESULTS.md``, "Overload"). In the simulator,
+      where batches end as planned, the spare stays small, and the share within the SLO
+      moved by at most 0.4 points either way (``bench/RESULTS.md``, "Run-time noise").
       With ``refuse_behind_queue: false``, a query that could make it alone on a free
       replica waits (the work ahead may end early) and is refused once its required start
       passes, deadline < now + p99(1); with ``refuse_behind_work`` as well, at once if it
@@ -84,12 +96,12 @@ below), within 0 and ``max_spread``. Under run times jittered by a lognormal of 
 workload, and as many queries or more were answered within the SLO as without the spread
 (``ctmc`` within 0.2 points); without it, up to 0.11% were late at 150% overload. At the 0.99
 quantile, at most 0.03% late, but up to 1.3 points fewer within the SLO on the long bursts and at
-150% overload (``bench/RESULTS.md``, "Run-time noise"). Live, at 3x overload of one CPU model,
-the 0.95 quantile was 0.01-0.05 where the 0.99 sat at the cap (``bench/RESULTS_ARCHIVE.md``,
-"ov138-ov148"). CPU run times can be heavy-tailed (the excess's p99 near 0.8 on the many-model
-trace): uncapped, at the 0.999 quantile, a trace point refused 37% of its queries and answered
-63% within the SLO, against 82-91% before, so the cap leaves those tails to the drop at the
-deadline and the pool's slowdown.
+150% overload (``bench/RESULTS_ARCHIVE.md``, "jit8", before the admission's spare). Live, at 3x
+overload of one CPU model, the 0.95 quantile was 0.01-0.05 where the 0.99 sat at the cap
+(``bench/RESULTS_ARCHIVE.md``, "ov138-ov148"). CPU run times can be heavy-tailed (the excess's
+p99 near 0.8 on the many-model trace): uncapped, at the 0.999 quantile, a trace point refused 37%
+of its queries and answered 63% within the SLO, against 82-91% before, so the cap leaves those
+tails to the drop at the deadline and the pool's slowdown.
 
 Overruns (clockwork §5.3 keeps predictions honest by measuring): a batch's answers come back
 later than its run alone explains: the trips to the replica and back, queueing there. That
@@ -174,7 +186,7 @@ import heapq
 import math
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence, Set
 from dataclasses import replace
 from typing import Literal
 
@@ -306,6 +318,17 @@ class DeadlineParams(PolicyParams):
         "once that batch has gathered. 0: the plan takes the queued queries alone, head "
         "first.",
     )
+    admit_spare: bool = Field(
+        True,
+        description="With refuse_behind_queue, admit an arriving query only if the batch the "
+        "plan puts it in ends before its deadline with admit_quantile of the recent delays to "
+        "spare (how much later than planned the replicas' batches ended): queued queries are "
+        "kept while they fit, so a batch that ends late refuses arrivals, not queries that "
+        "have waited.",
+    )
+    admit_quantile: float = Field(
+        0.99, gt=0.0, le=1.0, description="Quantile of the recent delays admit_spare spares."
+    )
     refuse_behind_work: bool = Field(
         False,
         description="Refuse a query as soon as it could not finish behind the work predicted "
@@ -367,6 +390,8 @@ class DeadlinePolicy(BatchingPolicy):
         self._probing = False  # the last batch was sent as a probe (``_probe``)
         self._idle_refusals = 0  # refusals in a row with a replica idle
         self._arrivals: deque[float] = deque(maxlen=ARRIVALS)  # the last ones seen
+        self._fresh_after = -math.inf  # during one decide: arrivals after this are new to it
+        self._delays = SortedWindow(params.overrun_window)  # how much later batches ended
         self._memo: dict[int, float] | None = None  # estimates by size, during one decide
         self._kept: Callable[[int], float] | None = None  # the view's, during one decide
         busy = params.busy_timeout_ms
@@ -463,6 +488,14 @@ class DeadlinePolicy(BatchingPolicy):
         if self.params.learn_overrun and self.runs.count(outcome.size):
             self._learn(outcome.finished, outcome.finished - start - run)
 
+    def _spare(self) -> float:
+        """What an arriving query is admitted with to spare (step (1)): the ``admit_quantile``
+        of how much later than planned the last ``overrun_window`` batches this policy planned
+        ended (:meth:`_reanchor`), never below zero (0 before any)."""
+        if not self._delays:
+            return 0.0
+        return max(0.0, self._delays.quantile(self.params.admit_quantile))
+
     def _learn(self, back: float, overrun: float) -> None:
         """One overrun into this model's window and its group's."""
         self._overruns.add(back, overrun)
@@ -486,18 +519,21 @@ class DeadlinePolicy(BatchingPolicy):
         )
 
     def describe(self) -> dict[str, object]:
-        """Adds what a batch is planned for now: the learned overrun and, per profiled size,
-        the run-time estimate before it (ms)."""
+        """Adds what a batch is planned for now: the learned overrun and spread, what an
+        arrival is admitted with to spare, and, per profiled size, the run-time estimate
+        before it (ms)."""
         planned = {str(k): self._planned(k) * 1000.0 for k in self.profile_sizes()}
         return {
             **super().describe(),
             "learned_overrun_ms": self._learned() * 1000.0,
             "learned_spread": self._spread(),
+            "admit_spare_ms": self._spare() * 1000.0,
             "planned_run_ms": planned,
         }
 
     def decide(self, view: BatcherView) -> Decision:
         self._memo, self._kept = {}, view.kept
+        self._fresh_after = self._arrivals[-1] if self._arrivals else -math.inf
         self._count_arrivals(view.queue)
         if any(self._inflight.values()):  # only the work in flight is planned by the rate
             self._light = self._beyond_best(view.now, len(view.replicas)) < 0.0
@@ -632,7 +668,8 @@ class DeadlinePolicy(BatchingPolicy):
         planned = sorted((q.deadline, q.query_id) for q in urgent)
         beyond = self._beyond_best(view.now, len(view.replicas))
         rate = self.params.plan_arrivals * beyond if beyond > 0.0 else 0.0
-        return self._unplanned(planned, frees, view.now, rate)
+        fresh = {q.query_id for q in urgent if q.arrival > self._fresh_after}
+        return self._unplanned(planned, frees, view.now, rate, fresh)
 
     def _beyond_best(self, now: float, replicas: int) -> float:
         """Arrivals a second beyond what ``replicas`` serve at best: the last 64 arrivals' rate
@@ -658,7 +695,12 @@ class DeadlinePolicy(BatchingPolicy):
         return (len(seen) - 1) / span if span > 0.0 else 0.0
 
     def _unplanned(
-        self, planned: list[tuple[float, int]], frees: list[float], now: float, rate: float
+        self,
+        planned: list[tuple[float, int]],
+        frees: list[float],
+        now: float,
+        rate: float,
+        fresh: Set[int] = frozenset(),
     ) -> tuple[int, ...]:
         """Of the queries ``planned`` (deadline, id, by deadline), those the plan leaves out,
         counting on ``rate`` arrivals a second. By deadline, from the head: the replica
@@ -667,8 +709,11 @@ class DeadlinePolicy(BatchingPolicy):
         the largest batch they and the queued queries fill that ends before the deadline of
         its first query, and the queries ahead of that one are left out. With none: the
         largest batch from the head that ends before the head's deadline. A head that cannot
-        end in time even alone there is left out, and the plan goes on without it."""
+        end in time even alone there is left out, and the plan goes on without it. A query
+        new to this step (in ``fresh``) whose batch ends less than the spare (:meth:`_spare`)
+        before its deadline is left out as well; the plan still counts it in its batch."""
         doomed = []
+        spare = self._spare() if self.params.admit_spare else 0.0
         i, counted = 0, 0.0  # the plan's next query; the arrivals counted on so far
         while i < len(planned):
             start, left = frees[0], len(planned) - i
@@ -685,6 +730,11 @@ class DeadlinePolicy(BatchingPolicy):
                 continue
             doomed.extend(query for _, query in planned[i:first])
             queued = min(size, len(planned) - first)
+            if fresh and spare > 0.0:
+                bound = start + self.estimate(size) + spare
+                doomed.extend(
+                    q for d, q in planned[first : first + queued] if d < bound and q in fresh
+                )
             counted += size - queued
             heapq.heapreplace(frees, start + self._planned(size))
             i = first + queued
@@ -752,6 +802,7 @@ class DeadlinePolicy(BatchingPolicy):
             return None
         ended = outcome.finished if outcome.ended is None else outcome.ended
         shift = ended - mine[2]
+        self._delays.add(shift)
         self._inflight[outcome.replica] = deque(
             (n, s + shift, f + shift, k) for n, s, f, k in planned
         )
