@@ -41,7 +41,7 @@ time. One step:
       admitted before is kept while it fits. The plan puts each batch's first query within an
       arrival or two of the latest deadline it can take, the ones ahead being refused. Without
       the spare, the next batch that ended late, or a slow run that raised its size's p99,
-      moved the plan and pushed those queries out of it 40-70 ms after they came: at 3x
+      moved the plan and pushed those queries out of it 45-70 ms after they came: at 3x
       overload the refusals' p99 was 33.5-54.6 ms over ten runs, 20.2-35.7 ms over nine with
       the spare, which was 6-20 ms there (``bench/RESULTS.md``, "Overload"). In the simulator,
       where batches end as planned, the spare stays small, and the share within the SLO
