@@ -38,7 +38,9 @@ time. One step:
       that sees it, it is refused unless the batch the plan puts it in ends before its
       deadline by the ``admit_quantile`` of how much later than planned the last
       ``overrun_window`` batches ended (as their answers re-anchor the plans, below); a query
-      admitted before is kept while it fits. The plan puts each batch's first query within an
+      admitted before is kept while it fits. A batch that can start now is not held to it: no
+      answer can move it, and on a noisy machine with a tight SLO the spare would refuse
+      every query even on an idle replica. The plan puts each batch's first query within an
       arrival or two of the latest deadline it can take, the ones ahead being refused. Without
       the spare, the next batch that ended late, or a slow run that raised its size's p99,
       moved the plan and pushed those queries out of it 45-70 ms after they came: at 3x
@@ -710,8 +712,9 @@ class DeadlinePolicy(BatchingPolicy):
         its first query, and the queries ahead of that one are left out. With none: the
         largest batch from the head that ends before the head's deadline. A head that cannot
         end in time even alone there is left out, and the plan goes on without it. A query
-        new to this step (in ``fresh``) whose batch ends less than the spare (:meth:`_spare`)
-        before its deadline is left out as well; the plan still counts it in its batch."""
+        new to this step (in ``fresh``) whose batch, starting later than now, ends less than
+        the spare (:meth:`_spare`) before its deadline is left out as well; the plan still
+        counts it in its batch."""
         doomed = []
         spare = self._spare() if self.params.admit_spare else 0.0
         i, counted = 0, 0.0  # the plan's next query; the arrivals counted on so far
@@ -730,7 +733,7 @@ class DeadlinePolicy(BatchingPolicy):
                 continue
             doomed.extend(query for _, query in planned[i:first])
             queued = min(size, len(planned) - first)
-            if fresh and spare > 0.0:
+            if fresh and spare > 0.0 and start > now:  # no answer can move a batch due now
                 bound = start + self.estimate(size) + spare
                 doomed.extend(
                     q for d, q in planned[first : first + queued] if d < bound and q in fresh

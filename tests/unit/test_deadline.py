@@ -434,6 +434,10 @@ def test_admits_an_arrival_with_the_recent_delays_to_spare_and_keeps_what_it_adm
     assert isinstance(late.decide(BatcherView(1.002, [QueuedQuery(1, 1.0, 1.0175)], slipped)), Wait)
     assert isinstance(decide(_trained(learn_overrun=False), 0.0), Wait)
     assert isinstance(decide(_trained(learn_overrun=False, admit_spare=False), 0.010), Wait)
+    # A batch that starts now, on an idle replica, is not held to the spare: C alone would end
+    # at 2.003 s, 9 ms before its deadline, less than the spare, and still runs.
+    idle = late.decide(BatcherView(2.0, [QueuedQuery(3, 2.0, 2.012)], [ReplicaSlot(0)]))
+    assert idle == Dispatch((3,), 0)
 
 
 def test_learns_how_much_later_than_planned_batches_come_back() -> None:
