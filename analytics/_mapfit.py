@@ -22,6 +22,9 @@ Steps of :func:`match_map2`:
       D1 = [[0, a], [b l2, (1-b) l2]] (g = -a b <= 0), from several starts; the mean is matched
       afterwards by scaling time. Residuals: relative SCV error, lag-1 error relative to
       max(|rho_1|, 0.05), and 0.1 log(E[X^3] / target) so mean, SCV and rho_1 come first.
+      The solver is scipy's dogbox with a gradient tolerance far below the default: near SCV 1
+      the renewal start already has a residual of ~1e-4, and the match lies far from it (with
+      the defaults the search stopped there or ran out of evaluations, 1e-4 from the target).
   (4) The candidate with the least weighted residual wins; what it misses is explained in a note.
 
 Cost: O(1) for (1)-(2). (3) is at most 16 bounded 3-parameter least-squares solves on 2x2
@@ -274,9 +277,11 @@ def _best_start(goal: MapMoments, family: int, spent: list[int]) -> OptimizeResu
             _family_residuals,
             inside,
             bounds=_BOUNDS,
+            method="dogbox",
             args=(family, goal),
             xtol=1e-10,
             ftol=1e-12,
+            gtol=1e-14,
             max_nfev=SOLVE_EVALUATIONS,
         )
         spent[0] += res.nfev

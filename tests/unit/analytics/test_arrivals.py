@@ -560,6 +560,9 @@ def test_map2_from_moments_beyond_the_slowest_phase_switching_it_fits_comes_clos
 
 @settings(max_examples=40, deadline=None)
 @given(entries=six_rates)
+# SCV just below and just above 1, where the search must go far from its renewal start
+@example(entries=[10.5, 1.125, 0.0, 43.5, 50.0, 11.25])
+@example(entries=[0.0, 0.5, 1.125, 50.0, 50.0, 0.0])
 def test_map2_from_moments_reaches_every_map2(entries: list[float]) -> None:
     m = map2_from(entries)  # any MAP2, acf of either sign, SCV either side of 1
     fitted = map2_from_moments(m.mean_interarrival, m.scv, m.moment(3), m.lag1_autocorrelation)
