@@ -125,18 +125,27 @@ def _save(fig: Any, path: Path) -> Path:
 
 
 def peers_bars(
-    points: Sequence[Mapping[str, Any]], loads: Sequence[str], slo_ms: float, path: Path
+    points: Sequence[Mapping[str, Any]],
+    loads: Sequence[str],
+    slo_ms: float,
+    path: Path,
+    rounds: Sequence[Sequence[Mapping[str, Any]]] = (),
 ) -> Path:
     """Per system (one bar group each), the share of each load's queries answered within the
-    SLO."""
+    SLO; with ``rounds`` (each a list of points in the order of ``points``), each round's share
+    as a dot on its bar."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(1.3 * len(points) + 2, 3.4))
     width = 0.8 / len(loads)
     x = np.arange(len(points))
     for k, load in enumerate(loads):
         shares = [100.0 * p[load]["within_share"] for p in points]
-        bars = ax.bar(x + (k - (len(loads) - 1) / 2) * width, shares, width, label=load)
+        at = x + (k - (len(loads) - 1) / 2) * width
+        bars = ax.bar(at, shares, width, label=load)
         ax.bar_label(bars, fmt="%.0f", fontsize=7)
+        for points_of_round in rounds:
+            each = [100.0 * p[load]["within_share"] for p in points_of_round]
+            ax.plot(at, each, "o", color="black", ms=2.5, alpha=0.6)
     ax.set_xticks(x, [p["system"] for p in points], fontsize=8)
     ax.set_ylabel(f"% of queries within {slo_ms:g} ms")
     ax.set_ylim(0, 105)

@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import pytest
 
 from bench.loadgen import RequestLog
-from bench.peers import LOADS, goodput, latencies, new_reasons, request_body, table
+from bench.peers import (
+    LOADS,
+    goodput,
+    latencies,
+    median_point,
+    new_reasons,
+    request_body,
+    rounds_table,
+    table,
+)
 
 
 def test_each_system_gets_the_input_in_its_own_body() -> None:
@@ -47,14 +57,22 @@ def test_latency_is_the_answers_only() -> None:
     assert math.isnan(latencies(RequestLog(scheduled=[0.0], done=[1.0], status=[503]))["p50_ms"])
 
 
-def test_the_table_has_a_row_per_system_and_the_loads_columns() -> None:
-    point = {
-        "system": "raysrv",
+def _point(system: str = "raysrv", **shares: float) -> dict[str, Any]:
+    """A system's point from :func:`_log`, with a load's share within the SLO set by name."""
+    point: dict[str, Any] = {
+        "system": system,
         "capacity_per_s": 130.0,
         "saturation_per_s": 120.4,
         "half_load": {"p50_ms": 55.0, "p99_ms": 134.0},
         **{name: goodput(_log(), 0.2, 2.0) for name in LOADS},
     }
+    for key, share in shares.items():
+        point[LOADS[int(key[-1])]]["within_share"] = share
+    return point
+
+
+def test_the_table_has_a_row_per_system_and_the_loads_columns() -> None:
+    point = _point()
     lines = table([point, {**point, "system": "serve"}], 200.0).splitlines()
     assert lines[2].startswith("| raysrv | 120 | 55.0 | 134.0 | 25.00% | 1 | 2 / 1 |")
     assert lines[3].startswith("| serve |")
@@ -70,3 +88,33 @@ def test_a_phases_reasons_are_those_of_its_own_errors() -> None:
     assert new_reasons(errors, 0) == {"queue_full": 1, "cannot meet deadline": 2}
     assert new_reasons(errors, 1) == {"cannot meet deadline": 2}
     assert new_reasons(errors, 3) == {}
+
+
+def test_the_median_point_takes_each_figure_over_the_rounds() -> None:
+    rounds = [_point(load0=s) for s in (0.9, 0.5, 0.7)]
+    rounds[1]["saturation_per_s"], rounds[2]["half_load"]["p99_ms"] = 200.0, 10.0
+    rounds[0][LOADS[1]]["late"], rounds[1][LOADS[1]]["late"] = 7, 3
+    mid = median_point(rounds)
+    assert (mid["system"], mid["rounds"]) == ("raysrv", 3)
+    assert mid[LOADS[0]]["within_share"] == 0.7
+    assert mid["saturation_per_s"] == 120.4
+    assert mid["half_load"] == {"p50_ms": 55.0, "p99_ms": 134.0}
+    assert mid[LOADS[1]]["late"] == 3
+    row = table([mid], 200.0).splitlines()[2]
+    assert row.startswith("| raysrv | 120 | 55.0 | 134.0 | 70.00% | 1 | 2 / 1 | 25.00% | 3 |")
+
+
+def test_raysrv_is_ahead_in_a_round_only_above_every_other_system_and_none_late() -> None:
+    def round_of(mine: float, best_peer: float, late: int = 0) -> list[dict[str, Any]]:
+        raysrv = _point(load0=mine, load1=mine)
+        raysrv[LOADS[0]]["late"], raysrv[LOADS[1]]["late"] = 0, late
+        peers = [_point("litserve", load0=best_peer, load1=0.1), _point("serve", load0=0.2)]
+        return [*peers, raysrv, _point("raysrv-proxy", load0=1.0, load1=1.0)]
+
+    rounds = [round_of(0.9, 0.8), round_of(0.9, 0.95), round_of(0.9, 0.8, late=1)]
+    text = rounds_table(rounds)
+    rows = text.splitlines()
+    assert rows[0].count("round 3") == len(LOADS)
+    assert rows[2].startswith("| litserve | 80.00% (1) | 95.00% (1) | 80.00% (1) | 10.00% (1) |")
+    # the proxy's raysrv is not a peer; round 2 a peer led the first load, round 3 one late
+    assert text.endswith(f"none late: {LOADS[0]} 2 of 3, {LOADS[1]} 2 of 3")
