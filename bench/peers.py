@@ -38,14 +38,14 @@ warm-up:
   (429, 503), requests the server gave up on once they had waited (504) and requests with no
   answer (the client's ``TIMEOUT_S``).
 
-Latency counts from each request's scheduled time. The systems run one after another, each
-for about a minute, and this 2-core machine's speed drifts between them: in one run a peer kept
-54% of the bursty load within the SLO, in another 99.7%, as the load the capacity set turned out
-heavy or light for its minute (``bench/RESULTS_ARCHIVE.md``, "pr39, pr40, pr42 and pr43"). So
-the whole sequence runs ``--rounds`` times, every system once a round, and the table gives each
-figure's median over the rounds, the round-by-round table each load's share within the SLO and
-its answers late (:func:`rounds_table`), with the rounds in which raysrv was ahead of every other
-system, none late.
+Latency counts from each request's scheduled time. The systems run one after another, each for
+about a minute, and this 2-core machine's speed drifts between them: in one run a peer kept 54%
+of the bursty load within the SLO, in another 99.7%, as the load the capacity set turned out
+heavy or light for its minute (``bench/RESULTS_ARCHIVE.md``, "pr41 and pr49", "pr39, pr40, pr42
+and pr43"). So the whole sequence runs ``--rounds`` times, every system once a round, and the
+table gives each figure's median over the rounds, the round-by-round table each load's share
+within the SLO and its answers late (:func:`rounds_table`), with the rounds in which raysrv was
+ahead of every other system, none late.
 
 ``--out`` gets the medians and every round's points; per point, each request's scheduled
 time, latency and status; per phase, how many failures gave each reason and, for raysrv, the
