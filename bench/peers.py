@@ -80,6 +80,7 @@ from bench.loadgen import REJECTED, RequestLog, closed_loop, poisson_offsets, re
 from bench.overload import TimedClient, key_value, raysrv_body
 
 __all__ = [
+    "ahead",
     "goodput",
     "latencies",
     "main",
