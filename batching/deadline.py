@@ -392,7 +392,7 @@ class DeadlinePolicy(BatchingPolicy):
         self._probing = False  # the last batch was sent as a probe (``_probe``)
         self._idle_refusals = 0  # refusals in a row with a replica idle
         self._arrivals: deque[float] = deque(maxlen=ARRIVALS)  # the last ones seen
-        self._fresh_after = -math.inf  # during one decide: arrivals after this are new to it
+        self._fresh: frozenset[int] = frozenset()  # during one decide: the queries new to it
         self._delays = SortedWindow(params.overrun_window)  # how much later batches ended
         self._memo: dict[int, float] | None = None  # estimates by size, during one decide
         self._kept: Callable[[int], float] | None = None  # the view's, during one decide
@@ -535,7 +535,6 @@ class DeadlinePolicy(BatchingPolicy):
 
     def decide(self, view: BatcherView) -> Decision:
         self._memo, self._kept = {}, view.kept
-        self._fresh_after = self._arrivals[-1] if self._arrivals else -math.inf
         self._count_arrivals(view.queue)
         if any(self._inflight.values()):  # only the work in flight is planned by the rate
             self._light = self._beyond_best(view.now, len(view.replicas)) < 0.0
@@ -670,8 +669,7 @@ class DeadlinePolicy(BatchingPolicy):
         planned = sorted((q.deadline, q.query_id) for q in urgent)
         beyond = self._beyond_best(view.now, len(view.replicas))
         rate = self.params.plan_arrivals * beyond if beyond > 0.0 else 0.0
-        fresh = {q.query_id for q in urgent if q.arrival > self._fresh_after}
-        return self._unplanned(planned, frees, view.now, rate, fresh)
+        return self._unplanned(planned, frees, view.now, rate, self._fresh)
 
     def _beyond_best(self, now: float, replicas: int) -> float:
         """Arrivals a second beyond what ``replicas`` serve at best: the last 64 arrivals' rate
@@ -682,10 +680,12 @@ class DeadlinePolicy(BatchingPolicy):
         return self._beyond
 
     def _count_arrivals(self, queue: Sequence[QueuedQuery]) -> None:
-        """Note the arrival of each query not seen before (later than the last seen)."""
+        """Note the arrival of each query not seen before (later than the last seen), and keep
+        those queries as new to this decide (the ones step (1) admits with the spare)."""
         newest = self._arrivals[-1] if self._arrivals else -math.inf
-        fresh = sorted(q.arrival for q in queue if q.arrival > newest)
-        self._arrivals.extend(fresh)
+        fresh = [q for q in queue if q.arrival > newest]
+        self._fresh = frozenset(q.query_id for q in fresh)
+        self._arrivals.extend(sorted(q.arrival for q in fresh))
 
     def _rate(self, now: float) -> float:
         """Arrivals a second over the last ``ARRIVALS`` seen, up to ``now`` (0 before
