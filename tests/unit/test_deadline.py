@@ -410,30 +410,42 @@ def _late_by(policy: DeadlinePolicy, seconds: float, batches: int = 20) -> None:
 
 
 def test_admits_an_arrival_with_the_recent_delays_to_spare_and_keeps_what_it_admitted() -> None:
-    """A batch ended 10 ms later than planned, so an arriving query is admitted only if its
-    batch in the plan ends 10 ms before its deadline. Behind work until 4 ms, A (due at 17.5
-    ms) runs 4..7 ms, 10.5 ms to spare: admitted. B comes with the same deadline: A and B run
-    4..8 ms, 9.5 ms to spare, so B is refused, while A, queued already, is kept, and still is
-    once the work ahead is planned to end 5 ms later (5.5 ms to spare). Without the delay, or
-    with ``admit_spare`` off, B is admitted too."""
+    """A batch ended 10 ms later than planned, and queries come faster than the replica serves
+    at best (one every 0.4 ms against 800 a second), so an arriving query is admitted only if
+    its batch in the plan ends 10 ms before its deadline. Behind work until 4 ms, A (due at
+    17.5 ms) runs 4..7 ms, 10.5 ms to spare: admitted. B comes with the same deadline: A and B
+    run 4..8 ms, 9.5 ms to spare, so B is refused, while A, queued already, is kept, and still
+    is once the work ahead is planned to end 5 ms later (5.5 ms to spare). Without the delay,
+    with ``admit_spare`` off, or with queries coming more slowly than the replica serves (one
+    every 1.5 ms), B is admitted too: there the queue drains, and a query refused for the
+    spare is one the replica had time for."""
 
-    def decide(policy: DeadlinePolicy, late_s: float) -> object:
+    def decide(policy: DeadlinePolicy, late_s: float, gap_s: float = 0.0004) -> object:
         assert policy.decide(BatcherView(0.0, _queue([1.0]), [ReplicaSlot(0)])) == (
             Dispatch((0,), 0)
         )  # planned 0..3 ms; it ends ``late_s`` later
         teach(policy, BatchOutcome(1, 0, 0.0, 0.004 + late_s, 0.003, True, 0.0, 0.003 + late_s))
+        running = [ReplicaSlot(0, busy_since=0.9, batch_size=8, busy_until=0.999)]
+        for i in range(64):  # arrivals ``gap_s`` apart up to 1 s, with time to spare
+            t = 1.0 - (64 - i) * gap_s
+            queue = [QueuedQuery(100 + i, t, t + 1.0)]
+            assert isinstance(policy.decide(BatcherView(t, queue, running)), Wait)
         busy = [ReplicaSlot(0, busy_since=0.999, batch_size=1, busy_until=1.004)]
         a, b = QueuedQuery(1, 1.0, 1.0175), QueuedQuery(2, 1.001, 1.0175)
         assert isinstance(policy.decide(BatcherView(1.0, [a], busy)), Wait)
         return policy.decide(BatcherView(1.001, [a, b], busy))
 
-    late = _trained(learn_overrun=False)
+    def trained(**params: object) -> DeadlinePolicy:  # the plan counts on no arrivals
+        return _trained(learn_overrun=False, plan_arrivals=0.0, **params)
+
+    late = trained()
     assert decide(late, 0.010) == Reject((2,), "cannot meet deadline")
     assert late.describe()["admit_spare_ms"] == pytest.approx(10.0)
     slipped = [ReplicaSlot(0, busy_since=0.999, batch_size=1, busy_until=1.009)]
     assert isinstance(late.decide(BatcherView(1.002, [QueuedQuery(1, 1.0, 1.0175)], slipped)), Wait)
-    assert isinstance(decide(_trained(learn_overrun=False), 0.0), Wait)
-    assert isinstance(decide(_trained(learn_overrun=False, admit_spare=False), 0.010), Wait)
+    assert isinstance(decide(trained(), 0.0), Wait)
+    assert isinstance(decide(trained(admit_spare=False), 0.010), Wait)
+    assert isinstance(decide(trained(), 0.010, gap_s=0.0015), Wait)
     # A batch that starts now, on an idle replica, is not held to the spare: C alone would end
     # at 2.003 s, 9 ms before its deadline, less than the spare, and still runs.
     idle = late.decide(BatcherView(2.0, [QueuedQuery(3, 2.0, 2.012)], [ReplicaSlot(0)]))
