@@ -44,7 +44,7 @@ time. One step:
       arrival or two of the latest deadline it can take, the ones ahead being refused. Without
       the spare, the next batch that ended late, or a slow run that raised its size's p99,
       moved the plan and pushed those queries out of it 45-70 ms after they came: at 3x
-      overload the refusals' p99 was 33.5-54.6 ms over ten runs, 20.2-35.7 ms over fifteen with
+      overload the refusals' p99 was 33.5-54.6 ms over ten runs, 17.7-35.7 ms over nineteen with
       the spare, which was 6-20 ms there (``bench/RESULTS.md``, "Overload"). In the simulator,
       where batches end as planned, the spare stays small, and the share within the SLO
       moved by at most 0.4 points either way (``bench/RESULTS.md``, "Run-time noise").
