@@ -420,16 +420,20 @@ def test_admits_an_arrival_with_the_recent_delays_to_spare_and_keeps_what_it_adm
     every 1.5 ms), B is admitted too: there the queue drains, and a query refused for the
     spare is one the replica had time for."""
 
+    def arrive(policy: DeadlinePolicy, end: float, gap_s: float) -> None:
+        """64 arrivals ``gap_s`` apart up to ``end``, each with time to spare, the replica busy."""
+        running = [ReplicaSlot(0, busy_since=end - 0.1, batch_size=8, busy_until=end - 0.001)]
+        for i in range(64):
+            t = end - (64 - i) * gap_s
+            queue = [QueuedQuery(int(end) * 100 + i, t, t + 1.0)]
+            assert isinstance(policy.decide(BatcherView(t, queue, running)), Wait)
+
     def decide(policy: DeadlinePolicy, late_s: float, gap_s: float = 0.0004) -> object:
         assert policy.decide(BatcherView(0.0, _queue([1.0]), [ReplicaSlot(0)])) == (
             Dispatch((0,), 0)
         )  # planned 0..3 ms; it ends ``late_s`` later
         teach(policy, BatchOutcome(1, 0, 0.0, 0.004 + late_s, 0.003, True, 0.0, 0.003 + late_s))
-        running = [ReplicaSlot(0, busy_since=0.9, batch_size=8, busy_until=0.999)]
-        for i in range(64):  # arrivals ``gap_s`` apart up to 1 s, with time to spare
-            t = 1.0 - (64 - i) * gap_s
-            queue = [QueuedQuery(100 + i, t, t + 1.0)]
-            assert isinstance(policy.decide(BatcherView(t, queue, running)), Wait)
+        arrive(policy, 1.0, gap_s)
         busy = [ReplicaSlot(0, busy_since=0.999, batch_size=1, busy_until=1.004)]
         a, b = QueuedQuery(1, 1.0, 1.0175), QueuedQuery(2, 1.001, 1.0175)
         assert isinstance(policy.decide(BatcherView(1.0, [a], busy)), Wait)
@@ -448,6 +452,7 @@ def test_admits_an_arrival_with_the_recent_delays_to_spare_and_keeps_what_it_adm
     assert isinstance(decide(trained(), 0.010, gap_s=0.0015), Wait)
     # A batch that starts now, on an idle replica, is not held to the spare: C alone would end
     # at 2.003 s, 9 ms before its deadline, less than the spare, and still runs.
+    arrive(late, 2.0, 0.0004)
     idle = late.decide(BatcherView(2.0, [QueuedQuery(3, 2.0, 2.012)], [ReplicaSlot(0)]))
     assert idle == Dispatch((3,), 0)
 
