@@ -173,11 +173,15 @@ class BatchingPolicy(ABC):
         self.slo_s = slo_s
         self.runs = RunTimes()
         self.runs.require(self.run_window())
+        self.shared = False  # replicas to itself until bound to a shared pool (``bind``)
 
-    def bind(self, runs: RunTimes) -> None:
-        """Read run times from ``runs`` from now on: the scheduler's record of this model."""
+    def bind(self, runs: RunTimes, *, shared: bool = False) -> None:
+        """Read run times from ``runs`` from now on: the scheduler's record of this model;
+        ``shared``: its replicas also run other models' batches (a pool that loads models on
+        demand)."""
         runs.require(self.run_window())
         self.runs = runs
+        self.shared = shared
 
     def run_window(self) -> int:
         """Durations per batch size this policy reads from ``runs`` (default: one)."""

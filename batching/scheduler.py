@@ -191,7 +191,7 @@ class PoolScheduler(Placement):
         runs = self.profile.runs(name, self.kind, group)
         if weight_bytes is not None:
             runs.weight_bytes = weight_bytes
-        policy.bind(runs)
+        policy.bind(runs, shared=self.capacity_bytes is not None)
         self._models[name] = _Model(name, policy, runs, weight_bytes, max_queue)
 
     def pin(self, worker: int, name: str, weight_bytes: int) -> None:
@@ -216,7 +216,7 @@ class PoolScheduler(Placement):
     def set_policy(self, name: str, policy: BatchingPolicy) -> None:
         """Swap a model's policy live; its queue and its run times stay."""
         model = self._models[name]
-        policy.bind(model.runs)
+        policy.bind(model.runs, shared=self.capacity_bytes is not None)
         model.policy, model.planning, model.dirty = policy, False, True
 
     def policy(self, name: str) -> BatchingPolicy:

@@ -1510,7 +1510,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--param",
-        nargs="*",
+        action="extend",
+        nargs="+",
         metavar="KEY=JSON",
         help="a parameter of raysrv's deadline policy, e.g. overrun_quantile=0.9 (with "
         "--resimulate: the simulator's, in place of the run's)",

@@ -441,7 +441,8 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
     parser.add_argument(
         "--param",
-        nargs="*",
+        action="extend",
+        nargs="+",
         type=key_value,
         default=[],
         metavar="KEY=JSON",

@@ -187,8 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--param",
-        nargs="*",
-        default=(),
+        action="extend",
+        nargs="+",
+        default=[],
         metavar="KEY=JSON",
         help="a parameter of deadline and ctmc, e.g. learn_spread=false",
     )
