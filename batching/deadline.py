@@ -44,10 +44,11 @@ time. One step:
       arrival or two of the latest deadline it can take, the ones ahead being refused. Without
       the spare, the next batch that ended late, or a slow run that raised its size's p99,
       moved the plan and pushed those queries out of it 45-70 ms after they came: at 3x
-      overload the refusals' p99 was 33.5-54.6 ms over ten runs, 17.7-35.7 ms over nineteen with
-      the spare, which was 6-20 ms there (``bench/RESULTS.md``, "Overload"). In the simulator,
-      where batches end as planned, the spare stays small, and the share within the SLO
-      moved by at most 0.4 points either way (``bench/RESULTS.md``, "Run-time noise").
+      overload the refusals' p99 was 33.5-54.6 ms over ten runs, 15.9-36.0 ms over twenty-three
+      with the spare, which was 6-20 ms there (``bench/RESULTS.md``, "Overload"). In the
+      simulator, where batches end as planned, the spare stays small, and the share within the
+      SLO moved by at most 0.4 points either way (``bench/RESULTS_ARCHIVE.md``, "jit8" against
+      jit14 in "overrun_of").
       The spare holds only while queries come faster than the replicas serve them at best
       (the rate of the last 64 arrivals, as above). Below it the queue drains, and a query
       refused for the spare is one the replicas had time for: in a pool shared by many
