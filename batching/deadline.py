@@ -416,6 +416,7 @@ class DeadlinePolicy(BatchingPolicy):
         self._slack = 0.0  # this model's own learned overrun, seconds
         self._last_back = -np.inf  # when the last batch came back
         self._probing = False  # the last batch was sent as a probe (``_probe``)
+        self._resolve()
         self._idle_refusals = 0  # refusals in a row with a replica idle
         self._arrivals: deque[float] = deque(maxlen=ARRIVALS)  # the last ones seen
         self._fresh: frozenset[int] = frozenset()  # during one decide: the queries new to it
@@ -447,6 +448,7 @@ class DeadlinePolicy(BatchingPolicy):
         """Also learn overruns and the runs' spread with the other models of ``runs``'s group
         (one kept per group and window length)."""
         super().bind(runs, shared=shared)
+        self._resolve()
         window = self.params.overrun_window
         self._pooled = runs.shared(("deadline.overruns", window), lambda: Overruns(window))
         spread = self.params.spread_window
@@ -460,7 +462,7 @@ class DeadlinePolicy(BatchingPolicy):
     def _planned(self, size: int) -> float:
         """The run planned for a batch of ``size``: its measured tail scaled by the learned
         spread, plus the margin."""
-        spread = self._spread() if self._learns_spread() else 0.0
+        spread = self._spread() if self._learns_spread else 0.0
         return self._measured(size) * (1.0 + spread) + self.params.margin_ms / 1000.0
 
     def _measured(self, size: int) -> float:
@@ -503,7 +505,7 @@ class DeadlinePolicy(BatchingPolicy):
         if not outcome.ok:
             self._probing = False  # a probe the replica did not run measured nothing
             return
-        if self._learns_spread() and self.runs.count(outcome.size) >= self.params.window:
+        if self._learns_spread and self.runs.count(outcome.size) >= self.params.window:
             tail = self._measured(outcome.size)  # the runs before this one's
             if tail > 0.0:
                 self._excesses.add(outcome.duration / tail - 1.0)
@@ -512,22 +514,16 @@ class DeadlinePolicy(BatchingPolicy):
                 return
             plan = (outcome.expected_start, outcome.expected_start + self._planned(outcome.size))
         start, finish = plan
-        run = outcome.duration if self._overrun_of() == "run" else finish - start
+        run = outcome.duration if self._overrun_of == "run" else finish - start
         if self.params.learn_overrun and self.runs.count(outcome.size):
             self._learn(outcome.finished, outcome.finished - start - run)
 
-    def _overrun_of(self) -> str:
-        """``overrun_of``, or where it is None, ``run`` on a shared pool and ``plan`` else."""
-        if self.params.overrun_of is not None:
-            return self.params.overrun_of
-        return "run" if self.shared else "plan"
-
-    def _learns_spread(self) -> bool:
-        """``learn_spread``, or where it is None, whether overruns are measured beyond the
-        run."""
-        if self.params.learn_spread is not None:
-            return self.params.learn_spread
-        return self._overrun_of() == "run"
+    def _resolve(self) -> None:
+        """``overrun_of`` and ``learn_spread`` as set, or where None, by the pool: beyond the
+        run with the spread learned on a shared pool, beyond the plan without it else."""
+        self._overrun_of = self.params.overrun_of or ("run" if self.shared else "plan")
+        spread = self.params.learn_spread
+        self._learns_spread = self._overrun_of == "run" if spread is None else spread
 
     def _spare(self) -> float:
         """What an arriving query is admitted with to spare (step (1)): the ``admit_quantile``
@@ -567,8 +563,8 @@ class DeadlinePolicy(BatchingPolicy):
         return {
             **super().describe(),
             "learned_overrun_ms": self._learned() * 1000.0,
-            "overrun_of": self._overrun_of(),
-            "learned_spread": self._spread() if self._learns_spread() else 0.0,
+            "overrun_of": self._overrun_of,
+            "learned_spread": self._spread() if self._learns_spread else 0.0,
             "admit_spare_ms": self._spare() * 1000.0,
             "planned_run_ms": planned,
         }
