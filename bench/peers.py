@@ -1,7 +1,7 @@
 """LitServe, BentoML, plain Ray Serve and raysrv side by side: one model, one run.
 
     python -m bench.peers [--rounds 3] [--seconds 20] [--slo-ms 200] [--passes 2000]
-        [--systems litserve bentoml serve serve-proxy raysrv raysrv-proxy]
+        [--capacity-scale 1] [--systems litserve bentoml serve serve-proxy raysrv raysrv-proxy]
         [--raysrv FIELD=JSON ...] [--raysrv-ingress FIELD=VALUE ...] [--out JSON]
 
 Every system serves the :mod:`bench.overload` model (a :mod:`bench.zoo` model, one onnxruntime
@@ -24,12 +24,13 @@ thread, a batch of 16 in about 120 ms) from one worker process, in batches of at
   (``max_ongoing_requests=auto max_queued_requests=1``).
 
 "The capacity" bounds and every offered load are from one figure for all: ``MAX_BATCH`` over
-the median time of a batch of ``MAX_BATCH`` in this process before any server starts, what
-the model can do with nothing else on the cores. LitServe and BentoML each run in a virtual
-environment of their own (``PEER_PACKAGES``, made at first use under ``bench/out/peers``, as
-their pins conflict with Ray's), each Ray mode in a child process with a Ray instance of its
-own; this process is every system's load generator. For each system, after ``WARM_S`` of
-warm-up:
+the median time of a batch of ``MAX_BATCH`` in this process before any server starts, what the
+model can do with nothing else on the cores; ``--capacity-scale`` sets them all from a share of
+it instead (below 1: lighter loads, as a faster minute of the machine makes them). LitServe and
+BentoML each run in a virtual environment of their own (``PEER_PACKAGES``, made at first use
+under ``bench/out/peers``, as their pins conflict with Ray's), each Ray mode in a child process
+with a Ray instance of its own; this process is every system's load generator. For each system,
+after ``WARM_S`` of warm-up:
 
 * saturation: answers per second of a closed loop of ``MAX_BATCH`` in flight, ``SATURATION_S``;
 * half load: Poisson arrivals at half the capacity for ``HALF_S``; the answers' p50 and p99;
@@ -101,6 +102,7 @@ HALF_S = 10.0
 TIMEOUT_S = 30.0
 INPUTS = 4096
 LOADS = ("mmpp 80%", "poisson 150%")
+MAX_CAPACITY_SCALE = 2.0  # --capacity-scale's largest: 90 for 0.9 is refused, not run
 PEERS = ("litserve", "bentoml")
 # the systems each Ray mode's child process runs, by the mode's name
 RAY_MODES = {
@@ -501,6 +503,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0, help="of each loaded point")
     parser.add_argument("--slo-ms", type=float, default=200.0)
     parser.add_argument("--passes", type=int, default=2000, help="of the zoo model's layer")
+    parser.add_argument(
+        "--capacity-scale",
+        type=float,
+        default=1.0,
+        help="set every load and bound from this share of the measured capacity (0.9: lighter)",
+    )
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
     parser.add_argument(
         "--raysrv",
@@ -523,14 +531,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    if not 0.0 < args.capacity_scale <= MAX_CAPACITY_SCALE:
+        parser.error(
+            f"--capacity-scale must be above 0 and at most {MAX_CAPACITY_SCALE:g}, got "
+            f"{args.capacity_scale:g}"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     if args.ray_mode:  # a child process of the run below
         points = ray_mode(args.ray_mode, args.systems, args.capacity, args)
         args.out.write_text(json.dumps({"points": points}))
         return 0
     path = _model(args.passes)
-    capacity = model_capacity(path)
-    print(f"capacity: {capacity:.1f} rows/s", file=sys.stderr, flush=True)
+    measured = model_capacity(path)
+    capacity = measured * args.capacity_scale
+    print(
+        f"capacity: {measured:.1f} rows/s, loads from {capacity:.1f}", file=sys.stderr, flush=True
+    )
     rounds = []
     for k in range(args.rounds):
         points = []

@@ -118,3 +118,17 @@ def test_raysrv_is_ahead_in_a_round_only_above_every_other_system_and_none_late(
     assert rows[2].startswith("| litserve | 80.00% (1) | 95.00% (1) | 80.00% (1) | 10.00% (1) |")
     # the proxy's raysrv is not a peer; round 2 a peer led the first load, round 3 one late
     assert text.endswith(f"none late: {LOADS[0]} 2 of 3, {LOADS[1]} 2 of 3")
+
+
+@pytest.mark.parametrize("scale", ["0", "-0.5", "90"])
+def test_a_capacity_scale_outside_its_range_is_refused_before_anything_runs(
+    scale: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bench.peers import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--capacity-scale", scale, "--out", "/nonexistent/peers.json"])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert "--capacity-scale must be above 0 and at most 2" in error
+    assert f"got {float(scale):g}" in error
