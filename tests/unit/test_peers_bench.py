@@ -13,6 +13,7 @@ from bench.peers import (
     LOADS,
     goodput,
     latencies,
+    main,
     median_point,
     new_reasons,
     request_body,
@@ -124,8 +125,6 @@ def test_raysrv_is_ahead_in_a_round_only_above_every_other_system_and_none_late(
 def test_a_capacity_scale_outside_its_range_is_refused_before_anything_runs(
     scale: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from bench.peers import main
-
     with pytest.raises(SystemExit) as exit_info:
         main(["--capacity-scale", scale, "--out", "/nonexistent/peers.json"])
     assert exit_info.value.code == 2
