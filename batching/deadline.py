@@ -3,10 +3,11 @@
 Every query carries a deadline (arrival + SLO). The policy plans, per batch size, with the p99 of
 the last ``window`` run times the workers measured (clockwork §5.3's action profiles, read from
 the model's ``runs``; an unseen size is interpolated between measured ones, or scaled from the
-largest). Each size keeps its own
-estimate, with no running maximum over the sizes: onnxruntime ran the live benchmark's model's
-batches of 8 in 204 ms and of 10 in 183 ms (p50), and a maximum planned every full batch at 8's
-time. One step:
+largest), of those among the model's last 100 batches where the size has any, so that a slow
+spell of the machine ages out of a size run only now and then (:mod:`raysrv.batching.profile`).
+Each size keeps its own estimate, with no running maximum over the sizes: onnxruntime ran the
+live benchmark's model's batches of 8 in 204 ms and of 10 in 183 ms (p50), and a maximum planned
+every full batch at 8's time. One step:
 
   (1) Refuse, before any work is spent, the latency-sensitive queries that cannot finish in time
       behind the work predicted in flight and the queries queued ahead of them
@@ -99,12 +100,13 @@ time. One step:
 Run-time spread: the p99 of 10 runs is about their largest, so about one run in eleven exceeds
 it, and a batch planned to end just before its earliest deadline then ends after it. Where
 overruns are measured beyond the planned run (``overrun_of``, below), the overrun takes that
-excess in, and nothing more is needed: in the simulator with 6% lognormal noise at most 0.02% of
-the answers were late, and within the SLO at most 0.11 points fewer (150% overload) and up to
-0.53 more than with the spread and overruns measured beyond the run (``bench/RESULTS.md``,
-"Run-time noise"); adding the spread there cost up to 1.05 points (``bench/RESULTS_ARCHIVE.md``,
-"overrun_of"). Where overruns are measured beyond the run (``learn_spread``, by default there),
-every run of a size measured ``window`` times records its excess over that size's estimate
+excess in, and nothing more is needed: in the simulator with 6% lognormal noise at most 0.03% of
+the answers were late (``bench/RESULTS.md``, "Run-time noise"), and within the SLO at most 0.11
+points fewer (150% overload) and up to 0.53 more than with the spread and overruns measured
+beyond the run (``bench/RESULTS_ARCHIVE.md``, "ov196-ov205 and jit19": jit17 against jit14);
+adding the spread there cost up to 1.05 points (``bench/RESULTS_ARCHIVE.md``, "overrun_of").
+Where overruns are measured beyond the run (``learn_spread``, by default there), every run of a
+size measured ``window`` times records its excess over that size's estimate
 before it (run / estimate - 1); the estimates are scaled by 1 + the
 ``spread_quantile`` of the last ``spread_window`` excesses (the group's, as the overruns
 below), within 0 and ``max_spread``. Under run times jittered by a lognormal of log-spread 6% in

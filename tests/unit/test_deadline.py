@@ -587,6 +587,25 @@ def test_a_model_refused_on_one_slow_run_is_served_again_as_its_group_runs() -> 
     assert rare.decide(view) == Dispatch((0,), 0)
 
 
+def test_a_size_a_slow_spell_slowed_is_cut_again_once_the_spell_is_old() -> None:
+    """A slow spell ran 10 batches of 16 at 134 ms; since, batches of 8 ran at 45 ms and one of
+    16 in twenty at 85 ms. Due in 100 ms, 16 queries run as a batch of 16 once the spell is
+    ``STALE_BATCHES`` batches old, not after ten more of 16 (two hundred batches here)."""
+    policy = DeadlinePolicy(DeadlineParams(max_batch_size=16, learn_overrun=False), 0.2)
+    for _ in range(10):
+        teach(policy, BatchOutcome(16, 0, 0.0, 0.134, 0.134))
+    for i in range(1, STALE_BATCHES):
+        size, run = (16, 0.085) if i % 20 == 0 else (8, 0.045)
+        teach(policy, BatchOutcome(size, 0, 0.0, run, run))
+    view = BatcherView(10.0, [QueuedQuery(i, 10.0, 10.1) for i in range(16)], [ReplicaSlot(0)])
+    # the last 100 batches hold the spell's last run of 16 and four since
+    assert policy.estimate(16) == pytest.approx(np.quantile([0.134] + [0.085] * 4, 0.99))
+    assert policy.decide(view) == Reject((13, 14, 15), "cannot meet deadline")  # a 13 fits
+    teach(policy, BatchOutcome(8, 0, 0.0, 0.045, 0.045))
+    assert policy.estimate(16) == pytest.approx(0.085)
+    assert policy.decide(view) == Dispatch(tuple(range(16)), 0)
+
+
 def test_a_slow_run_is_learned_as_run_time_not_as_overrun() -> None:
     """Measured beyond the run (a shared pool's default); beyond the plan, the run's excess
     over its estimate is the overrun, as the next test shows."""

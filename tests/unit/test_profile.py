@@ -206,6 +206,36 @@ def test_a_model_that_keeps_running_ages_its_sizes_on_its_own_batches() -> None:
     assert hot.samples()[2] == (0.012,)
 
 
+def test_a_size_run_now_and_then_plans_on_its_runs_of_the_last_batches() -> None:
+    """A slow spell fills the window of 16, then 16 runs once in twenty batches: its estimate
+    reads its runs of the last ``STALE_BATCHES`` batches, not the spell's."""
+    runs = RunTimes()
+    for _ in range(10):
+        runs.observe(16, 0.134)
+    for i in range(1, STALE_BATCHES):
+        runs.observe(16 if i % 20 == 0 else 8, 0.085 if i % 20 == 0 else 0.045)
+    # the last 100 batches hold the spell's last run and four since
+    assert runs.estimate(16) == pytest.approx(np.quantile([0.134] + [0.085] * 4, 0.99))
+    runs.observe(8, 0.045)
+    assert runs.estimate(16) == pytest.approx(0.085)
+    assert runs.count(16) == 14  # kept, not read
+    assert runs.estimate(8) == pytest.approx(0.045)
+
+
+def test_a_size_plans_on_its_runs_of_the_last_batches_else_on_its_last_ones() -> None:
+    runs = RunTimes()
+    for seconds in (0.012, 0.013, 0.014):  # batches 1-3
+        runs.observe(2, seconds)
+    for _ in range(STALE_BATCHES - 2):
+        runs.observe(1, 0.010)
+    assert runs.estimate(2, 0.5) == pytest.approx(0.0135)  # the first of 2's runs is old
+    runs.observe(1, 0.010)
+    assert runs.estimate(2, 0.5) == pytest.approx(0.014)  # the last alone is recent
+    runs.observe(1, 0.010)  # none recent, and 2 unused: it forgets its slowest as before
+    assert runs.samples()[2] == (0.012, 0.013)
+    assert runs.estimate(2, 0.5) == pytest.approx(0.0125)  # read whole
+
+
 def test_a_size_that_keeps_running_keeps_its_slow_runs() -> None:
     runs = RunTimes()
     runs.observe(2, 0.120)
