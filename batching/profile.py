@@ -43,9 +43,10 @@ sizes on its own batches only. Planning on its fastest runs, a model asked every
 gets more of its queries answered and a few more dropped at their deadline (the same
 section of ``bench/RESULTS.md`` measures the trade).
 
-Memory: at most ``window`` floats and as many batch counts per measured size, per model. Reads
-cost O(sizes) once cached; an observation costs O(sizes) and invalidates its own size and any
-that forgot or aged out a measurement, a read that forgets for an idle model every size.
+Memory: at most ``window`` floats and as many batch counts per measured size, and the sizes of
+the last ``STALE_BATCHES`` batches, per model. Reads cost O(sizes) once cached; an observation
+costs O(sizes) and invalidates its own size and any that forgot or aged out a measurement, a
+read that forgets for an idle model every size.
 """
 
 from __future__ import annotations
@@ -197,8 +198,7 @@ class RunTimes:
         self._infer: dict[int, deque[float]] = {}
         self._batches = 0  # INFERs observed, of every model when this is a group's record
         self._taken: dict[int, deque[int]] = {}  # per size, ``_batches`` at each measurement
-        self._recent: dict[int, int] = {}  # per size, its measurements of the last
-        # ``STALE_BATCHES`` batches (the newest ones)
+        self._ran: deque[int] = deque(maxlen=STALE_BATCHES)  # the sizes of its last batches
         self._idle_from = 0  # the group's ``_batches`` at this model's last batch
         self._idle_forgot = 0  # rounds of ``_forget_idle`` since then
         self._cache: _Cached = {}
@@ -225,8 +225,10 @@ class RunTimes:
         self._infer.setdefault(size, deque(maxlen=self._capacity)).append(float(seconds))
         self._batches += 1
         self._taken.setdefault(size, deque(maxlen=self._capacity)).append(self._batches)
-        self._recent[size] = min(self._recent.get(size, 0) + 1, len(self._taken[size]))
-        changed = [size, *self._forget_unused(), *self._age()]
+        # the batch now ``STALE_BATCHES`` old: its size's recent measurements lose it
+        aged = [self._ran[0]] if len(self._ran) == STALE_BATCHES else []
+        self._ran.append(size)
+        changed = [size, *aged, *self._forget_unused()]
         for table in self._cache.values():
             for k in changed:
                 table.pop(k, None)
@@ -246,27 +248,16 @@ class RunTimes:
                 forgot.append(k)
         return forgot
 
-    def _age(self) -> list[int]:
-        """Count out of each size's recent measurements those now ``STALE_BATCHES`` of the
-        model's batches old; the sizes whose count fell."""
-        aged = []
-        oldest = self._batches - STALE_BATCHES  # taken at or before it: no longer recent
-        for k, taken in self._taken.items():
-            recent = self._recent[k]
-            while recent and taken[len(taken) - recent] <= oldest:
-                recent -= 1
-            if recent != self._recent[k]:
-                self._recent[k] = recent
-                aged.append(k)
-        return aged
-
     def _drop_slowest(self, size: int) -> None:
-        """Forget the slowest measurement of ``size`` and count its recent ones again."""
-        samples, taken = self._infer[size], self._taken[size]
+        samples = self._infer[size]
         at = samples.index(max(samples))
         del samples[at]
-        del taken[at]
-        self._recent[size] = len(taken) - bisect.bisect_right(taken, self._batches - STALE_BATCHES)
+        del self._taken[size][at]
+
+    def _recent(self, size: int) -> int:
+        """How many of the measurements of ``size`` are of the last ``STALE_BATCHES`` batches."""
+        taken = self._taken[size]
+        return len(taken) - bisect.bisect_right(taken, self._batches - STALE_BATCHES)
 
     def _forget_idle(self) -> None:
         """Each ``STALE_BATCHES`` batches of the group since the model's last batch, every size
@@ -338,7 +329,7 @@ class RunTimes:
         if len(cached) != len(self._infer):
             for size, samples in self._infer.items():
                 if size not in cached:
-                    recent = min(window, self._recent[size]) or window
+                    recent = min(window, self._recent(size)) or window
                     cached[size] = _quantile(_last(samples, recent), quantile)
         return {k: cached[k] for k in sorted(cached)}
 
