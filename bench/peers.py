@@ -2,7 +2,7 @@
 
     python -m bench.peers [--rounds 3] [--seconds 20] [--slo-ms 200] [--passes 2000]
         [--capacity-scale 1] [--systems litserve bentoml serve serve-proxy raysrv raysrv-proxy]
-        [--raysrv FIELD=JSON ...] [--raysrv-ingress FIELD=VALUE ...] [--out JSON]
+        [--raysrv FIELD=JSON ...] [--raysrv-ingress FIELD=VALUE ...] [--trace] [--out JSON]
 
 Every system serves the :mod:`bench.overload` model (a :mod:`bench.zoo` model, one onnxruntime
 thread, a batch of 16 in about 120 ms) from one worker process, in batches of at most
@@ -51,8 +51,11 @@ ahead of every other system, none late.
 ``--out`` gets the medians and every round's points; per point, each request's scheduled
 time, latency and status; per phase, how many failures gave each reason and, for raysrv, the
 quantiles of the queries' trips to its ingress and of the time it kept back for the answers'
-way back. ``bench/figures/peers.png`` plots the medians of the shares within the SLO, with each
-round's as a dot.
+way back; with ``--trace``, for raysrv on each of ``LOADS``, what its policy planned with every
+``bench.overload.TRACE_S``, its refusals and its pool's batches (``bench.overload.Trace``), as
+the times from each load's start: enough to see which batch each refusal made way for.
+``bench/figures/peers.png`` plots the medians of the shares within the SLO, with each round's as a
+dot.
 """
 
 from __future__ import annotations
@@ -78,7 +81,7 @@ import aiohttp
 import numpy as np
 
 from bench.loadgen import REJECTED, RequestLog, closed_loop, poisson_offsets, replay
-from bench.overload import TimedClient, key_value, raysrv_body
+from bench.overload import TimedClient, Trace, key_value, raysrv_body
 
 __all__ = [
     "ahead",
@@ -257,8 +260,14 @@ async def measure(
         await ended("half load", since)
         point["half_load"] = latencies(half)
         for name in LOADS:
-            since = len(client.errors)
+            since, refused = len(client.errors), len(client.refusals)
+            trace = Trace(url.split("/v1/")[0]) if args.trace and system == "raysrv" else None
+            polling = asyncio.create_task(trace.poll()) if trace else None
             log = await replay(client, workload(name, capacity, slo_s, args.seconds))
+            if trace and polling:
+                polling.cancel()
+                await trace.finish(client.refusals[refused:])
+                point.setdefault("trace", {})[name] = trace.report()
             await ended(name, since)
             point[name] = goodput(log, slo_s, args.seconds)
             point["logs"][name] = _saved(log)
@@ -418,6 +427,7 @@ def _child(
         command += ["--passes", str(args.passes), "--systems", *systems, "--out", str(out)]
         command += ["--raysrv", *args.raysrv]
         command += ["--raysrv-ingress", *(f"{k}={json.dumps(v)}" for k, v in args.raysrv_ingress)]
+        command += ["--trace"] if args.trace else []
         subprocess.run(command, check=True)
         return json.loads(out.read_text())["points"]
 
@@ -524,6 +534,11 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="FIELD=VALUE",
         help="raysrv's ingress with these fields set (max_ongoing_requests=auto)",
+    )
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="record raysrv's plan, refusals and batches on each load (bench.overload's --trace)",
     )
     parser.add_argument("--out", type=Path, default=Path("bench/out/peers.json"))
     parser.add_argument("--ray-mode", choices=sorted(RAY_MODES), help=argparse.SUPPRESS)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bench import peers
 from bench.loadgen import RequestLog
 from bench.peers import (
     LOADS,
@@ -131,3 +134,27 @@ def test_a_capacity_scale_outside_its_range_is_refused_before_anything_runs(
     error = capsys.readouterr().err
     assert "--capacity-scale must be above 0 and at most 2" in error
     assert f"got {float(scale):g}" in error
+
+
+@pytest.mark.parametrize("trace", [False, True])
+def test_a_ray_modes_child_traces_raysrv_when_asked(
+    trace: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The Ray modes measure in a child process: ``--trace`` must reach it, or raysrv's loads
+    run untraced there."""
+    commands: list[list[str]] = []
+
+    def run(command: list[str], check: bool) -> None:
+        commands.append(command)
+        out = Path(command[command.index("--out") + 1])
+        out.write_text(json.dumps({"points": [{"system": "raysrv"}]}))
+
+    monkeypatch.setattr(peers.subprocess, "run", run)
+    args = argparse.Namespace(
+        seconds=20.0, slo_ms=200.0, passes=10, raysrv=[], raysrv_ingress=[], trace=trace
+    )
+    points = peers._child("fast-path", ["raysrv"], 100.0, args)
+    assert points == [{"system": "raysrv"}]
+    (command,) = commands
+    assert ("--trace" in command) is trace
+    assert command[command.index("--ray-mode") + 1] == "fast-path"
