@@ -328,7 +328,7 @@ async def _one(system: str, port: int, args: argparse.Namespace, path: Path) -> 
             await stalling
         if trace and polling:
             polling.cancel()
-            await trace.finish(client.refusals)
+            await trace.finish(client.refusals, log)
     figures = summarize(log, slo_s, capacity, over, end)
     figures |= {"system": system, "capacity_per_s": capacity, "errors": _by_reason(client.errors)}
     if args.stall:
@@ -349,8 +349,8 @@ async def _one(system: str, port: int, args: argparse.Namespace, path: Path) -> 
 
 class Trace:
     """What raysrv's policy plans with, sampled every ``TRACE_S``, each refusal's scheduled
-    time and reason, and the pool's batches; times in seconds from the open loop's start (as
-    the trace is made)."""
+    time and reason, and the pool's batches; times in seconds from the start of the open
+    loop's schedule, as the request log's (:meth:`finish`)."""
 
     def __init__(self, base: str) -> None:
         self.base = base
@@ -367,9 +367,17 @@ class Trace:
                 self.policy.append((time.time() - self.t0, model.get("batching", {})))
                 await asyncio.sleep(TRACE_S)
 
-    async def finish(self, refusals: list[tuple[float, str, float]]) -> None:
+    def rebase(self, log: RequestLog) -> None:
+        """Count every time from the start of ``log``'s schedule, which the client's collector
+        pass delays past this trace's start (tens of ms)."""
+        start = time.time() - (time.perf_counter() - log.start)
+        self.policy = [(t + self.t0 - start, plan) for t, plan in self.policy]
+        self.t0 = start
+
+    async def finish(self, refusals: list[tuple[float, str, float]], log: RequestLog) -> None:
         """Keep the ``refusals`` (scheduled wall time, reason, seconds in transit) and read the
-        pool's actions."""
+        pool's actions, every time from the start of ``log``'s schedule (:meth:`rebase`)."""
+        self.rebase(log)
         self.refusals = [(t - self.t0, reason, transit) for t, reason, transit in refusals]
         async with aiohttp.ClientSession() as session:
             async with session.get(f"{self.base}/v1/models/zoo") as response:

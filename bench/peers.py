@@ -266,7 +266,7 @@ async def measure(
             log = await replay(client, workload(name, capacity, slo_s, args.seconds))
             if trace and polling:
                 polling.cancel()
-                await trace.finish(client.refusals[refused:])
+                await trace.finish(client.refusals[refused:], log)
                 point.setdefault("trace", {})[name] = trace.report()
             await ended(name, since)
             point[name] = goodput(log, slo_s, args.seconds)

@@ -15,6 +15,7 @@ import pytest
 from bench.loadgen import RequestLog
 from bench.overload import (
     MAX_BATCH,
+    Trace,
     _by_reason,
     _reason,
     check,
@@ -111,3 +112,20 @@ def test_errors_by_reason_split_off_the_time_before_raysrv_where_the_refusal_tol
     assert (refused["count"], refused["p50_ms"]) == (3, pytest.approx(20.0))
     assert refused["transit_p50_ms"] == pytest.approx(18.0)
     assert math.isnan(figures["Service Unavailable"]["transit_p99_ms"])
+
+
+def test_a_trace_counts_its_times_from_the_start_of_the_schedule_not_its_own() -> None:
+    """The trace began 1 s ago and sampled the plan 0.5 s in; the requests' schedule, whose
+    times the request log counts from, began 0.1 s after the trace (the client's collector pass
+    in between): rebased, the sample is 0.4 s into the schedule, where the log puts a request
+    sent with it."""
+    trace = Trace("http://127.0.0.1:1/raysrv")
+    trace.t0 = time.time() - 1.0
+    trace.policy = [(0.5, {"admit_spare_ms": 1.0})]
+    log = RequestLog()
+    log.start = time.perf_counter() - 0.9
+    trace.rebase(log)
+    ((at, plan),) = trace.policy
+    assert at == pytest.approx(0.4, abs=0.01)
+    assert plan == {"admit_spare_ms": 1.0}
+    assert trace.t0 == pytest.approx(time.time() - 0.9, abs=0.01)
