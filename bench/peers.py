@@ -52,8 +52,9 @@ ahead of every other system, none late.
 time, latency and status; per phase, how many failures gave each reason and, for raysrv, the
 quantiles of the queries' trips to its ingress and of the time it kept back for the answers'
 way back; with ``--trace``, for raysrv on each of ``LOADS``, what its policy planned with every
-``bench.overload.TRACE_S``, its refusals and its pool's batches (``bench.overload.Trace``), as
-the times from each load's start: enough to see which batch each refusal made way for.
+``bench.overload.TRACE_S``, its refusals and its pool's batches (``bench.overload.Trace``), in
+seconds from the start of the load's schedule as its requests: enough to see which batch each
+refusal made way for.
 ``bench/figures/peers.png`` plots the medians of the shares within the SLO, with each round's as a
 dot.
 """

@@ -138,7 +138,7 @@ def test_a_capacity_scale_outside_its_range_is_refused_before_anything_runs(
 
 @pytest.mark.parametrize("trace", [False, True])
 def test_a_ray_modes_child_traces_raysrv_when_asked(
-    trace: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    trace: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The Ray modes measure in a child process: ``--trace`` must reach it, or raysrv's loads
     run untraced there."""
