@@ -189,11 +189,16 @@ def goodput(log: RequestLog, slo_s: float, seconds: float) -> dict[str, Any]:
     }
 
 
+def _ingress(url: str) -> str:
+    """The root of the raysrv ingress whose predict route is ``url``."""
+    return url.split("/v1/")[0]
+
+
 async def _ingress_json(url: str, path: str) -> Any:
     """``GET path`` of the raysrv ingress whose predict route is ``url``, as JSON."""
     async with (
         aiohttp.ClientSession() as session,
-        session.get(url.split("/v1/")[0] + path) as response,
+        session.get(_ingress(url) + path) as response,
     ):
         return await response.json()
 
@@ -262,7 +267,7 @@ async def measure(
         point["half_load"] = latencies(half)
         for name in LOADS:
             since, refused = len(client.errors), len(client.refusals)
-            trace = Trace(url.split("/v1/")[0]) if args.trace and system == "raysrv" else None
+            trace = Trace(_ingress(url)) if args.trace and system == "raysrv" else None
             polling = asyncio.create_task(trace.poll()) if trace else None
             log = await replay(client, workload(name, capacity, slo_s, args.seconds))
             if trace and polling:
